@@ -1,0 +1,484 @@
+//! Process configuration: every setting is an environment variable and a flag of the
+//! same name (`SHEPHERD_LISTEN` ⇔ `--listen`), read once at start into [`Config`] and
+//! validated loudly. Policy (what the state machine does per repository) lives in a
+//! separate TOML file named by `SHEPHERD_CONFIG`, loaded by `core::policy`.
+//!
+//! Secrets (`SHEPHERD_WEBHOOK_SECRETS`, tokens) are held as [`SecretString`] from the
+//! moment they are parsed: they never appear in `Debug` output, logs, errors, or as
+//! `--help` defaults (`hide_env_values`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
+
+/// Log output format (`SHEPHERD_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Raw settings as clap parses them from flags and environment variables. Turned into a
+/// validated [`Config`] by [`Settings::validate`].
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// Address the HTTP server listens on.
+    #[arg(
+        long,
+        env = "SHEPHERD_LISTEN",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub listen: String,
+
+    /// Redis URL (`redis://`, `rediss://`, `redis+unix://`).
+    #[arg(
+        long,
+        env = "SHEPHERD_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
+    pub redis_url: String,
+
+    /// Prefix of every Redis key Shepherd writes (tests and tenants isolate with it).
+    #[arg(
+        long,
+        env = "SHEPHERD_KEY_PREFIX",
+        default_value = "shepherd",
+        global = true
+    )]
+    pub key_prefix: String,
+
+    /// Comma-separated webhook secrets; a delivery signed with any of them is accepted
+    /// (rotation: add the new secret, switch Forgejo, remove the old one).
+    #[arg(long, env = "SHEPHERD_WEBHOOK_SECRETS", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub webhook_secrets: Option<SecretString>,
+
+    /// Base URL of the Forgejo instance, without `/api/v1` (e.g. https://forge.example.org).
+    #[arg(long, env = "SHEPHERD_FORGEJO_URL", global = true)]
+    pub forgejo_url: Option<String>,
+
+    /// API token of the bot user (scopes write:repository and write:issue).
+    #[arg(long, env = "SHEPHERD_FORGEJO_TOKEN", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub forgejo_token: Option<SecretString>,
+
+    /// Login of the bot user; events it causes update facts but never start work.
+    #[arg(long, env = "SHEPHERD_BOT_LOGIN", global = true)]
+    pub bot_login: Option<String>,
+
+    /// Bearer token for `/api/v1/admin/…` and the status page; the admin API is off
+    /// when unset.
+    #[arg(long, env = "SHEPHERD_ADMIN_TOKEN", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub admin_token: Option<SecretString>,
+
+    /// Bearer token agents use to report work results; the results API is off when unset.
+    #[arg(long, env = "SHEPHERD_AGENT_TOKEN", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub agent_token: Option<SecretString>,
+
+    /// URL that work items are also POSTed to (signed with SHEPHERD_DISPATCH_SECRET).
+    #[arg(long, env = "SHEPHERD_DISPATCH_URL", global = true)]
+    pub dispatch_url: Option<String>,
+
+    /// Secret for the `X-Shepherd-Signature` of dispatched work items.
+    #[arg(long, env = "SHEPHERD_DISPATCH_SECRET", hide_env_values = true, value_parser = parse_secret, global = true)]
+    pub dispatch_secret: Option<SecretString>,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "SHEPHERD_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter in `tracing` syntax (e.g. `info,shepherd=debug`).
+    #[arg(long, env = "SHEPHERD_LOG", default_value = "info", global = true)]
+    pub log: String,
+
+    /// Policy file (TOML); built-in defaults when unset.
+    #[arg(long, env = "SHEPHERD_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Largest accepted webhook body in bytes; larger bodies get 413.
+    #[arg(long, env = "SHEPHERD_MAX_BODY_BYTES", default_value_t = 5 * 1024 * 1024, global = true)]
+    pub max_body_bytes: usize,
+
+    /// Per-command Redis timeout on the ingest path, in milliseconds (503 after it).
+    #[arg(
+        long,
+        env = "SHEPHERD_REDIS_TIMEOUT_MS",
+        default_value_t = 1000,
+        global = true
+    )]
+    pub redis_timeout_ms: u64,
+
+    /// How long accepted deliveries are kept for replay and dedup, in hours.
+    #[arg(
+        long,
+        env = "SHEPHERD_RETENTION_HOURS",
+        default_value_t = 168,
+        global = true
+    )]
+    pub retention_hours: u64,
+
+    /// Number of event-stream shards (repositories are hashed onto shards).
+    #[arg(long, env = "SHEPHERD_SHARDS", default_value_t = 1, global = true)]
+    pub shards: u16,
+
+    /// Seconds between periodic resyncs of every known repository (0 = off).
+    #[arg(
+        long,
+        env = "SHEPHERD_RESYNC_INTERVAL_SECS",
+        default_value_t = 600,
+        global = true
+    )]
+    pub resync_interval_secs: u64,
+
+    /// Idle time after which a pending entry of a dead consumer is reclaimed, in seconds.
+    #[arg(
+        long,
+        env = "SHEPHERD_RECLAIM_IDLE_SECS",
+        default_value_t = 60,
+        global = true
+    )]
+    pub reclaim_idle_secs: u64,
+
+    /// Deliveries of one stream entry before it goes to the dead-letter stream.
+    #[arg(
+        long,
+        env = "SHEPHERD_MAX_DELIVERIES",
+        default_value_t = 5,
+        global = true
+    )]
+    pub max_deliveries: u32,
+
+    /// Timeout of one Forgejo API request, in milliseconds.
+    #[arg(
+        long,
+        env = "SHEPHERD_FORGEJO_TIMEOUT_MS",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub forgejo_timeout_ms: u64,
+
+    /// Data directory of the redis-server that `shepherd run` starts when none is running.
+    #[arg(
+        long,
+        env = "SHEPHERD_DATA_DIR",
+        default_value = ".shepherd-data",
+        global = true
+    )]
+    pub data_dir: PathBuf,
+}
+
+/// Parses a secret straight into a [`SecretString`] so it is never held as plain text.
+fn parse_secret(s: &str) -> Result<SecretString, String> {
+    Ok(SecretString::from(s.to_owned()))
+}
+
+/// A configuration error, naming the setting at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {setting}: {reason}")]
+pub struct ConfigError {
+    /// Environment variable name of the setting.
+    pub setting: &'static str,
+    /// What is wrong with it (never the secret value itself).
+    pub reason: String,
+}
+
+fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        reason: reason.into(),
+    }
+}
+
+/// The validated configuration, loaded once at start and shared read-only.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Socket address of the HTTP server.
+    pub listen: SocketAddr,
+    /// Redis connection URL.
+    pub redis_url: String,
+    /// Prefix of every Redis key.
+    pub key_prefix: String,
+    /// Webhook secrets accepted for any repository (rotation: several).
+    pub webhook_secrets: Vec<SecretString>,
+    /// Forgejo base URL without a trailing slash and without `/api/v1`.
+    pub forgejo_url: Option<String>,
+    /// Bot API token.
+    pub forgejo_token: Option<SecretString>,
+    /// Bot login (lower-cased).
+    pub bot_login: Option<String>,
+    /// Admin bearer token.
+    pub admin_token: Option<SecretString>,
+    /// Agent bearer token.
+    pub agent_token: Option<SecretString>,
+    /// HTTP dispatch sink.
+    pub dispatch_url: Option<String>,
+    /// Secret signing HTTP dispatches.
+    pub dispatch_secret: Option<SecretString>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log: String,
+    /// Policy file path.
+    pub policy_path: Option<PathBuf>,
+    /// Webhook body limit.
+    pub max_body_bytes: usize,
+    /// Redis timeout on the ingest path.
+    pub redis_timeout: Duration,
+    /// Replay window / dedup retention.
+    pub retention: Duration,
+    /// Event-stream shard count (≥ 1).
+    pub shards: u16,
+    /// Periodic resync interval; `None` when off.
+    pub resync_interval: Option<Duration>,
+    /// Reclaim idle time for pending entries of dead consumers.
+    pub reclaim_idle: Duration,
+    /// Deliveries before dead-lettering.
+    pub max_deliveries: u32,
+    /// Per-request Forgejo timeout.
+    pub forgejo_timeout: Duration,
+    /// Data directory for a supervised redis-server (`shepherd run`).
+    pub data_dir: PathBuf,
+}
+
+impl Settings {
+    /// Validates every setting, failing with the name of the first bad one.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let listen = self.listen.parse::<SocketAddr>().map_err(|e| {
+            bad(
+                "SHEPHERD_LISTEN",
+                format!("{:?} is not host:port ({e})", self.listen),
+            )
+        })?;
+        if !(self.redis_url.starts_with("redis://")
+            || self.redis_url.starts_with("rediss://")
+            || self.redis_url.starts_with("redis+unix://")
+            || self.redis_url.starts_with("unix://"))
+        {
+            return Err(bad(
+                "SHEPHERD_REDIS_URL",
+                "must start with redis://, rediss://, redis+unix:// or unix://",
+            ));
+        }
+        if self.key_prefix.is_empty()
+            || !self
+                .key_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+        {
+            return Err(bad(
+                "SHEPHERD_KEY_PREFIX",
+                "must be non-empty and use only letters, digits, '-', '_', '.', ':'",
+            ));
+        }
+        let webhook_secrets = match &self.webhook_secrets {
+            None => Vec::new(),
+            Some(all) => {
+                let mut out = Vec::new();
+                for (i, s) in all.expose_secret().split(',').enumerate() {
+                    let s = s.trim();
+                    if s.is_empty() {
+                        return Err(bad(
+                            "SHEPHERD_WEBHOOK_SECRETS",
+                            format!("secret #{} is empty", i + 1),
+                        ));
+                    }
+                    out.push(SecretString::from(s.to_owned()));
+                }
+                out
+            }
+        };
+        let forgejo_url = match &self.forgejo_url {
+            None => None,
+            Some(u) => {
+                let u = u.trim_end_matches('/');
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(bad(
+                        "SHEPHERD_FORGEJO_URL",
+                        "must start with http:// or https://",
+                    ));
+                }
+                if u.ends_with("/api/v1") {
+                    return Err(bad(
+                        "SHEPHERD_FORGEJO_URL",
+                        "give the instance's base URL, without /api/v1",
+                    ));
+                }
+                Some(u.to_owned())
+            }
+        };
+        let dispatch_url = match &self.dispatch_url {
+            None => None,
+            Some(u) if u.starts_with("http://") || u.starts_with("https://") => Some(u.clone()),
+            Some(_) => {
+                return Err(bad(
+                    "SHEPHERD_DISPATCH_URL",
+                    "must start with http:// or https://",
+                ));
+            }
+        };
+        if dispatch_url.is_some() && self.dispatch_secret.is_none() {
+            return Err(bad(
+                "SHEPHERD_DISPATCH_SECRET",
+                "is required when SHEPHERD_DISPATCH_URL is set",
+            ));
+        }
+        for (name, tok) in [
+            ("SHEPHERD_FORGEJO_TOKEN", &self.forgejo_token),
+            ("SHEPHERD_ADMIN_TOKEN", &self.admin_token),
+            ("SHEPHERD_AGENT_TOKEN", &self.agent_token),
+            ("SHEPHERD_DISPATCH_SECRET", &self.dispatch_secret),
+        ] {
+            if let Some(t) = tok
+                && t.expose_secret().trim().is_empty()
+            {
+                return Err(bad(name, "is set but empty"));
+            }
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(bad("SHEPHERD_MAX_BODY_BYTES", "must be at least 1024"));
+        }
+        if self.redis_timeout_ms == 0 || self.redis_timeout_ms > 4000 {
+            return Err(bad(
+                "SHEPHERD_REDIS_TIMEOUT_MS",
+                "must be between 1 and 4000 (Forgejo gives up after 5 s)",
+            ));
+        }
+        if self.retention_hours == 0 {
+            return Err(bad("SHEPHERD_RETENTION_HOURS", "must be at least 1"));
+        }
+        if self.shards == 0 || self.shards > 1024 {
+            return Err(bad("SHEPHERD_SHARDS", "must be between 1 and 1024"));
+        }
+        if self.reclaim_idle_secs == 0 {
+            return Err(bad("SHEPHERD_RECLAIM_IDLE_SECS", "must be at least 1"));
+        }
+        if self.max_deliveries == 0 {
+            return Err(bad("SHEPHERD_MAX_DELIVERIES", "must be at least 1"));
+        }
+        if self.forgejo_timeout_ms == 0 {
+            return Err(bad("SHEPHERD_FORGEJO_TIMEOUT_MS", "must be at least 1"));
+        }
+        Ok(Config {
+            listen,
+            redis_url: self.redis_url.clone(),
+            key_prefix: self.key_prefix.clone(),
+            webhook_secrets,
+            forgejo_url,
+            forgejo_token: self.forgejo_token.clone(),
+            bot_login: self.bot_login.as_ref().map(|b| b.trim().to_lowercase()),
+            admin_token: self.admin_token.clone(),
+            agent_token: self.agent_token.clone(),
+            dispatch_url,
+            dispatch_secret: self.dispatch_secret.clone(),
+            log_format: self.log_format,
+            log: self.log.clone(),
+            policy_path: self.config.clone(),
+            max_body_bytes: self.max_body_bytes,
+            redis_timeout: Duration::from_millis(self.redis_timeout_ms),
+            retention: Duration::from_secs(self.retention_hours * 3600),
+            shards: self.shards,
+            resync_interval: (self.resync_interval_secs > 0)
+                .then(|| Duration::from_secs(self.resync_interval_secs)),
+            reclaim_idle: Duration::from_secs(self.reclaim_idle_secs),
+            max_deliveries: self.max_deliveries,
+            forgejo_timeout: Duration::from_millis(self.forgejo_timeout_ms),
+            data_dir: self.data_dir.clone(),
+        })
+    }
+}
+
+impl Config {
+    /// Fails naming `setting` when the serve command has no webhook secret: an
+    /// unauthenticated webhook endpoint would accept forged deliveries.
+    pub fn require_webhook_secrets(&self) -> Result<(), ConfigError> {
+        if self.webhook_secrets.is_empty() {
+            return Err(bad(
+                "SHEPHERD_WEBHOOK_SECRETS",
+                "at least one secret is required to accept webhooks",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fails naming the missing setting when Forgejo API access is not configured.
+    pub fn require_forgejo(&self) -> Result<(&str, &SecretString), ConfigError> {
+        let url = self
+            .forgejo_url
+            .as_deref()
+            .ok_or_else(|| bad("SHEPHERD_FORGEJO_URL", "is required by this command"))?;
+        let token = self
+            .forgejo_token
+            .as_ref()
+            .ok_or_else(|| bad("SHEPHERD_FORGEJO_TOKEN", "is required by this command"))?;
+        Ok((url, token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        s: Settings,
+    }
+
+    fn settings(args: &[&str]) -> Settings {
+        let mut v = vec!["t"];
+        v.extend_from_slice(args);
+        T::try_parse_from(v).expect("parse").s
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let c = settings(&[]).validate().expect("defaults are valid");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.key_prefix, "shepherd");
+        assert_eq!(c.max_body_bytes, 5 * 1024 * 1024);
+        assert_eq!(c.retention, Duration::from_secs(7 * 24 * 3600));
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let e = settings(&["--listen", "nope"]).validate().unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_LISTEN");
+        let e = settings(&["--forgejo-url", "https://f.example/api/v1"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_FORGEJO_URL");
+        let e = settings(&["--webhook-secrets", "a,,b"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_WEBHOOK_SECRETS");
+        assert!(!e.to_string().contains('a'.to_string().repeat(2).as_str()));
+        let e = settings(&["--dispatch-url", "http://x"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_DISPATCH_SECRET");
+    }
+
+    #[test]
+    fn secrets_split_and_stay_hidden() {
+        let c = settings(&["--webhook-secrets", "s3cret-one, s3cret-two"])
+            .validate()
+            .unwrap();
+        assert_eq!(c.webhook_secrets.len(), 2);
+        assert_eq!(c.webhook_secrets[1].expose_secret(), "s3cret-two");
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("s3cret"), "Debug leaks a secret: {dbg}");
+    }
+}

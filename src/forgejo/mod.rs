@@ -1,0 +1,1 @@
+//! Forgejo REST client for exactly the endpoints effects need, with typed errors.

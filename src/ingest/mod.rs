@@ -1,0 +1,1 @@
+//! HTTP edge: the actix-web app (webhooks, health, metrics), signature verification.

@@ -1,0 +1,35 @@
+//! The `shepherd` binary: parse the command line, set up logging, run the subcommand,
+//! and exit with status 1 (after printing the error chain) when it fails.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use shepherd::cli::Cli;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let config = match cli.settings.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shepherd: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    shepherd::telemetry::init_logging(config.log_format, &config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shepherd: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(shepherd::ops::run_command(cli.command, config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shepherd: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

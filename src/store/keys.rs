@@ -1,0 +1,212 @@
+//! Every Redis key Shepherd uses, in one place.
+//!
+//! Layout: everything one Lua call touches must live in one Redis Cluster slot, so each
+//! *shard* is a hash tag `{<prefix>:<shard>}` and a repository's events, records,
+//! history, effects, timers and dedup markers all carry its shard's tag. Repositories
+//! are hashed onto shards ([`Keys::shard_of`]); with the default of one shard every key
+//! but the contract streams lives in one slot, which is also what a single Redis wants.
+//!
+//! The contract streams `<prefix>:dispatch` and `<prefix>:results` (DESIGN §4) and a few
+//! process-wide keys (repo set, locks) carry no shard tag.
+
+/// Consumer group reading the events streams.
+pub const WORKERS_GROUP: &str = "workers";
+/// Consumer group reading the effects streams.
+pub const EXECUTORS_GROUP: &str = "executors";
+/// Consumer group reading the results stream.
+pub const RESULTS_GROUP: &str = "results";
+
+/// Key builder for one key prefix and shard count.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    /// The configured prefix (`SHEPHERD_KEY_PREFIX`).
+    prefix: String,
+    /// Number of shards (≥ 1).
+    shards: u16,
+}
+
+impl Keys {
+    /// Keys for `prefix` with `shards` shards (0 is treated as 1).
+    pub fn new(prefix: impl Into<String>, shards: u16) -> Self {
+        Self {
+            prefix: prefix.into(),
+            shards: shards.max(1),
+        }
+    }
+
+    /// The configured prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> u16 {
+        self.shards
+    }
+
+    /// The shard a repository (`owner/name`, any case) belongs to: FNV-1a of the
+    /// lower-cased name, stable across processes and versions. Events with no
+    /// repository go to shard 0.
+    pub fn shard_of(&self, repo: &str) -> u16 {
+        if self.shards == 1 || repo.is_empty() {
+            return 0;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in repo.bytes() {
+            h ^= u64::from(b.to_ascii_lowercase());
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % u64::from(self.shards)) as u16
+    }
+
+    /// The hash tag of a shard, `{<prefix>:<shard>}`.
+    fn tag(&self, shard: u16) -> String {
+        format!("{{{}:{}}}", self.prefix, shard)
+    }
+
+    /// Events stream of a shard: webhook deliveries and internal events, retained for
+    /// the replay window (it is also the archive).
+    pub fn events(&self, shard: u16) -> String {
+        format!("{}:events", self.tag(shard))
+    }
+
+    /// Dedup marker of a delivery id (value: the stream id it was queued as).
+    pub fn seen(&self, shard: u16, delivery: &str) -> String {
+        format!("{}:seen:{}", self.tag(shard), delivery)
+    }
+
+    /// Per-PR record (a hash with `v` = version and `data` = JSON).
+    pub fn pr_record(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:pr:{}#{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase(),
+            number
+        )
+    }
+
+    /// Per-issue record for `issue-impl` (same shape as a PR record).
+    pub fn issue_record(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:issue:{}#{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase(),
+            number
+        )
+    }
+
+    /// History stream of one PR or issue: one entry per committed transition, naming
+    /// the events-stream id that caused it.
+    pub fn history(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:hist:{}#{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase(),
+            number
+        )
+    }
+
+    /// Set of the record keys of a repository's PRs and issues (for inspect/resync).
+    pub fn repo_index(&self, repo: &str) -> String {
+        format!(
+            "{}:index:{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase()
+        )
+    }
+
+    /// Effects stream of a shard (consumer group `executors`).
+    pub fn effects(&self, shard: u16) -> String {
+        format!("{}:effects", self.tag(shard))
+    }
+
+    /// Done marker of an effect id (so a redelivered effect does nothing twice).
+    pub fn effect_done(&self, shard: u16, effect_id: &str) -> String {
+        format!("{}:done:{}", self.tag(shard), effect_id)
+    }
+
+    /// Sorted set of due timers of a shard (score: due time in unix milliseconds).
+    pub fn timers(&self, shard: u16) -> String {
+        format!("{}:timers", self.tag(shard))
+    }
+
+    /// Dead-letter stream of a shard (entries of its events and effects streams).
+    pub fn dead_letters(&self, shard: u16) -> String {
+        format!("{}:dead", self.tag(shard))
+    }
+
+    /// Work items for agents (contract: `<prefix>:dispatch`, field `work`).
+    pub fn dispatch(&self) -> String {
+        format!("{}:dispatch", self.prefix)
+    }
+
+    /// Work results from agents (contract: `<prefix>:results`, field `result`).
+    pub fn results(&self) -> String {
+        format!("{}:results", self.prefix)
+    }
+
+    /// Set of every repository Shepherd has seen (`resync --all`).
+    pub fn repos(&self) -> String {
+        format!("{}:repos", self.prefix)
+    }
+
+    /// Index of active work ids → record key (results API lookups).
+    pub fn work_index(&self) -> String {
+        format!("{}:work", self.prefix)
+    }
+
+    /// Merge lock of a target branch.
+    pub fn merge_lock(&self, repo: &str, branch: &str) -> String {
+        format!(
+            "{}:lock:merge:{}:{}",
+            self.prefix,
+            repo.to_lowercase(),
+            branch
+        )
+    }
+
+    /// Lock held by the worker doing the periodic resync.
+    pub fn resync_lock(&self) -> String {
+        format!("{}:lock:resync", self.prefix)
+    }
+
+    /// Time of the last completed resync (unix ms).
+    pub fn last_resync(&self) -> String {
+        format!("{}:last-resync", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shard_puts_everything_in_one_slot() {
+        let k = Keys::new("t1", 1);
+        for key in [
+            k.events(0),
+            k.seen(0, "d"),
+            k.pr_record("Org/Repo", 3),
+            k.history("org/repo", 3),
+            k.effects(0),
+            k.timers(0),
+        ] {
+            assert!(key.starts_with("{t1:0}:"), "{key}");
+        }
+        assert_eq!(k.dispatch(), "t1:dispatch");
+        assert_eq!(k.results(), "t1:results");
+    }
+
+    #[test]
+    fn shards_are_stable_and_case_insensitive() {
+        let k = Keys::new("p", 8);
+        assert_eq!(k.shard_of("Org/Repo"), k.shard_of("org/repo"));
+        let spread: std::collections::HashSet<u16> =
+            (0..100).map(|i| k.shard_of(&format!("o/r{i}"))).collect();
+        assert!(spread.len() > 4, "hash spreads repositories: {spread:?}");
+        assert!(
+            k.pr_record("o/r1", 1)
+                .starts_with(&format!("{{p:{}}}", k.shard_of("o/r1")))
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! Logging and metrics. Logs go through `tracing` (text or JSON lines on stderr);
+//! metrics are Prometheus families in one [`Metrics`] value, created once per process
+//! and shared by reference, rendered at `GET /metrics`.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+use crate::config::LogFormat;
+
+/// Installs the global tracing subscriber. Safe to call more than once (later calls
+/// are ignored), so tests and `run` can share it.
+pub fn init_logging(format: LogFormat, filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match format {
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr).with_target(false))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+    };
+}
+
+/// Every metric Shepherd exports. Label values are bounded (event types, outcomes,
+/// effect kinds, stream names), never ids.
+#[derive(Clone)]
+pub struct Metrics {
+    /// Registry the families below are registered in.
+    pub registry: Registry,
+    /// Webhook deliveries by fine-grained event type and outcome
+    /// (`queued`, `duplicate`, `bad_signature`, `bad_request`, `too_large`, `unavailable`).
+    pub deliveries: IntCounterVec,
+    /// Deliveries refused for a missing, empty or wrong signature.
+    pub signature_failures: IntCounter,
+    /// Time from request start to answer on the webhook path, by outcome.
+    pub ingest_latency: HistogramVec,
+    /// Redis errors and timeouts by operation.
+    pub redis_errors: IntCounterVec,
+    /// Events processed by the workers, by event kind and outcome.
+    pub events_processed: IntCounterVec,
+    /// Compare-and-set conflicts when committing a transition.
+    pub commit_conflicts: IntCounter,
+    /// Effects executed, by kind and outcome.
+    pub effects: IntCounterVec,
+    /// End-to-end lag in seconds by stage (`committed`: delivery received → transition
+    /// committed; `executed`: delivery received → effect executed).
+    pub lag: HistogramVec,
+    /// Pending (unacked) entries per stream/group, and dead letters, sampled.
+    pub queue_gauges: IntGaugeVec,
+    /// 1 while the circuit breaker for a Forgejo host is open.
+    pub circuit_open: IntGaugeVec,
+}
+
+impl Metrics {
+    /// Creates and registers every family.
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("shepherd".into()), None).expect("a static prefix is valid");
+        let deliveries = IntCounterVec::new(
+            Opts::new(
+                "deliveries_total",
+                "Webhook deliveries by event type and outcome",
+            ),
+            &["event", "outcome"],
+        )
+        .expect("valid metric");
+        let signature_failures = IntCounter::new(
+            "signature_failures_total",
+            "Deliveries refused for a missing, empty or wrong signature",
+        )
+        .expect("valid metric");
+        let ingest_latency = HistogramVec::new(
+            HistogramOpts::new("ingest_latency_seconds", "Webhook request latency").buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let redis_errors = IntCounterVec::new(
+            Opts::new(
+                "redis_errors_total",
+                "Redis errors and timeouts by operation",
+            ),
+            &["op"],
+        )
+        .expect("valid metric");
+        let events_processed = IntCounterVec::new(
+            Opts::new(
+                "events_processed_total",
+                "Events processed by kind and outcome",
+            ),
+            &["event", "outcome"],
+        )
+        .expect("valid metric");
+        let commit_conflicts = IntCounter::new(
+            "commit_conflicts_total",
+            "Compare-and-set conflicts when committing a transition",
+        )
+        .expect("valid metric");
+        let effects = IntCounterVec::new(
+            Opts::new("effects_total", "Effects executed by kind and outcome"),
+            &["kind", "outcome"],
+        )
+        .expect("valid metric");
+        let lag = HistogramVec::new(
+            HistogramOpts::new("lag_seconds", "Delivery received → stage reached").buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0,
+            ]),
+            &["stage"],
+        )
+        .expect("valid metric");
+        let queue_gauges = IntGaugeVec::new(
+            Opts::new("queue_entries", "Pending entries and dead letters, sampled"),
+            &["stream", "kind"],
+        )
+        .expect("valid metric");
+        let circuit_open = IntGaugeVec::new(
+            Opts::new(
+                "forgejo_circuit_open",
+                "1 while the breaker for a Forgejo host is open",
+            ),
+            &["host"],
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(signature_failures.clone()),
+            Box::new(ingest_latency.clone()),
+            Box::new(redis_errors.clone()),
+            Box::new(events_processed.clone()),
+            Box::new(commit_conflicts.clone()),
+            Box::new(effects.clone()),
+            Box::new(lag.clone()),
+            Box::new(queue_gauges.clone()),
+            Box::new(circuit_open.clone()),
+        ] {
+            registry
+                .register(c)
+                .expect("each family is registered once");
+        }
+        Self {
+            registry,
+            deliveries,
+            signature_failures,
+            ingest_latency,
+            redis_errors,
+            events_processed,
+            commit_conflicts,
+            effects,
+            lag,
+            queue_gauges,
+            circuit_open,
+        }
+    }
+
+    /// Renders every family in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("encoding to a Vec cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,1 @@
+//! Workers: event consumer, effect executor, timers, periodic resync.
