@@ -4,3 +4,27 @@
 pub mod keys;
 
 pub use keys::Keys;
+
+/// Field names of an events-stream entry, shared by ingest (writer), workers and the
+/// operator tools (readers). Every entry has all of `kind`, `delivery`, `event`, `repo`,
+/// `received` and `body`; `replay` only on replays.
+pub mod fields {
+    /// `webhook` (a Forgejo delivery) or `internal` (timer, observation, result, outcome).
+    pub const KIND: &str = "kind";
+    /// Value of [`KIND`] for Forgejo deliveries.
+    pub const KIND_WEBHOOK: &str = "webhook";
+    /// Value of [`KIND`] for internal events.
+    pub const KIND_INTERNAL: &str = "internal";
+    /// Delivery id (`X-Forgejo-Delivery`) for webhooks; a unique event id for internal.
+    pub const DELIVERY: &str = "delivery";
+    /// Fine-grained event type (`X-Forgejo-Event-Type`) or the internal event's name.
+    pub const EVENT: &str = "event";
+    /// Repository full name `owner/name` as sent by Forgejo; empty when the payload has none.
+    pub const REPO: &str = "repo";
+    /// Receive time, unix milliseconds.
+    pub const RECEIVED: &str = "received";
+    /// Raw webhook body (the verified JSON bytes), or the internal event as JSON.
+    pub const BODY: &str = "body";
+    /// On a replayed entry: the stream id of the original entry (or `dead-letter:<id>`).
+    pub const REPLAY: &str = "replay";
+}
