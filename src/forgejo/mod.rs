@@ -1,1 +1,33 @@
 //! Forgejo REST client for exactly the endpoints effects need, with typed errors.
+//!
+//! ```text
+//! client.rs     ForgejoClient: auth, timeout, user agent, one request, decoding, paging
+//! endpoints.rs  PRs, reviews, combined status / statuses, comments, permission, version
+//! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
+//! merge.rs      POST …/merge → MergeOutcome; GET …/merge
+//! breaker.rs    circuit breaker per host (fail fast while the host is down)
+//! error.rs      ForgejoError: is_retryable(), retry_after()
+//! types.rs      the response fields Shepherd reads; the merge request body
+//! ```
+//!
+//! Repositories are named `owner/name`; paths and field names follow
+//! `forgejo-facts.md` §4 (e.g. `state=open` on every PR listing, commit statuses under
+//! the key `status`, merge body keys `Do` / `head_commit_id`, never `force_merge`).
+
+mod breaker;
+mod client;
+mod endpoints;
+mod error;
+mod labels;
+mod merge;
+mod types;
+
+pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};
+pub use endpoints::combine_states;
+pub use error::ForgejoError;
+pub use labels::{LabelCache, default_color};
+pub use types::{
+    BranchInfo, CombinedStatus, Comment, CommitStatus, Label, MergeConflictKind, MergeOutcome,
+    MergeRefusal, MergeRequest, MergeStyle, PullRequest, RepoPermission, Review, User,
+};
