@@ -1,4 +1,5 @@
 //! The one integration-test binary: real redis-server processes, the real HTTP server
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
+mod deploy;
 mod support;

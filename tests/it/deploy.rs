@@ -1,0 +1,758 @@
+//! Deployment files checked without a Docker engine: every YAML file under `docker/`
+//! parses; every `SHEPHERD_*` variable they (and docs/operations.md) mention exists in
+//! the real binary's `--help`; `docker/.env.example` lists every variable the binary
+//! knows; every command the Dockerfile, compose file and Kubernetes manifests run is a
+//! real subcommand (`shepherd <args…> --help` succeeds); KEDA watches the streams and
+//! groups of src/store/keys.rs; the image's health probe works against a real socket;
+//! and `docker/redis.conf` loads in a real `redis-server` with AOF and fsync always.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_yaml_ng::Value;
+use shepherd::store::keys::{EXECUTORS_GROUP, Keys, WORKERS_GROUP};
+
+/// The repository root (where Cargo.toml is).
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    let path = root().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Every file under `dir` (relative to the root), recursively, sorted.
+fn files_under(rel: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let entries =
+            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("list {}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root().join(rel), &mut out);
+    out.sort();
+    out
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+/// Every YAML document of a file (`---`-separated), with merge keys (`<<:`) applied.
+fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("read YAML file");
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            let mut value = <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{} does not parse as YAML: {e}", path.display()));
+            value
+                .apply_merge()
+                .unwrap_or_else(|e| panic!("{}: bad merge key: {e}", path.display()));
+            value
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Runs the real `shepherd` binary with no `SHEPHERD_*` variables inherited (so help
+/// output shows no values from the test's environment).
+fn shepherd(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+    cmd.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SHEPHERD_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.output().expect("run the shepherd binary")
+}
+
+/// `shepherd <args…> --help` must succeed: the subcommand and its flags exist.
+fn assert_runs_with_help(args: &[String], origin: &str) {
+    let mut full: Vec<&str> = args.iter().map(String::as_str).collect();
+    full.push("--help");
+    let out = shepherd(&full);
+    assert!(
+        out.status.success(),
+        "{origin}: `shepherd {}` is not a valid command line:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The subcommands listed under "Commands:" in `shepherd --help` (without `help`).
+fn subcommands() -> Vec<String> {
+    let out = shepherd(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).expect("UTF-8 help");
+    let section = help
+        .split("Commands:")
+        .nth(1)
+        .expect("help has a Commands section");
+    let mut subs = Vec::new();
+    for line in section.lines().skip(1) {
+        if line.trim().is_empty() {
+            break;
+        }
+        // Command lines are indented by two spaces; wrapped descriptions by more.
+        if let Some(rest) = line.strip_prefix("  ")
+            && !rest.starts_with(' ')
+        {
+            let name = rest.split_whitespace().next().expect("a command name");
+            if name != "help" {
+                subs.push(name.to_owned());
+            }
+        }
+    }
+    assert!(
+        subs.len() >= 9,
+        "expected serve, work, run and the tools: {subs:?}"
+    );
+    subs
+}
+
+/// Every `SHEPHERD_*` name mentioned in `text`.
+fn env_names(text: &str) -> BTreeSet<String> {
+    let bytes = text.as_bytes();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    while let Some(pos) = text[i..].find("SHEPHERD_") {
+        let start = i + pos;
+        let preceded_by_word =
+            start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start + "SHEPHERD_".len();
+        while end < bytes.len()
+            && (bytes[end].is_ascii_uppercase()
+                || bytes[end].is_ascii_digit()
+                || bytes[end] == b'_')
+        {
+            end += 1;
+        }
+        let name = &text[start..end];
+        if !preceded_by_word && name.len() > "SHEPHERD_".len() && !name.ends_with('_') {
+            names.insert(name.to_owned());
+        }
+        i = end;
+    }
+    names
+}
+
+/// Every `SHEPHERD_*` variable the binary knows: those in the help of the root command
+/// and of every subcommand (clap prints `[env: NAME=…]` for each).
+fn known_env_vars() -> BTreeSet<String> {
+    let mut all = BTreeSet::new();
+    let mut helps = vec![shepherd(&["--help"])];
+    for sub in subcommands() {
+        helps.push(shepherd(&[&sub, "--help"]));
+    }
+    for out in helps {
+        assert!(out.status.success());
+        let help = String::from_utf8(out.stdout).expect("UTF-8 help");
+        for line in help.lines() {
+            if let Some(at) = line.find("[env: ") {
+                all.extend(env_names(&line[at..]));
+            }
+        }
+    }
+    assert!(all.contains("SHEPHERD_REDIS_URL") && all.contains("SHEPHERD_CONSUMER"));
+    all
+}
+
+#[test]
+fn every_yaml_file_in_docker_parses() {
+    let yaml: Vec<PathBuf> = files_under("docker")
+        .into_iter()
+        .filter(|p| is_yaml(p))
+        .collect();
+    assert!(yaml.len() >= 8, "compose + k8s manifests: {yaml:?}");
+    for path in &yaml {
+        let docs = yaml_documents(path);
+        assert!(!docs.is_empty(), "{} has no YAML document", path.display());
+        if path.parent().is_some_and(|d| d.ends_with("k8s")) {
+            for doc in &docs {
+                for field in ["apiVersion", "kind"] {
+                    assert!(
+                        doc.get(field).and_then(Value::as_str).is_some(),
+                        "{}: a document lacks {field}",
+                        path.display()
+                    );
+                }
+                if doc["kind"] != "Kustomization" {
+                    assert!(
+                        doc["metadata"]["name"].as_str().is_some(),
+                        "{}: a {:?} has no metadata.name",
+                        path.display(),
+                        doc["kind"]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let kustomization = &yaml_documents(&root().join("docker/k8s/kustomization.yaml"))[0];
+    let listed: BTreeSet<String> = kustomization["resources"]
+        .as_sequence()
+        .expect("resources list")
+        .iter()
+        .map(|r| r.as_str().expect("resource path").to_owned())
+        .collect();
+    let present: BTreeSet<String> = files_under("docker/k8s")
+        .iter()
+        .filter(|p| is_yaml(p))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .filter(|name| name != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, present, "kustomization.yaml resources vs files");
+}
+
+#[test]
+fn every_env_var_used_in_docker_and_docs_exists_in_the_binary() {
+    let known = known_env_vars();
+    let mut sources: Vec<PathBuf> = files_under("docker");
+    sources.push(root().join(".dockerignore"));
+    sources.push(root().join("docs/operations.md"));
+    let mut used = 0;
+    for path in sources {
+        let text = std::fs::read_to_string(&path).expect("read deployment file");
+        for name in env_names(&text) {
+            used += 1;
+            assert!(
+                known.contains(&name),
+                "{} uses {name}, which `shepherd --help` does not know (known: {known:?})",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        used > 20,
+        "the deployment files configure Shepherd through SHEPHERD_* variables"
+    );
+}
+
+#[test]
+fn env_example_lists_every_variable_of_the_binary() {
+    let text = read("docker/.env.example");
+    let mut listed = BTreeMap::new();
+    for line in text.lines() {
+        let (commented, rest) = match line.strip_prefix('#') {
+            Some(rest) => (true, rest.trim_start()),
+            None => (false, line),
+        };
+        let Some((name, value)) = rest.split_once('=') else {
+            continue;
+        };
+        if name.starts_with("SHEPHERD_") && !name.contains(' ') {
+            if !commented {
+                // An empty value counts as set and fails validation: comment it out.
+                assert!(
+                    !value.trim().is_empty(),
+                    ".env.example sets {name} to empty"
+                );
+            }
+            listed.insert(name.to_owned(), commented);
+        }
+    }
+    let listed_names: BTreeSet<String> = listed.keys().cloned().collect();
+    let known = known_env_vars();
+    let missing: Vec<_> = known.difference(&listed_names).collect();
+    let unknown: Vec<_> = listed_names.difference(&known).collect();
+    assert!(missing.is_empty(), "docker/.env.example lacks {missing:?}");
+    assert!(
+        unknown.is_empty(),
+        "docker/.env.example lists unknown {unknown:?}"
+    );
+    // compose.yaml needs these to run serve and work at all.
+    for required in [
+        "SHEPHERD_WEBHOOK_SECRETS",
+        "SHEPHERD_FORGEJO_URL",
+        "SHEPHERD_FORGEJO_TOKEN",
+    ] {
+        assert_eq!(listed.get(required), Some(&false), "{required} must be set");
+    }
+    // Several workers share the env file: a fixed consumer name would collide.
+    assert_eq!(listed.get("SHEPHERD_CONSUMER"), Some(&true));
+}
+
+/// The JSON-array instruction `name` of the Dockerfile (the last one counts).
+fn dockerfile_exec_form(dockerfile: &str, name: &str) -> Vec<String> {
+    let line = dockerfile
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name} ")))
+        .next_back()
+        .unwrap_or_else(|| panic!("Dockerfile has no {name}"));
+    let json = line[name.len()..].trim();
+    serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("Dockerfile {name} is not exec form ({json}): {e}"))
+}
+
+#[test]
+fn dockerfile_runs_a_real_subcommand_as_a_non_root_user() {
+    let dockerfile = read("docker/Dockerfile");
+    assert_eq!(
+        dockerfile_exec_form(&dockerfile, "ENTRYPOINT"),
+        ["shepherd"]
+    );
+    let cmd = dockerfile_exec_form(&dockerfile, "CMD");
+    assert_eq!(cmd, ["run"], "the default is the single-process mode");
+    assert_runs_with_help(&cmd, "Dockerfile CMD");
+    let user = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("USER "))
+        .next_back()
+        .expect("Dockerfile sets USER");
+    assert!(
+        !user.starts_with("0") && !user.starts_with("root"),
+        "USER {user}"
+    );
+    assert!(dockerfile.contains("FROM rust:1.95-slim-bookworm AS build"));
+    assert!(dockerfile.contains("HEALTHCHECK"));
+    assert!(dockerfile.contains("/healthz"));
+}
+
+/// Sources the image build COPYs from the context, and the files they install.
+fn dockerfile_copies(dockerfile: &str) -> Vec<(String, String)> {
+    dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--from"))
+        .map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            let (dest, sources) = parts.split_last().expect("COPY has a destination");
+            (sources.join(" "), (*dest).to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn build_context_holds_everything_the_build_reads() {
+    let dockerfile = read("docker/Dockerfile");
+    let ignore = read(".dockerignore");
+    let admitted: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|l| l.trim_end_matches('/'))
+        .collect();
+    assert!(
+        ignore.lines().any(|l| l.trim() == "*"),
+        ".dockerignore starts from nothing"
+    );
+    for (sources, _) in dockerfile_copies(&dockerfile) {
+        for source in sources.split_whitespace() {
+            let source = source.trim_end_matches('/');
+            assert!(root().join(source).exists(), "COPY {source}: no such file");
+            assert!(
+                admitted
+                    .iter()
+                    .any(|a| source == *a || source.starts_with(&format!("{a}/"))),
+                "COPY {source}, but .dockerignore keeps it out of the context"
+            );
+        }
+    }
+    // Only src/ is copied: code must not include files from elsewhere in the repository.
+    for path in files_under("src") {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for macro_name in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in text.match_indices(macro_name) {
+                let rest = &text[at + macro_name.len()..];
+                let included = &rest[..rest.find('"').expect("closing quote")];
+                let target = path.parent().unwrap().join(included);
+                let target = target.canonicalize().unwrap_or(target);
+                assert!(
+                    target.starts_with(root().join("src").canonicalize().unwrap()),
+                    "{} includes {included}, outside src/ (not in the image build context)",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The command line of a compose service or container as strings.
+fn string_list(value: &Value) -> Option<Vec<String>> {
+    match value {
+        Value::Sequence(items) => Some(
+            items
+                .iter()
+                .map(|v| v.as_str().expect("a string argument").to_owned())
+                .collect(),
+        ),
+        Value::String(s) => Some(s.split_whitespace().map(str::to_owned).collect()),
+        _ => None,
+    }
+}
+
+#[test]
+fn compose_services_run_real_subcommands_with_redis_durable() {
+    let compose = &yaml_documents(&root().join("docker/compose.yaml"))[0];
+    let services = compose["services"].as_mapping().expect("services");
+    let dockerfile = read("docker/Dockerfile");
+    let installed: Vec<String> = dockerfile_copies(&dockerfile)
+        .into_iter()
+        .map(|(_, dest)| dest)
+        .collect();
+    let mut roles = BTreeSet::new();
+    for (name, service) in services {
+        let name = name.as_str().expect("service name");
+        if name == "redis" {
+            let command = string_list(&service["command"]).expect("redis command");
+            assert_eq!(command[0], "redis-server");
+            let volumes = format!("{:?}", service["volumes"]);
+            assert!(
+                volumes.contains("./redis.conf:"),
+                "redis uses docker/redis.conf"
+            );
+            assert!(
+                volumes.contains(":/data"),
+                "redis keeps its AOF on a volume"
+            );
+            assert!(service["healthcheck"]["test"].is_sequence());
+            continue;
+        }
+        assert_eq!(
+            service["build"]["dockerfile"], "docker/Dockerfile",
+            "{name}"
+        );
+        let command = string_list(&service["command"])
+            .unwrap_or_else(|| dockerfile_exec_form(&dockerfile, "CMD"));
+        assert_runs_with_help(&command, &format!("compose service {name}"));
+        roles.insert(command[0].clone());
+        assert_eq!(
+            service["depends_on"]["redis"]["condition"], "service_healthy",
+            "{name} waits for a healthy Redis"
+        );
+        let env_files = string_list(&service["env_file"]).expect("env_file");
+        assert_eq!(env_files, [".env"], "{name} reads docker/.env");
+        assert_eq!(
+            service["environment"]["SHEPHERD_REDIS_URL"],
+            "redis://redis:6379"
+        );
+        let health = &service["healthcheck"];
+        if let Some(test) = string_list(&health["test"]) {
+            let probe = &test[1];
+            assert!(
+                installed.contains(probe),
+                "{name}'s health check runs {probe}, which the image does not install"
+            );
+        } else {
+            assert_eq!(
+                health["disable"], true,
+                "{name}: a health check or an explicit none"
+            );
+        }
+    }
+    assert!(
+        roles.contains("serve") && roles.contains("work"),
+        "{roles:?}"
+    );
+    assert_eq!(services["work"]["deploy"]["replicas"], 2);
+    assert!(
+        services["serve"]["ports"]
+            .as_sequence()
+            .is_some_and(|p| !p.is_empty())
+    );
+}
+
+/// Every Kubernetes document of `docker/k8s`, by kind.
+fn k8s_documents() -> Vec<Value> {
+    files_under("docker/k8s")
+        .iter()
+        .filter(|p| is_yaml(p))
+        .flat_map(|p| yaml_documents(p))
+        .collect()
+}
+
+#[test]
+fn k8s_workloads_run_real_subcommands_with_probes_and_budgets() {
+    let docs = k8s_documents();
+    let of_kind =
+        |kind: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == kind).collect() };
+    let mut roles = BTreeMap::new();
+    for deployment in of_kind("Deployment") {
+        let name = deployment["metadata"]["name"].as_str().unwrap();
+        let containers = deployment["spec"]["template"]["spec"]["containers"]
+            .as_sequence()
+            .expect("containers");
+        for container in containers {
+            if let Some(command) = string_list(&container["command"]) {
+                assert_eq!(command, ["shepherd"], "{name}: command must be the binary");
+            }
+            let args = string_list(&container["args"]).expect("args name the subcommand");
+            assert_runs_with_help(&args, &format!("Deployment {name}"));
+            let resources = &container["resources"];
+            for (kind, what) in [
+                ("requests", "cpu"),
+                ("requests", "memory"),
+                ("limits", "memory"),
+            ] {
+                assert!(
+                    !resources[kind][what].is_null(),
+                    "{name}: resources.{kind}.{what}"
+                );
+            }
+            roles.insert(args[0].clone(), (name.to_owned(), container.clone()));
+        }
+        let selector = &deployment["spec"]["selector"]["matchLabels"];
+        assert!(
+            of_kind("PodDisruptionBudget")
+                .iter()
+                .any(|pdb| &pdb["spec"]["selector"]["matchLabels"] == selector),
+            "{name} has no PodDisruptionBudget"
+        );
+    }
+    let (_, serve) = roles.get("serve").expect("an ingest Deployment runs serve");
+    assert_eq!(serve["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(serve["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let (worker, work) = roles.get("work").expect("a worker Deployment runs work");
+    assert!(
+        work["readinessProbe"]["httpGet"].is_null() && work["livenessProbe"]["httpGet"].is_null(),
+        "`shepherd work` serves no HTTP: no HTTP probe on it"
+    );
+    // The Service targets the ingest pods, and the Ingress routes to the Service.
+    let service = of_kind("Service")[0];
+    let (ingest, _) = roles.get("serve").unwrap();
+    let ingest_labels = &of_kind("Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == ingest.as_str())
+        .unwrap()["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in service["spec"]["selector"].as_mapping().expect("selector") {
+        assert_eq!(
+            &ingest_labels[k.as_str().unwrap()],
+            v,
+            "Service selects the ingest pods"
+        );
+    }
+    let ingress = format!("{:?}", of_kind("Ingress")[0]["spec"]);
+    assert!(ingress.contains(service["metadata"]["name"].as_str().unwrap()));
+    // KEDA scales the worker Deployment.
+    let scaled = of_kind("ScaledObject");
+    assert_eq!(scaled.len(), 1);
+    assert_eq!(scaled[0]["spec"]["scaleTargetRef"]["name"], worker.as_str());
+}
+
+#[test]
+fn keda_watches_the_streams_and_groups_the_workers_consume() {
+    let docs = k8s_documents();
+    let env = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["data"]["SHEPHERD_KEY_PREFIX"].is_string())
+        .expect("a ConfigMap sets SHEPHERD_KEY_PREFIX");
+    let prefix = env["data"]["SHEPHERD_KEY_PREFIX"].as_str().unwrap();
+    let shards: u16 = env["data"]["SHEPHERD_SHARDS"]
+        .as_str()
+        .unwrap_or("1")
+        .parse()
+        .expect("SHEPHERD_SHARDS is a number");
+    let keys = Keys::new(prefix, shards);
+    let scaled = docs.iter().find(|d| d["kind"] == "ScaledObject").unwrap();
+    let spec = &scaled["spec"];
+    let min = spec["minReplicaCount"].as_u64().expect("minReplicaCount");
+    let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
+    assert!(min >= 1, "workers fire timers: never scale to zero");
+    assert!(max > min && max <= 50, "min {min}, max {max}");
+    let mut watched = BTreeSet::new();
+    for trigger in spec["triggers"].as_sequence().expect("triggers") {
+        assert_eq!(trigger["type"], "redis-streams");
+        let meta = &trigger["metadata"];
+        assert!(
+            meta["lagCount"]
+                .as_str()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        );
+        assert!(
+            meta["activationLagCount"].is_string(),
+            "KEDA needs it with lagCount"
+        );
+        watched.insert((
+            meta["stream"].as_str().unwrap().to_owned(),
+            meta["consumerGroup"].as_str().unwrap().to_owned(),
+        ));
+    }
+    for shard in 0..keys.shards() {
+        for (stream, group) in [
+            (keys.events(shard), WORKERS_GROUP),
+            (keys.effects(shard), EXECUTORS_GROUP),
+        ] {
+            assert!(
+                watched.contains(&(stream.clone(), group.to_owned())),
+                "KEDA does not watch {stream} / {group}: {watched:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn policy_configmap_is_valid_toml() {
+    let docs = k8s_documents();
+    let policy = docs
+        .iter()
+        .find_map(|d| d["data"]["policy.toml"].as_str())
+        .expect("a ConfigMap holds policy.toml");
+    toml::from_str::<toml::Table>(policy).expect("policy.toml parses");
+    let env = docs
+        .iter()
+        .find_map(|d| d["data"]["SHEPHERD_CONFIG"].as_str())
+        .expect("SHEPHERD_CONFIG is set");
+    assert_eq!(env, "/etc/shepherd/policy.toml");
+}
+
+/// A one-shot HTTP server on a free loopback port answering 200 on `/healthz` and 503
+/// elsewhere, for as many requests as given.
+fn tiny_http_server(requests: usize) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        for _ in 0..requests {
+            let (mut stream, _) = listener.accept().expect("accept");
+            // Read the whole request head: closing with unread bytes would reset the
+            // connection before the client reads the answer.
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("request line");
+            let mut header = String::new();
+            while reader.read_line(&mut header).expect("header") > 2 {
+                header.clear();
+            }
+            let status = if line.starts_with("GET /healthz ") {
+                "200 OK"
+            } else {
+                "503 Service Unavailable"
+            };
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    (port, handle)
+}
+
+fn healthcheck(port: u16, path: Option<&str>) -> bool {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root().join("docker/healthcheck.sh"));
+    cmd.args(path);
+    cmd.env("SHEPHERD_LISTEN", format!("0.0.0.0:{port}"));
+    cmd.stderr(Stdio::null());
+    cmd.status().expect("run bash").success()
+}
+
+#[test]
+fn image_health_probe_accepts_200_only() {
+    let (port, server) = tiny_http_server(2);
+    assert!(healthcheck(port, None), "200 on /healthz is healthy");
+    assert!(!healthcheck(port, Some("/readyz")), "503 is unhealthy");
+    server.join().unwrap();
+    // Nothing listens any more.
+    assert!(
+        !healthcheck(port, None),
+        "a refused connection is unhealthy"
+    );
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config_get(con: &mut redis::Connection, name: &str) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query(con)
+        .unwrap();
+    pair.get(1).cloned().unwrap_or_default()
+}
+
+/// A redis-server child, killed when dropped.
+struct RedisChild(Child);
+
+impl Drop for RedisChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn redis_conf_loads_with_aof_and_fsync_always() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .arg(root().join("docker/redis.conf"))
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start redis-server (is it installed? apt-get install redis-server): {e}")
+        });
+    let mut child = RedisChild(child);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut con = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            let mut out = String::new();
+            child
+                .0
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            panic!("redis-server refused docker/redis.conf ({status}):\n{out}");
+        }
+        match client.get_connection_with_timeout(Duration::from_millis(200)) {
+            Ok(con) => break con,
+            Err(e) if Instant::now() > deadline => panic!("redis-server never answered: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    assert_eq!(config_get(&mut con, "appendonly"), "yes");
+    assert_eq!(config_get(&mut con, "appendfsync"), "always");
+    assert_eq!(config_get(&mut con, "no-appendfsync-on-rewrite"), "no");
+    assert_eq!(config_get(&mut con, "maxmemory-policy"), "noeviction");
+    let _: String = redis::cmd("XADD")
+        .arg("deploy-probe")
+        .arg("*")
+        .arg("f")
+        .arg("v")
+        .query(&mut con)
+        .unwrap();
+    // The write is in the incremental AOF of the data directory given on the command
+    // line as soon as Redis has answered (fsync always).
+    let aof_dir = dir.path().join("appendonlydir");
+    let logged = std::fs::read_dir(&aof_dir)
+        .unwrap_or_else(|e| panic!("no AOF directory {}: {e}", aof_dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .any(|p| String::from_utf8_lossy(&std::fs::read(p).unwrap()).contains("deploy-probe"));
+    assert!(logged, "the XADD is not in the AOF");
+    drop(child);
+}
