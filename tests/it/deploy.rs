@@ -295,8 +295,7 @@ fn env_example_lists_every_variable_of_the_binary() {
 fn dockerfile_exec_form(dockerfile: &str, name: &str) -> Vec<String> {
     let line = dockerfile
         .lines()
-        .filter(|l| l.starts_with(&format!("{name} ")))
-        .next_back()
+        .rfind(|l| l.starts_with(&format!("{name} ")))
         .unwrap_or_else(|| panic!("Dockerfile has no {name}"));
     let json = line[name.len()..].trim();
     serde_json::from_str(json)
