@@ -755,3 +755,52 @@ fn redis_conf_loads_with_aof_and_fsync_always() {
     assert!(logged, "the XADD is not in the AOF");
     drop(child);
 }
+
+/// Metric family names registered in src/telemetry.rs (the string literal right after
+/// each `Opts::new(`, `HistogramOpts::new(`, `IntCounter::new(`, … ), without the
+/// `shepherd_` namespace.
+fn metric_families() -> BTreeSet<String> {
+    let source = read("src/telemetry.rs");
+    let mut names = BTreeSet::new();
+    for (at, _) in source.match_indices("::new(") {
+        let before = &source[..at];
+        let type_name = &before[before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1)..];
+        let is_metric = type_name.ends_with("Opts")
+            || ["Counter", "Gauge", "Histogram"]
+                .iter()
+                .any(|kind| type_name.contains(kind));
+        if !is_metric {
+            continue;
+        }
+        let rest = source[at + "::new(".len()..].trim_start();
+        let Some(literal) = rest.strip_prefix('"') else {
+            continue;
+        };
+        let name = &literal[..literal.find('"').expect("closing quote")];
+        if !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            names.insert(name.to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn operations_guide_describes_every_metric() {
+    let families = metric_families();
+    assert!(families.contains("deliveries_total"), "{families:?}");
+    let guide = read("docs/operations.md");
+    for name in families {
+        assert!(
+            guide.contains(&format!("`shepherd_{name}`"))
+                || guide.contains(&format!("`shepherd_{name}{{")),
+            "docs/operations.md (§ What to watch) does not describe shepherd_{name}, \
+             registered in src/telemetry.rs"
+        );
+    }
+}
