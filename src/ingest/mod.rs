@@ -1,1 +1,180 @@
-//! HTTP edge: the actix-web app (webhooks, health, metrics), signature verification.
+//! HTTP edge: the actix-web app (webhooks, health, metrics) and signature verification.
+//!
+//! Building blocks, so other parts of the app (results API, admin API) mount on the
+//! same server:
+//! - [`AppState`]: configuration, metrics, the shared Redis connection, the enqueuer;
+//!   handlers receive it as `web::Data<AppState>`;
+//! - [`configure`]: the ingest routes (`/webhooks/forgejo`, `/webhooks/gitea`,
+//!   `/healthz`, `/readyz`, `/metrics`);
+//! - [`serve_with`]: runs an `HttpServer` with [`configure`] plus extra routes until
+//!   the shutdown token is cancelled; [`serve`] is `shepherd serve`.
+//!
+//! Redis is reached through one multiplexed [`ConnectionManager`] (reconnecting on its
+//! own), every call bounded by `SHEPHERD_REDIS_TIMEOUT_MS`, and at most
+//! [`MAX_IN_FLIGHT`] deliveries wait on it at once: past that a delivery gets 503
+//! rather than a place in an unbounded queue.
+
+pub mod delivery;
+pub mod signature;
+pub mod webhook;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use anyhow::Context;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+pub use delivery::Delivery;
+pub use signature::Verified;
+
+use crate::config::Config;
+use crate::store::Keys;
+use crate::store::enqueue::Enqueuer;
+use crate::telemetry::Metrics;
+
+/// Most deliveries waiting on Redis at once per process (beyond: 503).
+pub const MAX_IN_FLIGHT: usize = 512;
+
+/// Seconds the server waits for in-flight requests after shutdown is requested.
+const SHUTDOWN_GRACE_SECS: u64 = 10;
+
+/// State shared by every handler of the HTTP app.
+pub struct AppState {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// Metric families (cheap to clone; shared with the rest of the process).
+    pub metrics: Metrics,
+    /// The process's multiplexed Redis connection; clone it per call.
+    pub redis: ConnectionManager,
+    /// Redis key layout.
+    pub keys: Keys,
+    /// Dedup+append of verified deliveries.
+    pub enqueuer: Enqueuer,
+    /// Bound on deliveries waiting on Redis ([`MAX_IN_FLIGHT`]).
+    pub in_flight: Semaphore,
+}
+
+impl AppState {
+    /// Builds the state. The Redis connection is made lazily (and re-made after
+    /// failures), so the server starts and answers 503 while Redis is away.
+    pub fn new(config: Arc<Config>, metrics: Metrics) -> anyhow::Result<Self> {
+        let redis = connect_lazy(&config)?;
+        let keys = Keys::new(config.key_prefix.clone(), config.shards);
+        let enqueuer = Enqueuer::new(keys.clone(), config.retention, config.redis_timeout);
+        Ok(Self {
+            config,
+            metrics,
+            redis,
+            keys,
+            enqueuer,
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+        })
+    }
+}
+
+/// A lazily connecting, self-reconnecting multiplexed connection with every timeout
+/// set from `SHEPHERD_REDIS_TIMEOUT_MS`.
+pub fn connect_lazy(config: &Config) -> anyhow::Result<ConnectionManager> {
+    let client = redis::Client::open(config.redis_url.as_str())
+        .context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.redis_timeout))
+        .set_response_timeout(Some(config.redis_timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(200))
+        .set_pipeline_buffer_size(MAX_IN_FLIGHT);
+    ConnectionManager::new_lazy_with_config(client, manager_config)
+        .context("cannot set up the Redis connection")
+}
+
+/// Mounts the ingest routes on an app or scope.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/webhooks/forgejo", web::post().to(webhook::receive))
+        .route("/webhooks/gitea", web::post().to(webhook::receive))
+        .route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+/// `GET /healthz`: the process is up.
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().body("ok\n")
+}
+
+/// `GET /readyz`: Redis answers a `PING` within the timeout.
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let mut conn = state.redis.clone();
+    let cmd = redis::cmd("PING");
+    let ping = cmd.query_async::<String>(&mut conn);
+    match tokio::time::timeout(state.config.redis_timeout, ping).await {
+        Ok(Ok(_)) => HttpResponse::Ok().body("ready\n"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready: redis");
+            HttpResponse::ServiceUnavailable().body("redis unavailable\n")
+        }
+        Err(_) => HttpResponse::ServiceUnavailable().body("redis timeout\n"),
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render())
+}
+
+/// `shepherd serve`: the ingest server alone.
+pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    config.require_webhook_secrets()?;
+    let state = AppState::new(Arc::new(config), Metrics::new())?;
+    serve_with(web::Data::new(state), shutdown, |_| {}).await
+}
+
+/// Runs the HTTP server on `SHEPHERD_LISTEN` with the ingest routes and whatever
+/// `extra` mounts, until `shutdown` is cancelled; then stops accepting, lets in-flight
+/// requests finish (up to a grace period) and returns.
+pub async fn serve_with<F>(
+    state: web::Data<AppState>,
+    shutdown: CancellationToken,
+    extra: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
+{
+    let listen = state.config.listen;
+    let max_body = state.config.max_body_bytes;
+    {
+        // Best effort: load the script now so the first delivery needs no retry.
+        let mut conn = state.redis.clone();
+        if let Err(e) = state.enqueuer.preload(&mut conn).await {
+            tracing::warn!(error = %e, "redis not reachable at start; answering 503 until it is");
+        }
+    }
+    let app_state = state.clone();
+    let server = HttpServer::new(move || {
+        let extra = extra.clone();
+        App::new()
+            .app_data(app_state.clone())
+            .app_data(web::PayloadConfig::new(max_body))
+            .configure(configure)
+            .configure(extra)
+    })
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_GRACE_SECS)
+    .bind(listen)
+    .with_context(|| format!("cannot listen on {listen} (SHEPHERD_LISTEN)"))?
+    .run();
+    tracing::info!(%listen, "listening");
+    let handle = server.handle();
+    let stopper = tokio::spawn(async move {
+        shutdown.cancelled().await;
+        handle.stop(true).await;
+    });
+    let result = server.await.context("HTTP server failed");
+    stopper.abort();
+    result
+}

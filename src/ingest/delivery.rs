@@ -1,0 +1,221 @@
+//! A verified delivery, classified: its id, event type and repository, read from the
+//! headers and the payload only after the signature matched (unsigned requests never
+//! reach this module). [`Delivery`] is what the store accepts; it can only be built
+//! around a [`Verified`] payload.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+use crate::ingest::signature::Verified;
+
+/// Headers naming the fine-grained event type, in the order they are consulted
+/// (DESIGN §2.2: route on `X-Forgejo-Event-Type`, fall back to Gitea's, then to the
+/// coarse event names).
+pub const EVENT_HEADERS: [&str; 4] = [
+    "x-forgejo-event-type",
+    "x-gitea-event-type",
+    "x-forgejo-event",
+    "x-gitea-event",
+];
+
+/// Headers carrying the delivery id, in the order they are consulted.
+pub const DELIVERY_HEADERS: [&str; 2] = ["x-forgejo-delivery", "x-gitea-delivery"];
+
+/// Longest accepted delivery id (Forgejo sends 36-character UUIDs).
+const MAX_DELIVERY_LEN: usize = 128;
+/// Longest accepted event type name.
+const MAX_EVENT_LEN: usize = 64;
+
+/// Why a signed request cannot be queued (all answer 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// A required header is absent; names the preferred header.
+    #[error("missing {0} header")]
+    MissingHeader(&'static str),
+    /// A header is present but unusable; names it.
+    #[error("invalid {0} header")]
+    InvalidHeader(&'static str),
+    /// The payload is not a JSON object; says where parsing failed.
+    #[error("payload is not a JSON object: {0}")]
+    NotJson(String),
+}
+
+/// A verified, classified webhook delivery, ready to be queued.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The verified payload (the bytes stored in the stream).
+    verified: Verified,
+    /// Delivery id (`X-Forgejo-Delivery`), the dedup key.
+    id: String,
+    /// Fine-grained event type (`X-Forgejo-Event-Type` or a fallback).
+    event: String,
+    /// Repository full name from the payload, `""` when it has none.
+    repo: String,
+    /// Receive time, unix milliseconds.
+    received_ms: i64,
+}
+
+impl Delivery {
+    /// Classifies a verified payload. `get` looks a header up by lower-case name.
+    pub fn classify<'a>(
+        verified: Verified,
+        get: impl Fn(&str) -> Option<&'a [u8]>,
+        received_ms: i64,
+    ) -> Result<Self, DeliveryError> {
+        let event = first_header(&get, &EVENT_HEADERS, MAX_EVENT_LEN)?;
+        let id = first_header(&get, &DELIVERY_HEADERS, MAX_DELIVERY_LEN)?;
+        let repo = repository_of(verified.payload())?;
+        Ok(Self {
+            verified,
+            id,
+            event,
+            repo,
+            received_ms,
+        })
+    }
+
+    /// The verified payload.
+    pub fn verified(&self) -> &Verified {
+        &self.verified
+    }
+
+    /// Delivery id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Fine-grained event type.
+    pub fn event(&self) -> &str {
+        &self.event
+    }
+
+    /// Repository full name (`owner/name`), `""` when the payload names none.
+    pub fn repo(&self) -> &str {
+        &self.repo
+    }
+
+    /// Receive time, unix milliseconds.
+    pub fn received_ms(&self) -> i64 {
+        self.received_ms
+    }
+}
+
+/// The value of the first present header of `names`: printable ASCII without spaces
+/// (it becomes part of a Redis key), at most `max` bytes.
+fn first_header<'a>(
+    get: &impl Fn(&str) -> Option<&'a [u8]>,
+    names: &[&'static str],
+    max: usize,
+) -> Result<String, DeliveryError> {
+    let (name, value) = names
+        .iter()
+        .find_map(|n| get(n).map(|v| (*n, v.trim_ascii())))
+        .ok_or(DeliveryError::MissingHeader(canonical(names[0])))?;
+    if value.is_empty() {
+        return Err(DeliveryError::MissingHeader(canonical(name)));
+    }
+    if value.len() > max || !value.iter().all(u8::is_ascii_graphic) {
+        return Err(DeliveryError::InvalidHeader(canonical(name)));
+    }
+    // All bytes are ASCII, so this cannot fail.
+    Ok(String::from_utf8_lossy(value).into_owned())
+}
+
+/// The header name as Forgejo spells it, for messages.
+fn canonical(lower: &'static str) -> &'static str {
+    match lower {
+        "x-forgejo-event-type" => "X-Forgejo-Event-Type",
+        "x-gitea-event-type" => "X-Gitea-Event-Type",
+        "x-forgejo-event" => "X-Forgejo-Event",
+        "x-gitea-event" => "X-Gitea-Event",
+        "x-forgejo-delivery" => "X-Forgejo-Delivery",
+        "x-gitea-delivery" => "X-Gitea-Delivery",
+        other => other,
+    }
+}
+
+/// Just enough of any Forgejo payload to find its repository; every other field is
+/// skipped without being materialised.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    /// Top-level repository (every event except the Actions run events).
+    #[serde(borrow, default)]
+    repository: Option<RepoProbe<'a>>,
+    /// Actions run events carry the repository inside `run` (forgejo-facts §3.7).
+    #[serde(borrow, default)]
+    run: Option<RunProbe<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RunProbe<'a> {
+    #[serde(borrow, default)]
+    repository: Option<RepoProbe<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RepoProbe<'a> {
+    #[serde(borrow, default)]
+    full_name: Option<Cow<'a, str>>,
+}
+
+/// Checks that the payload is one JSON object and returns its repository full name
+/// (`""` when it has none). One pass over the bytes, no tree built.
+fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
+    if payload.trim_ascii_start().first() != Some(&b'{') {
+        return Err(DeliveryError::NotJson("expected an object".into()));
+    }
+    let probe: Probe<'_> =
+        serde_json::from_slice(payload).map_err(|e| DeliveryError::NotJson(e.to_string()))?;
+    let repo = probe
+        .repository
+        .or_else(|| probe.run.and_then(|r| r.repository))
+        .and_then(|r| r.full_name)
+        .unwrap_or_default();
+    Ok(repo.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_repository() {
+        assert_eq!(
+            repository_of(br#"{"action":"opened","repository":{"id":1,"full_name":"o/r"}}"#),
+            Ok("o/r".into())
+        );
+        assert_eq!(
+            repository_of(br#"{"run":{"repository":{"full_name":"o\/r2"}}}"#),
+            Ok("o/r2".into())
+        );
+        assert_eq!(repository_of(br#"{"zen":"x"}"#), Ok(String::new()));
+        assert!(matches!(
+            repository_of(b"[1]"),
+            Err(DeliveryError::NotJson(_))
+        ));
+        assert!(matches!(
+            repository_of(br#"{"a":"#),
+            Err(DeliveryError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn headers_fall_back_and_are_named() {
+        let only_coarse = |n: &str| (n == "x-gitea-event").then_some(&b"push"[..]);
+        assert_eq!(
+            first_header(&only_coarse, &EVENT_HEADERS, 64),
+            Ok("push".into())
+        );
+        let none = |_: &str| None;
+        assert_eq!(
+            first_header(&none, &DELIVERY_HEADERS, 128),
+            Err(DeliveryError::MissingHeader("X-Forgejo-Delivery"))
+        );
+        let spaced = |n: &str| (n == "x-forgejo-delivery").then_some(&b"a b"[..]);
+        assert_eq!(
+            first_header(&spaced, &DELIVERY_HEADERS, 128),
+            Err(DeliveryError::InvalidHeader("X-Forgejo-Delivery"))
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! `POST /webhooks/forgejo` (and `/webhooks/gitea`): read the body once under the size
+//! limit, verify, classify, dedup+append, answer (DESIGN §3). Every refusal is an
+//! [`IngestError`], turned into an HTTP answer in exactly one place
+//! ([`ResponseError`] below), with a short message and no internals.
+
+use std::time::{Duration, Instant};
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use serde_json::json;
+use tracing::instrument;
+
+use crate::ingest::AppState;
+use crate::ingest::delivery::{Delivery, DeliveryError, EVENT_HEADERS};
+use crate::ingest::signature::{self, SignatureError};
+use crate::store::enqueue::{Enqueued, StoreError};
+
+/// `Retry-After` seconds sent with a 503.
+const RETRY_AFTER_SECS: u32 = 5;
+
+/// Event types Forgejo (and Gitea's `status`) can send; used only to bound the
+/// cardinality of the `event` metric label. Anything else is counted as `other`
+/// (and still accepted and archived).
+const KNOWN_EVENTS: [&str; 31] = [
+    "create",
+    "delete",
+    "fork",
+    "push",
+    "issues",
+    "issue_assign",
+    "issue_label",
+    "issue_milestone",
+    "issue_comment",
+    "pull_request",
+    "pull_request_assign",
+    "pull_request_label",
+    "pull_request_milestone",
+    "pull_request_sync",
+    "pull_request_review_request",
+    "pull_request_comment",
+    "pull_request_review_approved",
+    "pull_request_review_rejected",
+    "pull_request_review_comment",
+    "pull_request_approved",
+    "pull_request_rejected",
+    "wiki",
+    "repository",
+    "release",
+    "package",
+    "action_run_failure",
+    "action_run_recover",
+    "action_run_success",
+    "status",
+    "schedule",
+    "workflow_dispatch",
+];
+
+/// Why a delivery was not queued. One variant per HTTP answer family.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The body is larger than `SHEPHERD_MAX_BODY_BYTES` → 413.
+    #[error("body larger than {0} bytes")]
+    TooLarge(usize),
+    /// The body could not be read from the connection → 400.
+    #[error("cannot read the request body")]
+    BodyRead,
+    /// Missing, empty or wrong signature → 401.
+    #[error("{0}")]
+    Signature(#[from] SignatureError),
+    /// Signed but unusable: headers or payload → 400.
+    #[error("{0}")]
+    Malformed(#[from] DeliveryError),
+    /// Redis is down, slow, or the process is at its in-flight bound → 503.
+    #[error("queue unavailable: {0}")]
+    Unavailable(#[from] StoreError),
+    /// Too many deliveries in flight to Redis for the timeout → 503.
+    #[error("too many deliveries in flight")]
+    Overloaded,
+}
+
+impl IngestError {
+    /// The `outcome` metric label.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::TooLarge(_) => "too_large",
+            Self::BodyRead | Self::Malformed(_) => "bad_request",
+            Self::Signature(_) => "bad_signature",
+            Self::Unavailable(_) | Self::Overloaded => "unavailable",
+        }
+    }
+}
+
+impl ResponseError for IngestError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyRead | Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::Signature(_) => StatusCode::UNAUTHORIZED,
+            Self::Unavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut resp = HttpResponse::build(self.status_code());
+        let message = match self {
+            // Never say which check failed to an unauthenticated sender.
+            Self::Signature(_) => "invalid signature".to_owned(),
+            // Never leak Redis internals.
+            Self::Unavailable(_) | Self::Overloaded => {
+                resp.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECS));
+                "queue unavailable, retry later".to_owned()
+            }
+            other => other.to_string(),
+        };
+        resp.json(json!({ "error": message }))
+    }
+}
+
+/// The webhook handler: times the request and counts its outcome.
+#[instrument(skip_all, fields(delivery, event, repo))]
+pub async fn receive(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> Result<HttpResponse, IngestError> {
+    let start = Instant::now();
+    let result = ingest(&state, &req, body).await;
+    let (event, outcome) = match &result {
+        Ok(a) if matches!(a.outcome, Enqueued::New(_)) => (a.event.as_str(), "queued"),
+        Ok(a) => (a.event.as_str(), "duplicate"),
+        Err(e) => (claimed_event(req.headers()), e.outcome()),
+    };
+    let metrics = &state.metrics;
+    metrics
+        .deliveries
+        .with_label_values(&[metric_event(event), outcome])
+        .inc();
+    metrics
+        .ingest_latency
+        .with_label_values(&[outcome])
+        .observe(start.elapsed().as_secs_f64());
+    match result {
+        Ok(Accepted {
+            delivery,
+            outcome: Enqueued::New(id),
+            ..
+        }) => Ok(HttpResponse::Accepted().json(json!({ "delivery": delivery, "id": id }))),
+        Ok(Accepted {
+            delivery,
+            outcome: Enqueued::Duplicate(id),
+            ..
+        }) => {
+            Ok(HttpResponse::Ok()
+                .json(json!({ "duplicate": true, "delivery": delivery, "id": id })))
+        }
+        Err(e) => {
+            match &e {
+                IngestError::Signature(reason) => {
+                    metrics.signature_failures.inc();
+                    tracing::info!(%reason, "delivery refused: signature");
+                }
+                IngestError::Unavailable(err) => {
+                    metrics.redis_errors.with_label_values(&["enqueue"]).inc();
+                    tracing::warn!(error = %err, "delivery refused: redis unavailable");
+                }
+                _ => tracing::info!(error = %e, "delivery refused"),
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A delivery that made it into Redis (new or duplicate).
+struct Accepted {
+    /// Its fine-grained event type.
+    event: String,
+    /// Its delivery id.
+    delivery: String,
+    /// New entry or duplicate.
+    outcome: Enqueued,
+}
+
+/// Body → verified → classified → queued. Returns the event type with the outcome.
+async fn ingest(
+    state: &AppState,
+    req: &HttpRequest,
+    body: web::Payload,
+) -> Result<Accepted, IngestError> {
+    let limit = state.config.max_body_bytes;
+    let body = read_body(req, body, limit).await?;
+    let headers = req.headers();
+    let get = |name: &str| headers.get(name).map(|v| v.as_bytes());
+    let form = signature::is_form(header_str(headers, "content-type"));
+    let tag = signature::signature_from_headers(get)?;
+    let signed = signature::signed_bytes(body, form);
+    let verified = signature::verify(signed, &tag, &state.config.webhook_secrets)?;
+    let received_ms = chrono::Utc::now().timestamp_millis();
+    let delivery = Delivery::classify(verified, get, received_ms)?;
+    let span = tracing::Span::current();
+    span.record("delivery", delivery.id());
+    span.record("event", delivery.event());
+    span.record("repo", delivery.repo());
+    let outcome = enqueue(state, &delivery).await?;
+    if matches!(outcome, Enqueued::New(_))
+        && let Err(e) = state
+            .enqueuer
+            .record_repo(&mut state.redis.clone(), delivery.repo())
+            .await
+    {
+        // The delivery is durably queued; the repo set is only an index for resync.
+        state
+            .metrics
+            .redis_errors
+            .with_label_values(&["repos"])
+            .inc();
+        tracing::warn!(error = %e, "cannot record the repository");
+    }
+    Ok(Accepted {
+        event: delivery.event().to_owned(),
+        delivery: delivery.id().to_owned(),
+        outcome,
+    })
+}
+
+/// Takes an in-flight permit (bounded, waiting at most the Redis timeout), then runs
+/// the atomic dedup+append.
+async fn enqueue(state: &AppState, delivery: &Delivery) -> Result<Enqueued, IngestError> {
+    let timeout: Duration = state.config.redis_timeout;
+    let _permit = tokio::time::timeout(timeout, state.in_flight.acquire())
+        .await
+        .map_err(|_| IngestError::Overloaded)?
+        .map_err(|_| IngestError::Overloaded)?;
+    Ok(state
+        .enqueuer
+        .enqueue(&mut state.redis.clone(), delivery)
+        .await?)
+}
+
+/// Reads the whole body, refusing early on a `Content-Length` over the limit and
+/// stopping as soon as the streamed body passes it.
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<bytes::Bytes, IngestError> {
+    let declared =
+        header_str(req.headers(), "content-length").and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(IngestError::TooLarge(limit));
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8192).min(limit));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| IngestError::BodyRead)?;
+        if buf.len() + chunk.len() > limit {
+            return Err(IngestError::TooLarge(limit));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// A header as UTF-8 text, when present and valid.
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The event type a request claims (unverified; for metrics of refusals only).
+fn claimed_event(headers: &HeaderMap) -> &str {
+    EVENT_HEADERS
+        .iter()
+        .find_map(|h| header_str(headers, h))
+        .unwrap_or("unknown")
+}
+
+/// Bounds the `event` label to known names.
+fn metric_event(event: &str) -> &str {
+    KNOWN_EVENTS
+        .iter()
+        .find(|k| **k == event)
+        .copied()
+        .unwrap_or(if event == "unknown" {
+            "unknown"
+        } else {
+            "other"
+        })
+}

@@ -1,0 +1,191 @@
+//! The ingest side of the store: dedup a verified delivery on its id and append it to
+//! its shard's events stream, atomically, in one loaded Lua script
+//! ([`lua/enqueue.lua`](./lua/enqueue.lua)), called with `EVALSHA` (the script text
+//! is sent only once per Redis process, after a `NOSCRIPT` reply).
+//!
+//! Why a script and not `SET NX` followed by `XADD`: a crash, timeout or failover
+//! between the two would leave the delivery marked seen with no entry, and Forgejo
+//! never retries, so the event would be lost for good. The alternative with the same
+//! guarantee, `MULTI SET NX … XADD … EXEC`, is measured in `docs/benchmarks.md`.
+//!
+//! Every call runs under the configured Redis timeout; the caller turns a
+//! [`StoreError`] into `503 Retry-After`. Nothing is buffered in this process: a
+//! delivery is either in Redis when [`Enqueuer::enqueue`] returns `Ok`, or the sender
+//! is told to come back.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, ServerErrorKind};
+
+use crate::ingest::Delivery;
+use crate::store::{Keys, fields};
+
+/// Source of the dedup+append script.
+pub const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
+
+/// Repositories remembered per process as already in the `<prefix>:repos` set; the set
+/// is cleared when it reaches this size (it is only a cache).
+const KNOWN_REPOS_CAP: usize = 10_000;
+
+/// A Redis failure on the ingest path. Callers only report it (503), so it keeps the
+/// cause for logs and nothing else.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis did not answer within the configured timeout.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// What happened to a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Newly appended; the events-stream entry id.
+    New(String),
+    /// The delivery id was queued before, as this entry id; nothing was written.
+    Duplicate(String),
+}
+
+/// Appends verified deliveries to the events streams. One per process, shared.
+#[derive(Debug)]
+pub struct Enqueuer {
+    /// Key layout (prefix, shards).
+    keys: Keys,
+    /// The enqueue script (its SHA1 is computed once, here).
+    script: redis::Script,
+    /// Replay window: TTL of dedup markers and MINID distance of the streams.
+    retention: Duration,
+    /// Bound on each Redis round trip.
+    timeout: Duration,
+    /// Repositories already recorded in `<prefix>:repos` by this process.
+    known_repos: Mutex<HashSet<String>>,
+}
+
+impl Enqueuer {
+    /// An enqueuer for this key layout, retention window and per-call timeout.
+    pub fn new(keys: Keys, retention: Duration, timeout: Duration) -> Self {
+        Self {
+            keys,
+            script: redis::Script::new(ENQUEUE_LUA),
+            retention,
+            timeout,
+            known_repos: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Loads the script into Redis (`SCRIPT LOAD`) so the first delivery needs no
+    /// retry; harmless to skip, since a `NOSCRIPT` reply triggers the same load.
+    pub async fn preload(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+        let invocation = self.script.prepare_invoke();
+        let load = invocation.load_async(conn);
+        tokio::time::timeout(self.timeout, load)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))??;
+        Ok(())
+    }
+
+    /// Dedups on the delivery id and appends the entry, atomically, within the timeout.
+    pub async fn enqueue(
+        &self,
+        conn: &mut ConnectionManager,
+        delivery: &Delivery,
+    ) -> Result<Enqueued, StoreError> {
+        tokio::time::timeout(self.timeout, self.enqueue_inner(conn, delivery))
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    async fn enqueue_inner(
+        &self,
+        conn: &mut ConnectionManager,
+        delivery: &Delivery,
+    ) -> Result<Enqueued, StoreError> {
+        let cmd = self.evalsha(delivery);
+        let reply: Result<(i64, String), _> = cmd.query_async(conn).await;
+        let (new, id) = match reply {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // Redis restarted or flushed its script cache: load once, retry once.
+                self.script.prepare_invoke().load_async(conn).await?;
+                cmd.query_async(conn).await?
+            }
+            other => other?,
+        };
+        Ok(if new == 1 {
+            Enqueued::New(id)
+        } else {
+            Enqueued::Duplicate(id)
+        })
+    }
+
+    /// The `EVALSHA` command for one delivery, built directly so the 15 KB body is
+    /// copied once into the command buffer.
+    fn evalsha(&self, d: &Delivery) -> redis::Cmd {
+        let shard = self.keys.shard_of(d.repo());
+        let retention_ms = u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX);
+        let minid = u64::try_from(d.received_ms())
+            .unwrap_or(0)
+            .saturating_sub(retention_ms);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(2)
+            .arg(self.keys.seen(shard, d.id()))
+            .arg(self.keys.events(shard))
+            .arg(retention_ms)
+            .arg(minid)
+            .arg(fields::KIND)
+            .arg(fields::KIND_WEBHOOK)
+            .arg(fields::DELIVERY)
+            .arg(d.id())
+            .arg(fields::EVENT)
+            .arg(d.event())
+            .arg(fields::REPO)
+            .arg(d.repo())
+            .arg(fields::RECEIVED)
+            .arg(d.received_ms())
+            .arg(fields::BODY)
+            .arg(&d.verified().payload()[..]);
+        cmd
+    }
+
+    /// Adds the delivery's repository to `<prefix>:repos` unless this process already
+    /// did. Kept out of the script on purpose: the set has no shard hash tag, so on a
+    /// Redis Cluster it lives in another slot than the stream.
+    pub async fn record_repo(
+        &self,
+        conn: &mut ConnectionManager,
+        repo: &str,
+    ) -> Result<(), StoreError> {
+        if repo.is_empty() || self.known().contains(repo) {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("SADD");
+        cmd.arg(self.keys.repos()).arg(repo);
+        let sadd = cmd.query_async::<i64>(conn);
+        tokio::time::timeout(self.timeout, sadd)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))??;
+        let mut known = self.known();
+        if known.len() >= KNOWN_REPOS_CAP {
+            known.clear();
+        }
+        known.insert(repo.to_owned());
+        Ok(())
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // A panic while holding this lock cannot leave the cache inconsistent.
+        self.known_repos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
