@@ -2,4 +2,5 @@
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
 mod deploy;
+mod ingest;
 mod support;

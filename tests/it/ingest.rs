@@ -1,0 +1,449 @@
+//! Ingest through the real binary and a real redis-server: the signature matrix, the
+//! status matrix (including Redis down and back), concurrency and duplicates, and every
+//! payload in `webhooks/`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use shepherd::cli::ContentType;
+use shepherd::ops::send::ForgejoRequest;
+use shepherd::store::fields;
+
+use crate::support::redis::{Aof, RedisServer, stream_entries, xlen};
+use crate::support::shepherd::Shepherd;
+use crate::support::webhook::{new_delivery, post, signed, with, without};
+use crate::support::{TEST_SECRET, poll_until, poll_until_named};
+
+/// A small, valid pull_request payload.
+const SMALL: &[u8] = br#"{
+  "action": "opened",
+  "number": 7,
+  "repository": {
+    "id": 12,
+    "full_name": "forgejo-bot-test/widgets"
+  }
+}"#;
+
+/// The events stream of the instance (one shard).
+fn events(s: &Shepherd) -> String {
+    s.keys().events(0)
+}
+
+async fn status_of(client: &reqwest::Client, s: &Shepherd, r: &ForgejoRequest) -> StatusCode {
+    post(client, &s.webhook_url(), r).await.status()
+}
+
+#[tokio::test]
+async fn signature_matrix() {
+    let redis = RedisServer::start();
+    let s = Shepherd::builder(&redis)
+        .env(
+            "SHEPHERD_WEBHOOK_SECRETS",
+            format!("old-secret,{TEST_SECRET}"),
+        )
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let ok = |d: &str| signed(SMALL, "pull_request", d);
+    let sig = shepherd::ingest::signature::sign_sha256(TEST_SECRET.as_bytes(), SMALL);
+
+    // Each signature header alone is enough.
+    let all = [
+        "X-Forgejo-Signature",
+        "X-Gitea-Signature",
+        "X-Gogs-Signature",
+        "X-Hub-Signature",
+        "X-Hub-Signature-256",
+    ];
+    for (header, value) in [
+        ("X-Forgejo-Signature", sig.clone()),
+        ("X-Gitea-Signature", sig.clone()),
+        ("X-Hub-Signature-256", format!("sha256={sig}")),
+    ] {
+        let r = with(without(ok(&new_delivery()), &all), header, &value);
+        assert_eq!(
+            status_of(&client, &s, &r).await,
+            StatusCode::ACCEPTED,
+            "{header}"
+        );
+    }
+    // Rotation: the old secret still works next to the new one.
+    let old = ForgejoRequest::new(
+        SMALL,
+        "pull_request",
+        &new_delivery(),
+        b"old-secret",
+        ContentType::Json,
+    );
+    assert_eq!(
+        status_of(&client, &s, &old).await,
+        StatusCode::ACCEPTED,
+        "second secret"
+    );
+
+    let mut refused = Vec::new();
+    let wrong = ForgejoRequest::new(
+        SMALL,
+        "pull_request",
+        &new_delivery(),
+        b"wrong",
+        ContentType::Json,
+    );
+    refused.push(("wrong secret", wrong));
+    refused.push((
+        "empty header",
+        with(
+            without(ok(&new_delivery()), &all),
+            "X-Forgejo-Signature",
+            "",
+        ),
+    ));
+    let unsigned = ForgejoRequest::new(
+        SMALL,
+        "pull_request",
+        &new_delivery(),
+        b"",
+        ContentType::Json,
+    );
+    refused.push(("empty headers as Forgejo sends without a secret", unsigned));
+    refused.push(("missing header", without(ok(&new_delivery()), &all)));
+    refused.push((
+        "non-hex",
+        with(
+            without(ok(&new_delivery()), &all),
+            "X-Forgejo-Signature",
+            &"zz".repeat(32),
+        ),
+    ));
+    refused.push((
+        "short hex",
+        with(
+            without(ok(&new_delivery()), &all),
+            "X-Forgejo-Signature",
+            &sig[..62],
+        ),
+    ));
+    let mut tampered = ok(&new_delivery());
+    let at = tampered
+        .body
+        .iter()
+        .position(|b| *b == b'7')
+        .expect("a 7 in the body");
+    tampered.body[at] = b'8';
+    refused.push(("body changed by one byte", tampered));
+    for (what, r) in &refused {
+        assert_eq!(
+            status_of(&client, &s, r).await,
+            StatusCode::UNAUTHORIZED,
+            "{what}"
+        );
+    }
+
+    // Form content type: the signature covers the URL-decoded payload field, and the
+    // stream keeps the bare JSON.
+    let form_id = new_delivery();
+    let form = ForgejoRequest::new(
+        SMALL,
+        "pull_request",
+        &form_id,
+        TEST_SECRET.as_bytes(),
+        ContentType::Form,
+    );
+    assert_eq!(
+        status_of(&client, &s, &form).await,
+        StatusCode::ACCEPTED,
+        "form"
+    );
+
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &events(&s)).await;
+    assert_eq!(entries.len(), 5, "only the accepted deliveries are queued");
+    let stored = &entries.last().expect("the form delivery").1;
+    assert_eq!(stored[fields::DELIVERY], form_id);
+    assert_eq!(stored[fields::BODY].as_bytes(), SMALL);
+
+    let metrics = client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let failures = metrics
+        .lines()
+        .find(|l| l.starts_with("shepherd_signature_failures_total"))
+        .expect("signature failures metric");
+    assert!(
+        failures.ends_with(&format!(" {}", refused.len())),
+        "{failures}"
+    );
+}
+
+#[tokio::test]
+async fn status_matrix() {
+    let mut redis = RedisServer::start();
+    let s = Shepherd::builder(&redis)
+        .env("SHEPHERD_MAX_BODY_BYTES", "4096")
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let mut conn = redis.conn().await;
+
+    // 202, then 200 for the same delivery id, one entry.
+    let id = new_delivery();
+    let first = post(
+        &client,
+        &s.webhook_url(),
+        &signed(SMALL, "pull_request", &id),
+    )
+    .await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["delivery"], id.as_str());
+    let stream_id = first["id"].as_str().expect("stream id").to_owned();
+    let again = post(
+        &client,
+        &s.webhook_url(),
+        &signed(SMALL, "pull_request", &id),
+    )
+    .await;
+    assert_eq!(again.status(), StatusCode::OK);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["id"], stream_id.as_str());
+    assert_eq!(xlen(&mut conn, &events(&s)).await, 1);
+
+    // 400s name the missing header; not-JSON is refused after the signature check.
+    let no_type = without(
+        signed(SMALL, "pull_request", &new_delivery()),
+        &[
+            "X-Forgejo-Event-Type",
+            "X-Gitea-Event-Type",
+            "X-Gogs-Event-Type",
+            "X-GitHub-Event-Type",
+            "X-Forgejo-Event",
+            "X-Gitea-Event",
+            "X-Gogs-Event",
+            "X-GitHub-Event",
+        ],
+    );
+    let r = post(&client, &s.webhook_url(), &no_type).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("X-Forgejo-Event-Type"));
+    let no_id = without(
+        signed(SMALL, "pull_request", "x"),
+        &[
+            "X-Forgejo-Delivery",
+            "X-Gitea-Delivery",
+            "X-Gogs-Delivery",
+            "X-GitHub-Delivery",
+        ],
+    );
+    let r = post(&client, &s.webhook_url(), &no_id).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("X-Forgejo-Delivery"));
+    let garbage = b"this is not { json".as_slice();
+    let r = post(
+        &client,
+        &s.webhook_url(),
+        &signed(garbage, "push", &new_delivery()),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("not a JSON object"));
+    let unsigned_garbage = without(
+        signed(garbage, "push", &new_delivery()),
+        &[
+            "X-Forgejo-Signature",
+            "X-Gitea-Signature",
+            "X-Hub-Signature-256",
+        ],
+    );
+    assert_eq!(
+        status_of(&client, &s, &unsigned_garbage).await,
+        StatusCode::UNAUTHORIZED
+    );
+
+    // 413 above the configured limit.
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(5000));
+    let r = signed(big.as_bytes(), "push", &new_delivery());
+    assert_eq!(
+        status_of(&client, &s, &r).await,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    assert_eq!(
+        xlen(&mut conn, &events(&s)).await,
+        1,
+        "nothing else was queued"
+    );
+
+    // Redis busy for longer than the timeout: 503 with Retry-After.
+    let mut blocker = redis.conn().await;
+    let sleep = tokio::spawn(async move {
+        let _: Result<(), _> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("2")
+            .query_async(&mut blocker)
+            .await;
+    });
+    poll_until_named(Duration::from_secs(5), "a slow redis gives 503", || {
+        let r = signed(SMALL, "pull_request", &new_delivery());
+        let (client, url) = (client.clone(), s.webhook_url());
+        async move {
+            let resp = post(&client, &url, &r).await;
+            resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                && resp.headers().contains_key("retry-after")
+        }
+    })
+    .await;
+    sleep.await.unwrap();
+
+    // Redis gone: 503 with Retry-After, and /readyz says so.
+    redis.stop();
+    let r = post(
+        &client,
+        &s.webhook_url(),
+        &signed(SMALL, "pull_request", &new_delivery()),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"));
+    let ready = client.get(s.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Redis back (empty: no persistence): deliveries are accepted again.
+    redis.restart();
+    let back = new_delivery();
+    poll_until_named(
+        Duration::from_secs(20),
+        "deliveries are accepted after redis restarts",
+        || {
+            let r = signed(SMALL, "pull_request", &back);
+            let (client, url) = (client.clone(), s.webhook_url());
+            async move { post(&client, &url, &r).await.status() == StatusCode::ACCEPTED }
+        },
+    )
+    .await;
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &events(&s)).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].1[fields::DELIVERY], back);
+    let ready = client.get(s.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn concurrent_deliveries_with_duplicates() {
+    let redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    let client = reqwest::Client::new();
+    let ids: Vec<String> = (0..150).map(|_| new_delivery()).collect();
+    // 150 distinct deliveries plus 50 repeats of some of them, all at once.
+    let sends = ids.iter().chain(ids.iter().step_by(3)).map(|id| {
+        let r = signed(SMALL, "pull_request", id);
+        let (client, url) = (client.clone(), s.webhook_url());
+        tokio::spawn(async move { post(&client, &url, &r).await.status() })
+    });
+    let sends: Vec<_> = sends.collect();
+    assert_eq!(sends.len(), 200);
+    let mut statuses: HashMap<StatusCode, usize> = HashMap::new();
+    for handle in sends {
+        *statuses.entry(handle.await.unwrap()).or_default() += 1;
+    }
+    assert_eq!(
+        statuses.get(&StatusCode::ACCEPTED),
+        Some(&150),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.get(&StatusCode::OK), Some(&50), "{statuses:?}");
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &events(&s)).await;
+    assert_eq!(entries.len(), 150);
+    let distinct: std::collections::HashSet<&str> = entries
+        .iter()
+        .map(|(_, f)| f[fields::DELIVERY].as_str())
+        .collect();
+    assert_eq!(distinct.len(), 150);
+    let repos: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(s.keys().repos())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(repos, vec!["forgejo-bot-test/widgets".to_owned()]);
+}
+
+#[tokio::test]
+async fn health_ready_and_metrics() {
+    let redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    let client = reqwest::Client::new();
+    for path in ["/healthz", "/readyz"] {
+        let r = client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+    }
+    let r = post(
+        &client,
+        &s.webhook_url(),
+        &signed(SMALL, "pull_request", &new_delivery()),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let text = client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"shepherd_deliveries_total{event="pull_request",outcome="queued"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("shepherd_ingest_latency_seconds_bucket"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn acknowledged_deliveries_survive_a_redis_crash() {
+    let mut redis = RedisServer::start_with(Aof::Always);
+    let s = Shepherd::builder(&redis).args(["serve"]).start().await;
+    assert!(
+        events(&s).contains(s.prefix()),
+        "keys carry the instance's prefix"
+    );
+    let client = reqwest::Client::new();
+    let ids: Vec<String> = (0..20).map(|_| new_delivery()).collect();
+    for id in &ids {
+        let r = post(
+            &client,
+            &s.webhook_url(),
+            &signed(SMALL, "pull_request", id),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // SIGKILL right after the last 202: with appendfsync always, nothing acknowledged
+    // may be missing after the restart, and the dedup markers came back with it.
+    redis.stop();
+    redis.restart();
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &events(&s)).await;
+    let stored: Vec<&str> = entries
+        .iter()
+        .map(|(_, f)| f[fields::DELIVERY].as_str())
+        .collect();
+    assert_eq!(stored, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    let repeat = signed(SMALL, "pull_request", &ids[0]);
+    poll_until(Duration::from_secs(20), || {
+        let (client, url, r) = (client.clone(), s.webhook_url(), repeat.clone());
+        async move { post(&client, &url, &r).await.status() == StatusCode::OK }
+    })
+    .await;
+    assert_eq!(xlen(&mut conn, &events(&s)).await, 20);
+}

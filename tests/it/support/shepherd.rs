@@ -1,0 +1,147 @@
+//! The real `shepherd` binary as a child process: a unique key prefix per instance, a
+//! free port, waits for `/healthz` (polling with a deadline), killed when dropped.
+//! Start `serve` with [`Shepherd::serve`], or anything else through [`Builder`].
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::redis::{RedisServer, free_port};
+use super::{TEST_SECRET, poll_until_named};
+
+/// How long the binary may take to answer `/healthz`.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Distinguishes instances started by one test process.
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// A running `shepherd` process.
+pub struct Shepherd {
+    /// The process.
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    base: String,
+    /// Its `SHEPHERD_KEY_PREFIX`.
+    prefix: String,
+}
+
+/// Options for starting `shepherd`.
+pub struct Builder {
+    /// Subcommand and its arguments (default `serve`).
+    args: Vec<String>,
+    /// Environment variables on top of the defaults.
+    env: Vec<(String, String)>,
+    /// Redis URL.
+    redis_url: String,
+}
+
+impl Builder {
+    /// Replaces the subcommand and its arguments (e.g. `["run"]`).
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets an environment variable (overrides the defaults).
+    pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.env.push((key.to_owned(), value.into()));
+        self
+    }
+
+    /// Starts the process and waits until `/healthz` answers 200.
+    pub async fn start(self) -> Shepherd {
+        let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("it{}-{n}", std::process::id());
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        // Settings from the developer's shell must not leak into a test.
+        for (key, _) in std::env::vars() {
+            if key.starts_with("SHEPHERD_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.args(&self.args)
+            .env("SHEPHERD_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SHEPHERD_REDIS_URL", &self.redis_url)
+            .env("SHEPHERD_KEY_PREFIX", &prefix)
+            .env("SHEPHERD_WEBHOOK_SECRETS", TEST_SECRET)
+            .env("SHEPHERD_REDIS_TIMEOUT_MS", "500")
+            .env("SHEPHERD_LOG", "warn,shepherd=info");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the shepherd binary");
+        let mut shepherd = Shepherd {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            prefix,
+        };
+        shepherd.wait_healthy().await;
+        shepherd
+    }
+}
+
+impl Shepherd {
+    /// Options for a `shepherd` talking to `redis`.
+    pub fn builder(redis: &RedisServer) -> Builder {
+        Builder {
+            args: vec!["serve".into()],
+            env: Vec::new(),
+            redis_url: redis.url(),
+        }
+    }
+
+    /// `shepherd serve` with the default test secret.
+    pub async fn serve(redis: &RedisServer) -> Self {
+        Self::builder(redis).start().await
+    }
+
+    /// Full URL of `path` on this instance.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// The webhook endpoint.
+    pub fn webhook_url(&self) -> String {
+        self.url("/webhooks/forgejo")
+    }
+
+    /// Its key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Its Redis key layout (one shard unless `SHEPHERD_SHARDS` was set otherwise).
+    pub fn keys(&self) -> shepherd::store::Keys {
+        shepherd::store::Keys::new(self.prefix.clone(), 1)
+    }
+
+    async fn wait_healthy(&mut self) {
+        let client = reqwest::Client::new();
+        let url = self.url("/healthz");
+        let child = &mut self.child;
+        poll_until_named(START_DEADLINE, "shepherd answers /healthz", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("shepherd exited during start with {status}");
+            }
+            let request = client.get(&url).send();
+            async move { request.await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await;
+    }
+}
+
+impl Drop for Shepherd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
