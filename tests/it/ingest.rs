@@ -447,3 +447,114 @@ async fn acknowledged_deliveries_survive_a_redis_crash() {
     .await;
     assert_eq!(xlen(&mut conn, &events(&s)).await, 20);
 }
+
+/// Every payload in `webhooks/` with the event type it is delivered as. The test below
+/// fails when a file in `webhooks/` is missing here (or listed here but absent).
+const FIXTURES: &[(&str, &str)] = &[
+    ("pull_request_opened.json", "pull_request"),
+    ("pull_request_closed_merged.json", "pull_request"),
+    ("pull_request_closed.json", "pull_request"),
+    ("pull_request_reopened.json", "pull_request"),
+    ("pull_request_edited.json", "pull_request"),
+    ("pull_request_sync.json", "pull_request_sync"),
+    ("pull_request_label.json", "pull_request_label"),
+    (
+        "pull_request_review_approved.json",
+        "pull_request_review_approved",
+    ),
+    (
+        "pull_request_review_rejected.json",
+        "pull_request_review_rejected",
+    ),
+    (
+        "pull_request_review_comment.json",
+        "pull_request_review_comment",
+    ),
+    ("pull_request_comment.json", "pull_request_comment"),
+    ("issues_opened.json", "issues"),
+    ("issues_closed.json", "issues"),
+    ("issue_label.json", "issue_label"),
+    ("issue_comment.json", "issue_comment"),
+    ("action_run_success.json", "action_run_success"),
+    ("action_run_failure.json", "action_run_failure"),
+    ("action_run_recover.json", "action_run_recover"),
+    ("status_success.json", "status"),
+    ("status_failure.json", "status"),
+    ("status_pending.json", "status"),
+    ("push.json", "push"),
+];
+
+/// The `webhooks/` directory of the repository.
+fn webhooks_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("webhooks")
+}
+
+#[test]
+fn every_fixture_is_referenced() {
+    let on_disk: std::collections::BTreeSet<String> = std::fs::read_dir(webhooks_dir())
+        .expect("list webhooks/")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".json"))
+        .collect();
+    let listed: std::collections::BTreeSet<String> =
+        FIXTURES.iter().map(|(f, _)| (*f).to_owned()).collect();
+    assert_eq!(on_disk, listed, "webhooks/*.json and FIXTURES differ");
+    let readme = std::fs::read_to_string(webhooks_dir().join("README.md")).expect("README");
+    for file in &on_disk {
+        assert!(
+            readme.contains(&format!("`{file}`")),
+            "webhooks/README.md misses {file}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_fixture_is_queued() {
+    let redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    let client = reqwest::Client::new();
+    let mut sent = Vec::new();
+    for (file, event_type) in FIXTURES {
+        let body = std::fs::read(webhooks_dir().join(file)).expect("read fixture");
+        let payload: Value = serde_json::from_slice(&body).expect("fixture is JSON");
+        let repo = payload["repository"]["full_name"]
+            .as_str()
+            .or_else(|| payload["run"]["repository"]["full_name"].as_str())
+            .expect("fixture names its repository")
+            .to_owned();
+        assert_eq!(repo, "forgejo-bot-test/widgets", "{file}");
+        let delivery = new_delivery();
+        let mut request = signed(&body, event_type, &delivery);
+        if *event_type == "status" {
+            // Gitea sends this event, without any X-Forgejo-* header.
+            request = without(
+                request,
+                &[
+                    "X-Forgejo-Delivery",
+                    "X-Forgejo-Event",
+                    "X-Forgejo-Event-Type",
+                    "X-Forgejo-Signature",
+                ],
+            );
+        }
+        let r = post(&client, &s.webhook_url(), &request).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{file}");
+        sent.push((file, event_type, delivery, repo, body));
+    }
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &events(&s)).await;
+    assert_eq!(entries.len(), FIXTURES.len());
+    for ((file, event_type, delivery, repo, body), (_, entry)) in sent.iter().zip(&entries) {
+        assert_eq!(entry[fields::KIND], fields::KIND_WEBHOOK, "{file}");
+        assert_eq!(entry[fields::EVENT], **event_type, "{file}");
+        assert_eq!(entry[fields::DELIVERY], *delivery, "{file}");
+        assert_eq!(entry[fields::REPO], *repo, "{file}");
+        assert_eq!(entry[fields::BODY].as_bytes(), &body[..], "{file}");
+        assert!(
+            entry[fields::RECEIVED]
+                .parse::<i64>()
+                .is_ok_and(|ms| ms > 0),
+            "{file}"
+        );
+    }
+}
