@@ -2,5 +2,7 @@
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
 mod deploy;
+mod fake_forgejo;
+mod forgejo_client;
 mod ingest;
 mod support;

@@ -1,6 +1,7 @@
 //! Test support: spawn redis-server on free ports, start Shepherd, a fake Forgejo,
 //! signing helpers, and polling with deadlines (never sleeps to wait for results).
 
+pub mod fake_forgejo;
 pub mod redis;
 pub mod shepherd;
 pub mod webhook;

@@ -1,0 +1,403 @@
+//! The fake Forgejo itself: webhook payloads in Forgejo's shapes with the right event
+//! headers, and the REST details the client tests do not reach (query-string and
+//! bearer auth, unfiltered listing, label quirks, raw shapes).
+
+use serde_json::{Value, json};
+
+use crate::support::fake_forgejo::{
+    Call, FakeForgejo, NewPr, Webhook, closing_refs, model::StatusRow, model::combined_state,
+};
+
+const REPO: &str = "acme/widgets";
+
+fn headers(w: &Webhook) -> (&str, &str) {
+    (w.event, w.event_type)
+}
+
+#[tokio::test]
+async fn pull_request_payloads() {
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Add widgets")
+            .base_ref("main")
+            .label("kind/feature"),
+    );
+    let opened = fake.pr_opened(REPO, n);
+    assert_eq!(headers(&opened), ("pull_request", "pull_request"));
+    let p = &opened.payload;
+    assert_eq!(
+        (p["action"].as_str(), p["number"].as_u64()),
+        (Some("opened"), Some(n))
+    );
+    assert_eq!(
+        p["pull_request"]["head"]["sha"],
+        fake.head_sha(REPO, n).as_str()
+    );
+    assert_eq!(p["pull_request"]["mergeable"], true);
+    assert_eq!(p["repository"]["full_name"], REPO);
+    assert_eq!(p["sender"]["login"], "alice");
+    assert_eq!((&p["review"], &p["commit_id"]), (&Value::Null, &json!("")));
+    let body = opened.body();
+    assert!(
+        body.starts_with(b"{\n  \"") && !body.ends_with(b"\n"),
+        "two-space indent, no newline"
+    );
+
+    fake.push(REPO, n, &"1f".repeat(20));
+    let sync = fake.pr_synchronized(REPO, n, "alice");
+    assert_eq!(headers(&sync), ("pull_request", "pull_request_sync"));
+    assert_eq!(sync.payload["action"], "synchronized");
+    assert_eq!(
+        sync.payload["pull_request"]["mergeable"], false,
+        "still checking"
+    );
+    assert_eq!(
+        sync.payload["pull_request"]["head"]["sha"],
+        "1f".repeat(20).as_str()
+    );
+
+    fake.add_label(REPO, n, "auto/claimed-implementer");
+    let labelled = fake.pr_label_updated(REPO, n, "shepherd-bot");
+    assert_eq!(headers(&labelled), ("pull_request", "pull_request_label"));
+    assert_eq!(labelled.payload["action"], "label_updated");
+    let names: Vec<&str> = labelled.payload["pull_request"]["labels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kind/feature", "auto/claimed-implementer"]);
+    fake.remove_label(REPO, n, "kind/feature");
+    fake.remove_label(REPO, n, "auto/claimed-implementer");
+    assert_eq!(
+        fake.pr_label_updated(REPO, n, "bob").payload["action"],
+        "label_cleared"
+    );
+
+    let edited = fake.pr_edited(REPO, n, "alice", "WIP: Add widgets");
+    assert_eq!(
+        edited.payload["changes"]["title"]["from"],
+        "WIP: Add widgets"
+    );
+
+    fake.close(REPO, n);
+    let closed = fake.pr_closed(REPO, n, "alice");
+    assert_eq!(
+        (
+            closed.payload["action"].as_str(),
+            closed.payload["pull_request"]["merged"].as_bool()
+        ),
+        (Some("closed"), Some(false))
+    );
+    fake.with_model(|m| m.repo_mut(REPO).issues.get_mut(&n).unwrap().state = "open".into());
+    assert_eq!(
+        fake.pr_reopened(REPO, n, "alice").payload["action"],
+        "reopened"
+    );
+}
+
+#[tokio::test]
+async fn review_comment_issue_and_run_payloads() {
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(REPO, NewPr::new("alice", "Add widgets"));
+    let cases = [
+        (
+            "APPROVED",
+            "pull_request_approved",
+            "pull_request_review_approved",
+        ),
+        (
+            "REQUEST_CHANGES",
+            "pull_request_rejected",
+            "pull_request_review_rejected",
+        ),
+        (
+            "COMMENT",
+            "pull_request_comment",
+            "pull_request_review_comment",
+        ),
+    ];
+    for (state, event, event_type) in cases {
+        let id = fake.add_review(REPO, n, "bob", state);
+        let w = fake.pr_reviewed(REPO, n, id);
+        assert_eq!(headers(&w), (event, event_type));
+        assert_eq!(w.payload["action"], "reviewed");
+        assert_eq!(w.payload["review"]["type"], event_type);
+        assert_eq!(w.payload["sender"]["login"], "bob");
+        assert_eq!(w.payload["requested_reviewer"]["login"], "bob");
+    }
+
+    let on_pr = fake.add_comment(REPO, n, "carol", "/shepherd resume");
+    let w = fake.comment_created(REPO, on_pr);
+    assert_eq!(headers(&w), ("issue_comment", "pull_request_comment"));
+    assert_eq!(
+        (
+            w.payload["is_pull"].as_bool(),
+            w.payload["comment"]["body"].as_str()
+        ),
+        (Some(true), Some("/shepherd resume"))
+    );
+    assert_eq!(w.payload["pull_request"]["number"], n);
+    assert_eq!(w.payload["issue"]["pull_request"]["merged"], false);
+
+    let issue = fake.create_issue(REPO, "dana", "Implement gears", "please");
+    let w = fake.issue_opened(REPO, issue);
+    assert_eq!(headers(&w), ("issues", "issues"));
+    assert_eq!(
+        (
+            w.payload["action"].as_str(),
+            w.payload["issue"]["pull_request"].is_null()
+        ),
+        (Some("opened"), true)
+    );
+    fake.add_label(REPO, issue, "auto/implement");
+    let w = fake.issue_label_updated(REPO, issue, "dana");
+    assert_eq!(headers(&w), ("issues", "issue_label"));
+    assert_eq!(w.payload["issue"]["labels"][0]["name"], "auto/implement");
+    let c = fake.add_comment(REPO, issue, "dana", "any news?");
+    let w = fake.comment_created(REPO, c);
+    assert_eq!(headers(&w), ("issue_comment", "issue_comment"));
+    assert!(w.payload.get("pull_request").is_none() && w.payload["is_pull"] == false);
+    fake.close(REPO, issue);
+    assert_eq!(
+        fake.issue_closed(REPO, issue, "dana").payload["issue"]["state"],
+        "closed"
+    );
+
+    let sha = fake.head_sha(REPO, n);
+    for (action, event_type) in [
+        ("success", "action_run_success"),
+        ("failure", "action_run_failure"),
+        ("recover", "action_run_recover"),
+    ] {
+        let w = fake.action_run(REPO, &sha, action, Some(n));
+        assert_eq!(headers(&w), (event_type, event_type));
+        let run = &w.payload["run"];
+        assert_eq!(
+            (w.payload["action"].as_str(), run["commit_sha"].as_str()),
+            (Some(action), Some(sha.as_str()))
+        );
+        assert!(w.payload.get("repository").is_none() && run.get("ScheduleID").is_some());
+        let inner: Value = serde_json::from_str(run["event_payload"].as_str().unwrap()).unwrap();
+        assert_eq!(inner["number"], n);
+    }
+    let push = fake.push_event(REPO, "main", &"0".repeat(40), &"a".repeat(40), "alice");
+    assert_eq!(
+        (headers(&push), push.payload["ref"].as_str()),
+        (("push", "push"), Some("refs/heads/main"))
+    );
+}
+
+async fn get(
+    fake: &FakeForgejo,
+    path_and_query: &str,
+    auth: Option<&str>,
+) -> (u16, Value, Option<String>) {
+    let mut req = reqwest::Client::new().get(format!("{}/api/v1{path_and_query}", fake.url()));
+    if let Some(a) = auth {
+        req = req.header("Authorization", a);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let total = resp
+        .headers()
+        .get("x-total-count")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, body, total)
+}
+
+async fn send(
+    fake: &FakeForgejo,
+    method: reqwest::Method,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(method, format!("{}/api/v1{path}", fake.url()))
+        .header("Authorization", format!("token {}", fake.token()))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    (
+        resp.status().as_u16(),
+        resp.json().await.unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn rest_details_match_forgejo() {
+    let fake = FakeForgejo::start().await;
+    let open = fake.open_pr(REPO, NewPr::new("alice", "open"));
+    let closed = fake.open_pr(REPO, NewPr::new("alice", "closed"));
+    fake.close(REPO, closed);
+    let token = fake.token().to_owned();
+
+    assert_eq!(get(&fake, "/version", None).await.0, 401);
+    assert_eq!(get(&fake, "/version", Some("token nope")).await.0, 401);
+    assert_eq!(
+        get(&fake, "/version", Some(&format!("Bearer {token}")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        get(&fake, &format!("/version?access_token={token}"), None)
+            .await
+            .0,
+        200
+    );
+    let auth = format!("TOKEN {token}");
+    let auth = Some(auth.as_str());
+
+    let (_, all, total) = get(&fake, &format!("/repos/{REPO}/pulls?limit=1"), auth).await;
+    assert_eq!(
+        (all.as_array().unwrap().len(), total.as_deref()),
+        (1, Some("2")),
+        "no state: every PR"
+    );
+    let (_, open_only, _) = get(&fake, &format!("/repos/{REPO}/pulls?state=open"), auth).await;
+    assert_eq!(open_only[0]["number"], open);
+    assert_eq!(get(&fake, "/repos/acme/nothing/pulls", auth).await.0, 404);
+
+    let sha = fake.head_sha(REPO, open);
+    let (_, empty, _) = get(&fake, &format!("/repos/{REPO}/commits/{sha}/status"), auth).await;
+    assert_eq!(
+        empty,
+        json!({"state": "", "sha": "", "total_count": 0, "statuses": null, "repository": null, "commit_url": "", "url": ""})
+    );
+    let (code, created) = send(
+        &fake,
+        reqwest::Method::POST,
+        &format!("/repos/{REPO}/statuses/{sha}"),
+        json!({"state": "failure", "context": "ci", "description": "red"}),
+    )
+    .await;
+    assert_eq!((code, created["status"].as_str()), (201, Some("failure")));
+    let (_, combined, _) = get(
+        &fake,
+        &format!("/repos/{REPO}/commits/feature-{open}/status"),
+        auth,
+    )
+    .await;
+    assert_eq!(
+        (combined["state"].as_str(), combined["sha"].as_str()),
+        (Some("failure"), Some(sha.as_str())),
+        "a branch resolves to its tip"
+    );
+
+    // Labels: names or ids, never mixed; unknown names ignored; DELETE by name (v13+).
+    let id = fake.create_label(REPO, "bug");
+    let labels = format!("/repos/{REPO}/issues/{open}/labels");
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::POST,
+            &labels,
+            json!({"labels": ["bug", 5]})
+        )
+        .await
+        .0,
+        400
+    );
+    let (code, now) = send(
+        &fake,
+        reqwest::Method::POST,
+        &labels,
+        json!({"labels": ["bug", "no-such-label"]}),
+    )
+    .await;
+    assert_eq!((code, now.as_array().unwrap().len()), (200, 1));
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::DELETE,
+            &format!("{labels}/bug"),
+            Value::Null
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::POST,
+            &labels,
+            json!({"labels": [id]})
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::DELETE,
+            &format!("{labels}/424242"),
+            Value::Null
+        )
+        .await
+        .0,
+        422
+    );
+    let (code, _) = send(&fake, reqwest::Method::PUT, &labels, json!({"labels": []})).await;
+    assert_eq!((code, fake.labels_on(REPO, open).len()), (200, 0));
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::POST,
+            &format!("/repos/{REPO}/labels"),
+            json!({"name": "x", "color": "nothex"})
+        )
+        .await
+        .0,
+        422
+    );
+
+    let (_, issue, _) = get(&fake, &format!("/repos/{REPO}/issues/{open}"), auth).await;
+    assert_eq!(issue["pull_request"]["merged"], false);
+    let comment = fake.add_comment(REPO, open, "alice", "hi");
+    assert_eq!(
+        send(
+            &fake,
+            reqwest::Method::DELETE,
+            &format!("/repos/{REPO}/issues/comments/{comment}"),
+            Value::Null
+        )
+        .await
+        .0,
+        204
+    );
+    assert!(fake.comments_on(REPO, open).is_empty());
+
+    let logged: Vec<Call> = fake.calls("*", "/version");
+    assert_eq!(logged.len(), 4);
+    assert_eq!(logged[0].status, 401);
+    assert_eq!(logged[3].query_param("access_token"), Some(token.as_str()));
+    assert!(fake.writes().iter().all(|c| c.method != "GET"));
+    fake.clear_calls();
+    assert!(fake.all_calls().is_empty());
+}
+
+#[test]
+fn model_helpers() {
+    assert_eq!(
+        closing_refs("Closes #3, fixes #4. Resolved: #5 see #6"),
+        vec![3, 4, 5]
+    );
+    let row = |state: &str| StatusRow {
+        id: 1,
+        sha: String::new(),
+        state: state.into(),
+        context: String::new(),
+        description: String::new(),
+        target_url: String::new(),
+        created_at: String::new(),
+    };
+    assert_eq!(combined_state(&[]), "");
+    assert_eq!(combined_state(&[row("success"), row("error")]), "failure");
+    assert_eq!(combined_state(&[row("pending"), row("warning")]), "warning");
+}

@@ -1,0 +1,785 @@
+//! The real Forgejo client against the fake Forgejo: every endpoint, every merge
+//! outcome, retry classification and `Retry-After`, pagination, the label cache and the
+//! circuit breaker.
+
+use std::time::{Duration, Instant};
+
+use secrecy::SecretString;
+use shepherd::forgejo::{
+    BreakerConfig, BreakerState, ClientOptions, ForgejoClient, ForgejoError, MergeConflictKind,
+    MergeOutcome, MergeRefusal, MergeRequest, MergeStyle,
+};
+use shepherd::telemetry::Metrics;
+
+use crate::support::fake_forgejo::{FakeForgejo, Fault, NewPr, Protection};
+
+const REPO: &str = "acme/widgets";
+
+fn client(fake: &FakeForgejo) -> ForgejoClient {
+    client_with(fake, ClientOptions::default())
+}
+
+fn client_with(fake: &FakeForgejo, options: ClientOptions) -> ForgejoClient {
+    let token = SecretString::from(fake.token().to_owned());
+    ForgejoClient::new(&fake.url(), token, options).expect("client")
+}
+
+fn merge_request(sha: &str) -> MergeRequest {
+    MergeRequest {
+        style: MergeStyle::Squash,
+        head_commit_id: sha.to_owned(),
+        delete_branch_after_merge: true,
+        title: None,
+        message: None,
+    }
+}
+
+/// Opens a mergeable PR and returns (number, head sha).
+fn ready_pr(fake: &FakeForgejo) -> (u64, String) {
+    let n = fake.open_pr(REPO, NewPr::new("alice", "Add widgets"));
+    (n, fake.head_sha(REPO, n))
+}
+
+#[tokio::test]
+async fn get_pull_reads_the_fields_we_need() {
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Add widgets")
+            .body("Closes #9")
+            .label("kind/feature")
+            .head_ref("alice/widgets")
+            .head_sha(&"ab".repeat(20)),
+    );
+    let pr = client(&fake).get_pull(REPO, n).await.expect("get");
+    assert_eq!(pr.number, n);
+    assert_eq!(pr.user.login, "alice");
+    assert_eq!(pr.body, "Closes #9");
+    assert_eq!(pr.head.sha, "ab".repeat(20));
+    assert_eq!(pr.head.ref_name, "alice/widgets");
+    assert_eq!(pr.base.ref_name, "main");
+    assert!(!pr.base.sha.is_empty());
+    assert!(pr.mergeable && !pr.merged && !pr.draft && pr.is_open());
+    assert_eq!(pr.labels[0].name, "kind/feature");
+
+    fake.set_title(REPO, n, "WIP: Add widgets");
+    let pr = client(&fake).get_pull(REPO, n).await.expect("get");
+    assert!(pr.draft && !pr.mergeable, "a WIP title makes a draft");
+
+    let calls = fake.calls("GET", &format!("/repos/{REPO}/pulls/{n}"));
+    assert_eq!(calls.len(), 2);
+    assert!(
+        calls[0].user_agent.starts_with("shepherd/"),
+        "{:?}",
+        calls[0]
+    );
+}
+
+#[tokio::test]
+async fn missing_pull_and_bad_token_are_permanent_errors() {
+    let fake = FakeForgejo::start().await;
+    fake.create_repo(REPO);
+    let e = client(&fake).get_pull(REPO, 77).await.unwrap_err();
+    assert!(e.is_not_found() && !e.is_retryable(), "{e}");
+
+    let bad = ForgejoClient::new(
+        &fake.url(),
+        SecretString::from("wrong".to_owned()),
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let e = bad.version().await.unwrap_err();
+    assert_eq!(e.status(), Some(401));
+    assert!(!e.is_retryable());
+    assert!(
+        !e.to_string().contains("wrong"),
+        "errors never show the token: {e}"
+    );
+    assert_eq!(
+        client(&fake).version().await.unwrap(),
+        "15.0.3+gitea-1.22.0"
+    );
+
+    let e = client(&fake).get_pull("not-a-repo", 1).await.unwrap_err();
+    assert!(matches!(e, ForgejoError::Invalid(_)), "{e}");
+}
+
+#[tokio::test]
+async fn open_pulls_are_listed_with_state_open_across_pages() {
+    let fake = FakeForgejo::start().await;
+    for i in 0..125 {
+        let n = fake.open_pr(REPO, NewPr::new("alice", &format!("PR {i}")));
+        if i % 25 == 0 {
+            fake.close(REPO, n);
+        }
+    }
+    let prs = client(&fake).list_open_pulls(REPO).await.expect("list");
+    assert_eq!(prs.len(), 120);
+    assert!(prs.iter().all(|p| p.is_open()));
+    let mut numbers: Vec<u64> = prs.iter().map(|p| p.number).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(numbers.len(), 120, "no PR twice");
+    let calls = fake.calls("GET", &format!("/repos/{REPO}/pulls"));
+    assert_eq!(calls.len(), 3);
+    for (i, c) in calls.iter().enumerate() {
+        assert_eq!(c.query_param("state"), Some("open"));
+        assert_eq!(c.query_param("limit"), Some("50"));
+        assert_eq!(c.query_param("page"), Some((i + 1).to_string().as_str()));
+    }
+}
+
+#[tokio::test]
+async fn reviews_are_read_across_pages_with_their_flags() {
+    let fake = FakeForgejo::start().await;
+    let (n, _) = ready_pr(&fake);
+    for i in 0..59 {
+        fake.add_review(REPO, n, &format!("reviewer{i}"), "COMMENT");
+    }
+    let approval = fake.add_review(REPO, n, "bob", "APPROVED");
+    fake.push(REPO, n, &"cd".repeat(20));
+    fake.update_review(REPO, approval, |r| r.dismissed = true);
+    let change = fake.add_review(REPO, n, "carol", "REQUEST_CHANGES");
+    let reviews = client(&fake).list_reviews(REPO, n).await.expect("reviews");
+    assert_eq!(reviews.len(), 61);
+    let bob = reviews.iter().find(|r| r.id == approval).unwrap();
+    assert_eq!(bob.state, "APPROVED");
+    assert!(bob.stale && bob.dismissed && bob.official);
+    assert_ne!(bob.commit_id, "cd".repeat(20));
+    assert!(bob.submitted_at.is_some());
+    let carol = reviews.iter().find(|r| r.id == change).unwrap();
+    assert_eq!(
+        (carol.state.as_str(), carol.stale, carol.commit_id.as_str()),
+        ("REQUEST_CHANGES", false, "cd".repeat(20).as_str())
+    );
+    assert_eq!(
+        fake.calls("GET", &format!("/repos/{REPO}/pulls/{n}/reviews"))
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn combined_status_merges_pages_and_computes_the_state() {
+    let fake = FakeForgejo::start().await;
+    let (_, sha) = ready_pr(&fake);
+    let c = client(&fake);
+
+    let empty = c.combined_status(REPO, &sha).await.expect("status");
+    assert_eq!((empty.state.as_str(), empty.total_count), ("", 0));
+    assert!(empty.statuses.is_empty());
+
+    for i in 0..60 {
+        fake.set_status(REPO, &sha, &format!("ci/job-{i:02}"), "pending", "queued");
+    }
+    for i in 0..60 {
+        fake.set_status(REPO, &sha, &format!("ci/job-{i:02}"), "success", "ok");
+    }
+    let all = c.combined_status(REPO, &sha).await.expect("status");
+    assert_eq!(
+        (all.state.as_str(), all.total_count, all.statuses.len()),
+        ("success", 60, 60)
+    );
+    assert_eq!(all.sha, sha);
+    let calls = fake.calls("GET", &format!("/repos/{REPO}/commits/{sha}/status"));
+    assert_eq!(calls.last().unwrap().query_param("limit"), Some("50"));
+    assert_eq!(calls.len(), 1 + 2, "one call when empty, two pages of 60");
+
+    // The one failing context is on the second page: the merged state still sees it.
+    fake.set_status(REPO, &sha, "ci/job-59", "error", "boom");
+    let failing = c.combined_status(REPO, &sha).await.unwrap();
+    assert_eq!(failing.state, "failure", "error is reported as failure");
+    let job = failing
+        .statuses
+        .iter()
+        .find(|s| s.context == "ci/job-59")
+        .unwrap();
+    assert_eq!(
+        (job.status.as_str(), job.description.as_str()),
+        ("error", "boom")
+    );
+    fake.set_status(REPO, &sha, "ci/job-59", "warning", "flaky");
+    fake.set_status(REPO, &sha, "ci/job-00", "pending", "rerun");
+    assert_eq!(
+        c.combined_status(REPO, &sha).await.unwrap().state,
+        "warning",
+        "warning ranks below pending"
+    );
+
+    let history = c.list_statuses(REPO, &sha).await.expect("statuses");
+    assert_eq!(history.len(), 123, "every status, not only the latest");
+    assert!(
+        history.iter().all(|s| !s.status.is_empty()),
+        "state read from the key `status`"
+    );
+}
+
+#[tokio::test]
+async fn labels_are_added_by_name_created_once_and_removed_by_id() {
+    let fake = FakeForgejo::start().await;
+    let (n, _) = ready_pr(&fake);
+    let existing = fake.create_label(REPO, "needs feedback");
+    let c = client(&fake);
+
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.add_labels(REPO, n, &["auto/claimed-implementer", "needs feedback"])
+                .await
+        }));
+    }
+    for t in tasks {
+        let labels = t.await.unwrap().expect("add");
+        assert!(labels.iter().any(|l| l.name == "auto/claimed-implementer"));
+    }
+    assert_eq!(
+        fake.calls("POST", &format!("/repos/{REPO}/labels")).len(),
+        1,
+        "created exactly once"
+    );
+    assert_eq!(
+        fake.calls("GET", &format!("/repos/{REPO}/labels")).len(),
+        1,
+        "listed once, then cached"
+    );
+    let post = &fake.calls("POST", &format!("/repos/{REPO}/issues/{n}/labels"))[0];
+    assert_eq!(
+        post.body["labels"],
+        serde_json::json!(["auto/claimed-implementer", "needs feedback"])
+    );
+    let created = fake
+        .repo_labels(REPO)
+        .into_iter()
+        .find(|l| l.name == "auto/claimed-implementer")
+        .unwrap();
+    assert_eq!(created.color.len(), 6);
+    assert_eq!(
+        fake.labels_on(REPO, n),
+        vec!["auto/claimed-implementer", "needs feedback"]
+    );
+
+    assert!(
+        c.remove_label(REPO, n, "needs feedback")
+            .await
+            .expect("remove")
+    );
+    assert_eq!(
+        fake.calls(
+            "DELETE",
+            &format!("/repos/{REPO}/issues/{n}/labels/{existing}")
+        )
+        .len(),
+        1,
+        "by id"
+    );
+    assert_eq!(fake.labels_on(REPO, n), vec!["auto/claimed-implementer"]);
+    assert!(!c.remove_label(REPO, n, "never-existed").await.unwrap());
+    assert!(
+        c.remove_label(REPO, n, "needs feedback").await.unwrap(),
+        "not on the issue: a quiet 204"
+    );
+
+    // A label deleted behind the cache's back is recreated on the next add.
+    fake.with_model(|m| {
+        m.repo_mut(REPO)
+            .labels
+            .retain(|l| l.name != "auto/claimed-implementer")
+    });
+    let labels = c
+        .add_labels(REPO, n, &["auto/claimed-implementer"])
+        .await
+        .unwrap();
+    assert_eq!(labels.len(), 1);
+    assert_eq!(
+        fake.calls("POST", &format!("/repos/{REPO}/labels")).len(),
+        2
+    );
+    assert_eq!(c.list_repo_labels(REPO).await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn comments_are_created_edited_and_found_by_marker() {
+    let fake = FakeForgejo::start().await;
+    let (n, _) = ready_pr(&fake);
+    fake.add_comment(REPO, n, "mallory", "<!-- shepherd:effect-1 --> fake");
+    let c = client(&fake);
+    let posted = c
+        .create_comment(REPO, n, "Status\n<!-- shepherd:effect-1 -->")
+        .await
+        .expect("create");
+    assert_eq!(posted.user.login, fake.bot_login());
+    let found = c
+        .find_comment_with_marker(
+            REPO,
+            n,
+            "<!-- shepherd:effect-1 -->",
+            Some(fake.bot_login()),
+        )
+        .await
+        .unwrap()
+        .expect("found");
+    assert_eq!(found.id, posted.id);
+    assert!(
+        c.find_comment_with_marker(REPO, n, "<!-- other -->", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let edited = c
+        .edit_comment(REPO, posted.id, "Status v2\n<!-- shepherd:effect-1 -->")
+        .await
+        .expect("edit");
+    assert_eq!(edited.id, posted.id);
+    assert_eq!(
+        fake.calls(
+            "PATCH",
+            &format!("/repos/{REPO}/issues/comments/{}", posted.id)
+        )
+        .len(),
+        1
+    );
+    let all = c.list_comments(REPO, n).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        fake.comments_on(REPO, n)[1].body,
+        "Status v2\n<!-- shepherd:effect-1 -->"
+    );
+    let e = c.edit_comment(REPO, 999_999, "x").await.unwrap_err();
+    assert!(e.is_not_found());
+}
+
+#[tokio::test]
+async fn collaborator_permissions() {
+    let fake = FakeForgejo::start().await;
+    fake.create_repo(REPO);
+    fake.set_permission(REPO, "dana", "write");
+    fake.set_permission(REPO, "erin", "none");
+    let c = client(&fake);
+    assert!(
+        c.collaborator_permission(REPO, "dana")
+            .await
+            .unwrap()
+            .can_write()
+    );
+    assert_eq!(
+        c.collaborator_permission(REPO, "erin")
+            .await
+            .unwrap()
+            .permission,
+        "none"
+    );
+    assert_eq!(
+        c.collaborator_permission(REPO, "acme")
+            .await
+            .unwrap()
+            .permission,
+        "owner"
+    );
+    assert!(
+        c.collaborator_permission(REPO, "ghost")
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test]
+async fn merge_succeeds_with_the_exact_body_and_closes_linked_issues() {
+    let fake = FakeForgejo::start().await;
+    let issue = fake.create_issue(REPO, "alice", "Widgets are missing", "");
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Add widgets").body(&format!("Closes #{issue}.")),
+    );
+    let sha = fake.head_sha(REPO, n);
+    let c = client(&fake);
+    assert!(!c.is_merged(REPO, n).await.unwrap());
+    let mut req = merge_request(&sha);
+    req.title = Some("Add widgets (#2)".into());
+    let outcome = c.merge(REPO, n, &req).await.expect("merge");
+    assert!(matches!(outcome, MergeOutcome::Merged), "{outcome:?}");
+    assert!(c.is_merged(REPO, n).await.unwrap());
+
+    let call = &fake.calls("POST", &format!("/repos/{REPO}/pulls/{n}/merge"))[0];
+    let keys: Vec<&String> = call.body.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "Do",
+            "MergeTitleField",
+            "delete_branch_after_merge",
+            "head_commit_id"
+        ]
+    );
+    assert_eq!(call.body["Do"], "squash");
+    assert_eq!(call.body["head_commit_id"], sha.as_str());
+    let merges = fake.merges();
+    assert_eq!(
+        (merges.len(), merges[0].merged_sha.as_str()),
+        (1, sha.as_str())
+    );
+
+    let pr = c.get_pull(REPO, n).await.unwrap();
+    assert!(pr.merged && !pr.is_open() && pr.merged_at.is_some() && pr.merge_commit_sha.is_some());
+    assert_eq!(
+        fake.issue(REPO, issue).state,
+        "closed",
+        "Forgejo closes `Closes #N` issues"
+    );
+
+    let again = c.merge(REPO, n, &merge_request(&sha)).await.unwrap();
+    assert!(
+        matches!(
+            again,
+            MergeOutcome::NotAllowed {
+                refusal: MergeRefusal::Other,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    assert_eq!(fake.merges().len(), 1);
+}
+
+#[tokio::test]
+async fn merge_refusals_are_classified() {
+    let fake = FakeForgejo::start().await;
+    let c = client(&fake);
+    let (n, sha) = ready_pr(&fake);
+    let refusal = |o: MergeOutcome| match o {
+        MergeOutcome::NotAllowed { refusal, .. } => refusal,
+        other => panic!("expected 405, got {other:?}"),
+    };
+
+    fake.set_mergeable(REPO, n, false);
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        MergeRefusal::NotMergeable
+    );
+    fake.set_mergeable(REPO, n, true);
+
+    fake.set_protection(
+        REPO,
+        Protection {
+            status_checks: Some(vec!["ci/*".into()]),
+            required_approvals: 1,
+            block_on_rejected_reviews: true,
+            ..Protection::default()
+        },
+    );
+    let reason = |r: &str| MergeRefusal::Protection(r.to_owned());
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        reason("Not all required status checks successful"),
+        "a required pattern without a status is pending"
+    );
+    fake.set_status(REPO, &sha, "ci/build", "success", "ok");
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        reason("Does not have enough approvals")
+    );
+    let approval = fake.add_review(REPO, n, "bob", "APPROVED");
+    fake.update_review(REPO, approval, |r| r.dismissed = true);
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        reason("Does not have enough approvals"),
+        "dismissed approvals do not count"
+    );
+    fake.add_review(REPO, n, "bob", "APPROVED");
+    fake.add_review(REPO, n, "carol", "REQUEST_CHANGES");
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        reason("There are requested changes")
+    );
+    fake.add_review(REPO, n, "carol", "APPROVED");
+
+    fake.set_title(REPO, n, "[WIP] Add widgets");
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        MergeRefusal::WorkInProgress
+    );
+    fake.set_title(REPO, n, "Add widgets");
+
+    fake.set_permission(REPO, fake.bot_login(), "read");
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        MergeRefusal::UserNotAllowed
+    );
+    fake.set_permission(REPO, fake.bot_login(), "write");
+
+    assert!(fake.merges().is_empty());
+    assert!(
+        c.merge(REPO, n, &merge_request(&sha))
+            .await
+            .unwrap()
+            .is_merged()
+    );
+}
+
+#[tokio::test]
+async fn merge_conflicts_moved_heads_and_closed_prs() {
+    let fake = FakeForgejo::start().await;
+    let c = client(&fake);
+    let (n, old) = ready_pr(&fake);
+    fake.push(REPO, n, &"ee".repeat(20));
+    let o = c.merge(REPO, n, &merge_request(&old)).await.unwrap();
+    assert!(
+        matches!(
+            o,
+            MergeOutcome::Conflict {
+                kind: MergeConflictKind::HeadOutOfDate,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
+
+    fake.set_merge_conflict(REPO, n, true);
+    let o = c
+        .merge(REPO, n, &merge_request(&"ee".repeat(20)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            o,
+            MergeOutcome::Conflict {
+                kind: MergeConflictKind::Conflict,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
+    assert!(fake.merges().is_empty());
+
+    let (closed, sha) = ready_pr(&fake);
+    fake.close(REPO, closed);
+    let o = c.merge(REPO, closed, &merge_request(&sha)).await.unwrap();
+    assert!(matches!(o, MergeOutcome::NotFound { .. }), "{o:?}");
+    let o = c.merge(REPO, 999, &merge_request(&sha)).await.unwrap();
+    assert!(matches!(o, MergeOutcome::NotFound { .. }), "{o:?}");
+}
+
+#[tokio::test]
+async fn merge_that_cannot_delete_the_branch_is_still_merged() {
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(REPO, NewPr::new("alice", "Release").head_ref("release"));
+    fake.protect_branch(REPO, "release");
+    let o = client(&fake)
+        .merge(REPO, n, &merge_request(&fake.head_sha(REPO, n)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(o, MergeOutcome::MergedBranchNotDeleted { .. }) && o.is_merged(),
+        "{o:?}"
+    );
+    assert!(fake.issue(REPO, n).pull.unwrap().merged);
+}
+
+#[tokio::test]
+async fn ambiguous_merges_need_a_re_read() {
+    let fake = FakeForgejo::start().await;
+    let c = client_with(
+        &fake,
+        ClientOptions {
+            timeout: Some(Duration::from_millis(300)),
+            ..ClientOptions::default()
+        },
+    );
+    let (n, sha) = ready_pr(&fake);
+    let path = format!("/repos/{REPO}/pulls/{n}/merge");
+
+    // Merged, yet the client sees 500.
+    fake.inject(Fault::on("POST", &path).apply_then(500).times(1));
+    let o = c.merge(REPO, n, &merge_request(&sha)).await.unwrap();
+    let MergeOutcome::Ambiguous { error } = o else {
+        panic!("expected ambiguous, got {o:?}")
+    };
+    assert_eq!(error.status(), Some(500));
+    assert!(
+        c.is_merged(REPO, n).await.unwrap(),
+        "the re-read shows it merged"
+    );
+    assert_eq!(fake.merges().len(), 1);
+
+    // A hung request: timeout, nothing merged.
+    let (m, sha) = ready_pr(&fake);
+    fake.inject(
+        Fault::on("POST", "/repos/*/merge")
+            .stall(Duration::from_secs(2))
+            .times(1),
+    );
+    let o = c.merge(REPO, m, &merge_request(&sha)).await.unwrap();
+    assert!(
+        matches!(
+            o,
+            MergeOutcome::Ambiguous {
+                error: ForgejoError::Timeout { .. }
+            }
+        ),
+        "{o:?}"
+    );
+    assert!(!c.is_merged(REPO, m).await.unwrap());
+
+    // Refused connections: certainly not merged, and retryable.
+    fake.refuse_connections().await;
+    let e = c.merge(REPO, m, &merge_request(&sha)).await.unwrap_err();
+    assert!(
+        matches!(e, ForgejoError::Connect { .. }) && e.is_retryable(),
+        "{e}"
+    );
+    fake.accept_connections().await;
+    assert!(
+        c.merge(REPO, m, &merge_request(&sha))
+            .await
+            .unwrap()
+            .is_merged()
+    );
+}
+
+#[tokio::test]
+async fn transient_failures_are_retryable_and_carry_retry_after() {
+    let fake = FakeForgejo::start().await;
+    let c = client_with(
+        &fake,
+        ClientOptions {
+            timeout: Some(Duration::from_millis(300)),
+            ..ClientOptions::default()
+        },
+    );
+    let (n, _) = ready_pr(&fake);
+    let path = format!("/repos/{REPO}/pulls/{n}");
+
+    fake.inject(Fault::on("GET", &path).status_retry_after(503, 7).times(1));
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    assert!(e.is_retryable());
+    assert_eq!(e.retry_after(), Some(Duration::from_secs(7)));
+
+    fake.inject(Fault::on("GET", &path).status_retry_after(429, 2).times(1));
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    assert!(
+        e.is_retryable() && e.retry_after() == Some(Duration::from_secs(2)),
+        "{e}"
+    );
+
+    fake.inject(Fault::on("*", "/repos/*/pulls/*").status(502).times(2));
+    for _ in 0..2 {
+        assert_eq!(c.get_pull(REPO, n).await.unwrap_err().status(), Some(502));
+    }
+    assert!(
+        c.get_pull(REPO, n).await.is_ok(),
+        "the fault was for two calls only"
+    );
+
+    fake.inject(
+        Fault::on("GET", &path)
+            .status_message(422, "validation")
+            .times(1),
+    );
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    assert!(!e.is_retryable() && e.retry_after().is_none() && e.to_string().contains("validation"));
+
+    fake.inject(Fault::on("GET", &path).delay(Duration::from_millis(50)));
+    assert!(
+        c.get_pull(REPO, n).await.is_ok(),
+        "slow but within the timeout"
+    );
+    fake.clear_faults();
+    fake.inject(Fault::on("GET", &path).stall(Duration::from_secs(2)));
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    assert!(
+        matches!(e, ForgejoError::Timeout { .. }) && e.is_retryable(),
+        "{e}"
+    );
+    fake.clear_faults();
+
+    fake.refuse_connections().await;
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    assert!(
+        matches!(e, ForgejoError::Connect { .. }) && e.is_retryable(),
+        "{e}"
+    );
+    fake.accept_connections().await;
+    assert!(c.get_pull(REPO, n).await.is_ok());
+}
+
+#[tokio::test]
+async fn circuit_breaker_opens_fails_fast_and_closes_after_a_good_probe() {
+    let fake = FakeForgejo::start().await;
+    let metrics = Metrics::new();
+    let options = ClientOptions {
+        breaker: BreakerConfig {
+            threshold: 3,
+            cooldown: Duration::from_millis(200),
+        },
+        metrics: Some(metrics.clone()),
+        ..ClientOptions::default()
+    };
+    let c = client_with(&fake, options);
+    fake.create_repo(REPO);
+    fake.inject(Fault::on("*", "*").status(500));
+    for _ in 0..3 {
+        assert_eq!(c.version().await.unwrap_err().status(), Some(500));
+    }
+    assert!(matches!(c.breaker().state(), BreakerState::Open { .. }));
+    let seen = fake.all_calls().len();
+    let e = c.version().await.unwrap_err();
+    assert!(
+        matches!(e, ForgejoError::CircuitOpen { .. })
+            && e.is_retryable()
+            && e.retry_after().is_some(),
+        "{e}"
+    );
+    assert_eq!(
+        fake.all_calls().len(),
+        seen,
+        "an open circuit does not call Forgejo"
+    );
+    let host = fake.url().trim_start_matches("http://").to_owned();
+    assert_eq!(
+        metrics
+            .circuit_open
+            .with_label_values(&[host.as_str()])
+            .get(),
+        1
+    );
+    assert!(metrics.render().contains("forgejo_circuit_open"));
+
+    // A failed probe re-opens it; a good one closes it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let probe = loop {
+        match c.version().await {
+            Err(ForgejoError::CircuitOpen { retry_after, .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(retry_after.max(Duration::from_millis(10))).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(probe.unwrap_err().status(), Some(500));
+    assert!(matches!(c.breaker().state(), BreakerState::Open { .. }));
+    fake.clear_faults();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let probe = loop {
+        match c.version().await {
+            Err(ForgejoError::CircuitOpen { retry_after, .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(retry_after.max(Duration::from_millis(10))).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(probe.is_ok(), "{probe:?}");
+    assert_eq!(c.breaker().state(), BreakerState::Closed { failures: 0 });
+    assert_eq!(
+        metrics
+            .circuit_open
+            .with_label_values(&[host.as_str()])
+            .get(),
+        0
+    );
+
+    // 4xx answers show a live host: they never open the circuit.
+    for _ in 0..5 {
+        assert!(c.get_pull(REPO, 1).await.unwrap_err().is_not_found());
+    }
+    assert_eq!(c.breaker().state(), BreakerState::Closed { failures: 0 });
+}

@@ -1,0 +1,621 @@
+//! A stateful fake Forgejo for tests, served over real HTTP on 127.0.0.1 by a small
+//! actix-web app, so the real reqwest client runs against it.
+//!
+//! ```text
+//! model.rs        the state as plain data and the rules that change it
+//! render.rs       Forgejo's JSON shapes of that state
+//! routes*.rs      /api/v1/… with real paths, fields, pagination and status codes
+//! merge.rs        POST …/merge as Forgejo decides it (405/409/404/403/200)
+//! faults.rs       failure injection rules and the call log
+//! payloads.rs     webhook payloads for model changes
+//! ```
+//!
+//! Tests change the model with the mutators below ([`FakeForgejo::open_pr`],
+//! [`FakeForgejo::push`], [`FakeForgejo::set_status`], …), build the matching webhook
+//! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
+
+pub mod faults;
+mod merge;
+pub mod model;
+pub mod payloads;
+mod render;
+mod routes;
+mod routes_repo;
+
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpServer, web};
+
+pub use faults::{Call, Fault};
+pub use merge::closing_refs;
+pub use model::{CommentRow, IssueRow, LabelRow, MergeRecord, Model, Protection, ReviewRow};
+use model::{PullData, fake_sha, glob};
+pub use payloads::Webhook;
+use routes::{Shared, lock};
+
+/// Token the fake accepts by default.
+pub const TOKEN: &str = "fake-forgejo-token-0123456789";
+/// Login of the token's user (the bot) by default.
+pub const BOT: &str = "shepherd-bot";
+
+/// A new pull request for [`FakeForgejo::open_pr`]; fields not set get defaults
+/// (head `feature-N` at a fresh sha, base `main`, mergeable).
+#[derive(Debug, Clone)]
+pub struct NewPr {
+    /// Author login.
+    pub author: String,
+    /// Title (a `WIP:` prefix makes it a draft).
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Head sha (default: a fresh fake sha).
+    pub head_sha: Option<String>,
+    /// Head branch (default `feature-<number>`).
+    pub head_ref: Option<String>,
+    /// Base branch.
+    pub base_ref: String,
+    /// Labels (created when missing).
+    pub labels: Vec<String>,
+}
+
+impl NewPr {
+    /// A PR by `author` titled `title`.
+    pub fn new(author: &str, title: &str) -> Self {
+        Self {
+            author: author.into(),
+            title: title.into(),
+            body: String::new(),
+            head_sha: None,
+            head_ref: None,
+            base_ref: "main".into(),
+            labels: Vec::new(),
+        }
+    }
+
+    /// Sets the body.
+    pub fn body(mut self, body: &str) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// Sets the head sha.
+    pub fn head_sha(mut self, sha: &str) -> Self {
+        self.head_sha = Some(sha.into());
+        self
+    }
+
+    /// Sets the head branch.
+    pub fn head_ref(mut self, r: &str) -> Self {
+        self.head_ref = Some(r.into());
+        self
+    }
+
+    /// Sets the base branch.
+    pub fn base_ref(mut self, r: &str) -> Self {
+        self.base_ref = r.into();
+        self
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, name: &str) -> Self {
+        self.labels.push(name.into());
+        self
+    }
+}
+
+/// A running fake Forgejo. Dropping it stops the server.
+pub struct FakeForgejo {
+    /// State shared with the server.
+    shared: Arc<Shared>,
+    /// Port it listens on (kept across restarts).
+    port: u16,
+    /// The running server, `None` while connections are refused.
+    server: Mutex<Option<ServerHandle>>,
+}
+
+impl FakeForgejo {
+    /// Starts a fake with the default token and bot login on a free port.
+    pub async fn start() -> Self {
+        Self::start_with(TOKEN, BOT).await
+    }
+
+    /// Starts a fake accepting `token`, which belongs to the user `bot_login`.
+    pub async fn start_with(token: &str, bot_login: &str) -> Self {
+        let shared = Arc::new(Shared {
+            model: Mutex::new(Model::default()),
+            faults: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            token: token.to_owned(),
+            bot_login: bot_login.to_owned(),
+        });
+        lock(&shared.model).user_id(bot_login);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = listener.local_addr().expect("local addr").port();
+        let handle = serve(shared.clone(), listener);
+        Self {
+            shared,
+            port,
+            server: Mutex::new(Some(handle)),
+        }
+    }
+
+    /// Base URL (the client appends `/api/v1`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The accepted API token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// The bot's login (the token's user).
+    pub fn bot_login(&self) -> &str {
+        &self.shared.bot_login
+    }
+
+    /// Stops the server: connections are refused until [`Self::accept_connections`].
+    pub async fn refuse_connections(&self) {
+        let handle = lock(&self.server).take();
+        if let Some(h) = handle {
+            h.stop(false).await;
+        }
+        // The stop completes before the listener and the workers' connections are
+        // closed: wait until a fresh connection is really refused.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fake still accepts connections on port {}",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Serves again on the same port, with the same model.
+    pub async fn accept_connections(&self) {
+        if lock(&self.server).is_some() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", self.port)) {
+                Ok(l) => break l,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("cannot rebind port {}: {e}", self.port),
+            }
+        };
+        *lock(&self.server) = Some(serve(self.shared.clone(), listener));
+    }
+
+    /// Runs `f` on the model (for anything the helpers below do not cover).
+    pub fn with_model<T>(&self, f: impl FnOnce(&mut Model) -> T) -> T {
+        f(&mut lock(&self.shared.model))
+    }
+
+    // ---- failure injection -------------------------------------------------------
+
+    /// Adds a fault rule (first matching rule wins).
+    pub fn inject(&self, fault: Fault) {
+        lock(&self.shared.faults).push(fault);
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).clear();
+    }
+
+    // ---- call log ----------------------------------------------------------------
+
+    /// Every request so far.
+    pub fn all_calls(&self) -> Vec<Call> {
+        lock(&self.shared.calls).clone()
+    }
+
+    /// Requests with this method (`"*"`: any) and path (below `/api/v1`; `*` in the
+    /// path matches any run of characters).
+    pub fn calls(&self, method: &str, path: &str) -> Vec<Call> {
+        lock(&self.shared.calls)
+            .iter()
+            .filter(|c| {
+                (method == "*" || c.method.eq_ignore_ascii_case(method)) && glob(path, &c.path)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Requests that changed something (anything but GET).
+    pub fn writes(&self) -> Vec<Call> {
+        lock(&self.shared.calls)
+            .iter()
+            .filter(|c| c.method != "GET")
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the call log.
+    pub fn clear_calls(&self) {
+        lock(&self.shared.calls).clear();
+    }
+
+    /// Every merge carried out.
+    pub fn merges(&self) -> Vec<MergeRecord> {
+        self.with_model(|m| m.merges.clone())
+    }
+
+    // ---- model queries -------------------------------------------------------------
+
+    /// A snapshot of issue or PR `n`.
+    pub fn issue(&self, repo: &str, n: u64) -> IssueRow {
+        self.with_model(|m| m.repo_mut(repo).issues[&n].clone())
+    }
+
+    /// Comments on issue or PR `n`, oldest first.
+    pub fn comments_on(&self, repo: &str, n: u64) -> Vec<CommentRow> {
+        self.with_model(|m| {
+            let r = m.repo_mut(repo);
+            r.comments
+                .iter()
+                .filter(|c| c.number == n)
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// Names of the labels on issue or PR `n`.
+    pub fn labels_on(&self, repo: &str, n: u64) -> Vec<String> {
+        self.with_model(|m| {
+            let r = m.repo_mut(repo);
+            let ids = r.issues[&n].labels.clone();
+            r.label_rows(&ids).into_iter().map(|l| l.name).collect()
+        })
+    }
+
+    /// The repository's labels.
+    pub fn repo_labels(&self, repo: &str) -> Vec<LabelRow> {
+        self.with_model(|m| m.repo_mut(repo).labels.clone())
+    }
+
+    // ---- mutators ------------------------------------------------------------------
+
+    /// Creates the repository (owner becomes its admin) if missing.
+    pub fn create_repo(&self, repo: &str) {
+        self.with_model(|m| {
+            m.repo_mut(repo);
+        });
+    }
+
+    /// Opens a PR; returns its number.
+    pub fn open_pr(&self, repo: &str, pr: NewPr) -> u64 {
+        self.with_model(|m| {
+            let number = m
+                .repo_mut(repo)
+                .issues
+                .keys()
+                .next_back()
+                .copied()
+                .unwrap_or(0)
+                + 1;
+            let seed = m.next_id as u64 + 1;
+            let pull = PullData {
+                head_ref: pr.head_ref.unwrap_or_else(|| format!("feature-{number}")),
+                head_sha: pr.head_sha.unwrap_or_else(|| fake_sha(seed)),
+                base_ref: pr.base_ref,
+                mergeable: true,
+                conflict_on_merge: false,
+                merged: false,
+                merged_at: None,
+                merge_commit_sha: None,
+                merged_by: None,
+            };
+            let n = m.open_issue(repo, &pr.author, &pr.title, &pr.body, Some(pull));
+            for name in &pr.labels {
+                let id = m.ensure_label(repo, name, "ededed");
+                m.repo_mut(repo)
+                    .issues
+                    .get_mut(&n)
+                    .expect("just opened")
+                    .labels
+                    .push(id);
+            }
+            n
+        })
+    }
+
+    /// Opens a plain issue; returns its number.
+    pub fn create_issue(&self, repo: &str, author: &str, title: &str, body: &str) -> u64 {
+        self.with_model(|m| m.open_issue(repo, author, title, body, None))
+    }
+
+    /// Pushes `sha` to PR `n`'s head branch (reviews on older heads go stale).
+    pub fn push(&self, repo: &str, n: u64, sha: &str) {
+        self.with_model(|m| m.push(repo, n, sha));
+    }
+
+    /// Head sha of PR `n`.
+    pub fn head_sha(&self, repo: &str, n: u64) -> String {
+        self.issue(repo, n).pull.expect("a PR").head_sha
+    }
+
+    /// Posts a commit status; returns its id.
+    pub fn set_status(
+        &self,
+        repo: &str,
+        sha: &str,
+        context: &str,
+        state: &str,
+        description: &str,
+    ) -> i64 {
+        self.with_model(|m| m.add_status(repo, sha, context, state, description))
+    }
+
+    /// Submits a review (`APPROVED`, `REQUEST_CHANGES`, `COMMENT`) on the current head;
+    /// returns its id.
+    pub fn add_review(&self, repo: &str, n: u64, reviewer: &str, state: &str) -> i64 {
+        self.with_model(|m| m.add_review(repo, n, reviewer, state))
+    }
+
+    /// Changes a review in place (dismiss it, make it stale or unofficial, …).
+    pub fn update_review(&self, repo: &str, id: i64, f: impl FnOnce(&mut ReviewRow)) {
+        self.with_model(|m| {
+            let r = m.repo_mut(repo);
+            f(r.reviews
+                .iter_mut()
+                .find(|v| v.id == id)
+                .expect("no such review"));
+        });
+    }
+
+    /// Sets what the API reports as `mergeable` (false: conflict or still checking).
+    pub fn set_mergeable(&self, repo: &str, n: u64, mergeable: bool) {
+        self.with_pull(repo, n, |p| p.mergeable = mergeable);
+    }
+
+    /// Makes the merge itself fail with 409 conflicts although `mergeable` is true.
+    pub fn set_merge_conflict(&self, repo: &str, n: u64, conflict: bool) {
+        self.with_pull(repo, n, |p| p.conflict_on_merge = conflict);
+    }
+
+    fn with_pull(&self, repo: &str, n: u64, f: impl FnOnce(&mut PullData)) {
+        self.with_model(|m| {
+            let issue = m.repo_mut(repo).issues.get_mut(&n).expect("no such PR");
+            f(issue.pull.as_mut().expect("not a PR"));
+        });
+    }
+
+    /// Changes the title (a `WIP:` prefix makes a PR a draft).
+    pub fn set_title(&self, repo: &str, n: u64, title: &str) {
+        self.with_model(|m| {
+            m.repo_mut(repo)
+                .issues
+                .get_mut(&n)
+                .expect("no such issue")
+                .title = title.into()
+        });
+    }
+
+    /// Creates a repository label if missing; returns its id.
+    pub fn create_label(&self, repo: &str, name: &str) -> i64 {
+        self.with_model(|m| m.ensure_label(repo, name, "ededed"))
+    }
+
+    /// Puts a label on issue or PR `n` (creating the repository label if missing).
+    pub fn add_label(&self, repo: &str, n: u64, name: &str) {
+        self.with_model(|m| {
+            let id = m.ensure_label(repo, name, "ededed");
+            let issue = m.repo_mut(repo).issues.get_mut(&n).expect("no such issue");
+            if !issue.labels.contains(&id) {
+                issue.labels.push(id);
+            }
+        });
+    }
+
+    /// Takes a label off issue or PR `n`.
+    pub fn remove_label(&self, repo: &str, n: u64, name: &str) {
+        self.with_model(|m| {
+            let r = m.repo_mut(repo);
+            let ids: Vec<i64> = r
+                .labels
+                .iter()
+                .filter(|l| l.name == name)
+                .map(|l| l.id)
+                .collect();
+            r.issues
+                .get_mut(&n)
+                .expect("no such issue")
+                .labels
+                .retain(|l| !ids.contains(l));
+        });
+    }
+
+    /// Adds a comment by `user`; returns its id.
+    pub fn add_comment(&self, repo: &str, n: u64, user: &str, body: &str) -> i64 {
+        self.with_model(|m| m.add_comment(repo, n, user, body))
+    }
+
+    /// Closes issue or PR `n` without merging.
+    pub fn close(&self, repo: &str, n: u64) {
+        self.with_model(|m| m.close(repo, n));
+    }
+
+    /// Sets a user's permission (`admin`, `write`, `read`, `none`).
+    pub fn set_permission(&self, repo: &str, user: &str, permission: &str) {
+        self.with_model(|m| {
+            m.user_id(user);
+            m.repo_mut(repo)
+                .permissions
+                .insert(user.to_lowercase(), permission.into());
+        });
+    }
+
+    /// Sets the branch protection rule.
+    pub fn set_protection(&self, repo: &str, protection: Protection) {
+        self.with_model(|m| m.repo_mut(repo).protection = protection);
+    }
+
+    /// Marks a branch as undeletable (merging with delete then answers 403).
+    pub fn protect_branch(&self, repo: &str, branch: &str) {
+        self.with_model(|m| {
+            m.repo_mut(repo).protected_branches.insert(branch.into());
+        });
+    }
+
+    // ---- webhook payloads ------------------------------------------------------------
+
+    /// `pull_request` / `opened`, sent by the author.
+    pub fn pr_opened(&self, repo: &str, n: u64) -> Webhook {
+        let author = self.issue(repo, n).user;
+        self.with_model(|m| payloads::pull_request(m, repo, n, "pull_request", "opened", &author))
+    }
+
+    /// `pull_request_sync` / `synchronized`; `mergeable` is false as Forgejo sends it
+    /// (the conflict check is still running).
+    pub fn pr_synchronized(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let mut w = self.with_model(|m| {
+            payloads::pull_request(m, repo, n, "pull_request_sync", "synchronized", sender)
+        });
+        w.payload["pull_request"]["mergeable"] = false.into();
+        w
+    }
+
+    /// `pull_request` / `closed` (merged or not, as the model says).
+    pub fn pr_closed(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| payloads::pull_request(m, repo, n, "pull_request", "closed", sender))
+    }
+
+    /// `pull_request` / `reopened`.
+    pub fn pr_reopened(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| payloads::pull_request(m, repo, n, "pull_request", "reopened", sender))
+    }
+
+    /// `pull_request` / `edited` with `changes.title.from`.
+    pub fn pr_edited(&self, repo: &str, n: u64, sender: &str, old_title: &str) -> Webhook {
+        let mut w = self
+            .with_model(|m| payloads::pull_request(m, repo, n, "pull_request", "edited", sender));
+        w.payload["changes"] = serde_json::json!({"title": {"from": old_title}});
+        w
+    }
+
+    /// `pull_request_label` / `label_updated` (or `label_cleared` when none are left),
+    /// with the full label list in `pull_request.labels`.
+    pub fn pr_label_updated(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let action = if self.labels_on(repo, n).is_empty() {
+            "label_cleared"
+        } else {
+            "label_updated"
+        };
+        self.with_model(|m| {
+            payloads::pull_request(m, repo, n, "pull_request_label", action, sender)
+        })
+    }
+
+    /// `pull_request_review_approved|rejected|comment` / `reviewed` for review `id`.
+    pub fn pr_reviewed(&self, repo: &str, n: u64, review_id: i64) -> Webhook {
+        let review = self.with_model(|m| {
+            m.repo_mut(repo)
+                .reviews
+                .iter()
+                .find(|v| v.id == review_id)
+                .cloned()
+                .expect("no such review")
+        });
+        let event_type = match review.state.as_str() {
+            "APPROVED" => "pull_request_review_approved",
+            "REQUEST_CHANGES" => "pull_request_review_rejected",
+            _ => "pull_request_review_comment",
+        };
+        let mut w = self.with_model(|m| {
+            payloads::pull_request(m, repo, n, event_type, "reviewed", &review.user)
+        });
+        w.payload["requested_reviewer"] = w.payload["sender"].clone();
+        w.payload["review"] = serde_json::json!({"type": event_type, "content": review.body});
+        w
+    }
+
+    /// `issue_comment` or `pull_request_comment` / `created` for comment `id`.
+    pub fn comment_created(&self, repo: &str, comment_id: i64) -> Webhook {
+        self.with_model(|m| payloads::comment(m, repo, comment_id, "created"))
+    }
+
+    /// `issues` / `opened`, sent by the author.
+    pub fn issue_opened(&self, repo: &str, n: u64) -> Webhook {
+        let author = self.issue(repo, n).user;
+        self.with_model(|m| payloads::issue(m, repo, n, "issues", "opened", &author))
+    }
+
+    /// `issues` / `closed`.
+    pub fn issue_closed(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| payloads::issue(m, repo, n, "issues", "closed", sender))
+    }
+
+    /// `issue_label` / `label_updated` (or `label_cleared`) with the full label list.
+    pub fn issue_label_updated(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let action = if self.labels_on(repo, n).is_empty() {
+            "label_cleared"
+        } else {
+            "label_updated"
+        };
+        self.with_model(|m| payloads::issue(m, repo, n, "issue_label", action, sender))
+    }
+
+    /// `action_run_success` / `_failure` / `_recover` for a run on `sha` (`action` is
+    /// `success`, `failure` or `recover`), triggered by PR `pr` when given.
+    pub fn action_run(&self, repo: &str, sha: &str, action: &str, pr: Option<u64>) -> Webhook {
+        self.with_model(|m| {
+            let run_id = m.id();
+            payloads::action_run(m, repo, sha, action, pr, run_id)
+        })
+    }
+
+    /// `push` of `branch` from `before` to `after`.
+    pub fn push_event(
+        &self,
+        repo: &str,
+        branch: &str,
+        before: &str,
+        after: &str,
+        sender: &str,
+    ) -> Webhook {
+        self.with_model(|m| payloads::push(m, repo, branch, before, after, sender))
+    }
+}
+
+impl Drop for FakeForgejo {
+    fn drop(&mut self) {
+        if let Some(h) = lock(&self.server).take() {
+            // Stopping is asynchronous; the listener closes when the server task ends.
+            drop(h.stop(false));
+        }
+    }
+}
+
+/// Starts serving `shared` on `listener` in the background.
+fn serve(shared: Arc<Shared>, listener: TcpListener) -> ServerHandle {
+    let data = web::Data::new(shared);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .app_data(web::PayloadConfig::new(16 * 1024 * 1024))
+            .default_service(web::to(routes::handle))
+    })
+    .workers(2)
+    // Without keep-alive every request opens a connection, so refusing connections
+    // takes effect at once (a stopped actix worker keeps serving idle keep-alive
+    // connections for a while).
+    .keep_alive(actix_web::http::KeepAlive::Disabled)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .listen(listener)
+    .expect("listen on the bound socket")
+    .run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    handle
+}

@@ -1,0 +1,517 @@
+//! The fake Forgejo's state as plain data: repositories with their issues and PRs
+//! (one numbering, as in Forgejo), labels, comments, reviews, commit statuses,
+//! permissions, branch protection and merges. Handlers and test mutators both change
+//! it through the methods here, so both see the same rules.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde_json::Value;
+
+/// Current time as Forgejo prints it (RFC 3339, seconds).
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A deterministic fake 40-hex sha from a seed.
+pub fn fake_sha(seed: u64) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut out = String::with_capacity(40);
+    while out.len() < 40 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push_str(&format!("{x:016x}"));
+    }
+    out.truncate(40);
+    out
+}
+
+/// A repository label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelRow {
+    /// Label id (unique across the instance).
+    pub id: i64,
+    /// Name (Forgejo does not enforce uniqueness).
+    pub name: String,
+    /// Hex colour without `#`.
+    pub color: String,
+    /// Description.
+    pub description: String,
+}
+
+/// PR-only data of an issue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullData {
+    /// Head branch.
+    pub head_ref: String,
+    /// Head sha.
+    pub head_sha: String,
+    /// Base branch.
+    pub base_ref: String,
+    /// No conflict and not checking (the API's `mergeable`, before the WIP rule).
+    pub mergeable: bool,
+    /// The merge itself runs into conflicts (409) although `mergeable` said yes.
+    pub conflict_on_merge: bool,
+    /// Merged.
+    pub merged: bool,
+    /// When.
+    pub merged_at: Option<String>,
+    /// Merge commit.
+    pub merge_commit_sha: Option<String>,
+    /// Merger.
+    pub merged_by: Option<String>,
+}
+
+/// An issue or pull request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueRow {
+    /// Internal id.
+    pub id: i64,
+    /// Index in the repository.
+    pub number: u64,
+    /// Title (a `WIP:`/`[WIP]` prefix makes a PR a draft).
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// Author login.
+    pub user: String,
+    /// `open` or `closed`.
+    pub state: String,
+    /// Label ids on it, in the order added.
+    pub labels: Vec<i64>,
+    /// PR data; `None` for a plain issue.
+    pub pull: Option<PullData>,
+    /// Creation time.
+    pub created_at: String,
+    /// Last change.
+    pub updated_at: String,
+    /// When closed.
+    pub closed_at: Option<String>,
+}
+
+impl IssueRow {
+    /// True when the title carries Forgejo's default WIP prefix.
+    pub fn is_draft(&self) -> bool {
+        let t = self.title.to_ascii_uppercase();
+        self.pull.is_some() && (t.starts_with("WIP:") || t.starts_with("[WIP]"))
+    }
+}
+
+/// A conversation comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentRow {
+    /// Comment id.
+    pub id: i64,
+    /// Issue/PR number.
+    pub number: u64,
+    /// Author login.
+    pub user: String,
+    /// Markdown body.
+    pub body: String,
+    /// Created.
+    pub created_at: String,
+    /// Last edit.
+    pub updated_at: String,
+}
+
+/// A formal review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewRow {
+    /// Review id.
+    pub id: i64,
+    /// PR number.
+    pub number: u64,
+    /// Reviewer login.
+    pub user: String,
+    /// `APPROVED`, `REQUEST_CHANGES`, `COMMENT`, `REQUEST_REVIEW`, `PENDING`.
+    pub state: String,
+    /// Body.
+    pub body: String,
+    /// Head sha reviewed.
+    pub commit_id: String,
+    /// New commits since.
+    pub stale: bool,
+    /// Official reviewer (only the latest official review of a reviewer stays official).
+    pub official: bool,
+    /// Dismissed.
+    pub dismissed: bool,
+    /// Submitted.
+    pub submitted_at: String,
+}
+
+/// One posted commit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusRow {
+    /// Status id (increasing: a higher id is newer).
+    pub id: i64,
+    /// Commit sha.
+    pub sha: String,
+    /// `pending`, `success`, `error`, `failure`, `warning`.
+    pub state: String,
+    /// CI context.
+    pub context: String,
+    /// Description.
+    pub description: String,
+    /// Link.
+    pub target_url: String,
+    /// Posted.
+    pub created_at: String,
+}
+
+/// Branch protection of the repository's base branches (one rule for all).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protection {
+    /// Official, undismissed approvals needed.
+    pub required_approvals: u32,
+    /// `enable_status_check` with these glob patterns (empty: all statuses must pass).
+    pub status_checks: Option<Vec<String>>,
+    /// Official change requests block the merge.
+    pub block_on_rejected_reviews: bool,
+    /// A push dismisses approvals.
+    pub dismiss_stale_approvals: bool,
+    /// Stale approvals do not count.
+    pub ignore_stale_approvals: bool,
+}
+
+/// A merge Forgejo carried out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergeRecord {
+    /// Repository `owner/name`.
+    pub repo: String,
+    /// PR number.
+    pub number: u64,
+    /// `Do`.
+    pub style: String,
+    /// `head_commit_id` as sent.
+    pub head_commit_id: Option<String>,
+    /// Head sha that was merged.
+    pub merged_sha: String,
+    /// The request body as sent.
+    pub body: Value,
+}
+
+/// One repository.
+#[derive(Debug, Clone, Default)]
+pub struct RepoRow {
+    /// Repository id.
+    pub id: i64,
+    /// Owner login.
+    pub owner: String,
+    /// Name.
+    pub name: String,
+    /// Default branch.
+    pub default_branch: String,
+    /// Branch tips.
+    pub branches: BTreeMap<String, String>,
+    /// Branches that may not be deleted (a 403 after merging with delete).
+    pub protected_branches: HashSet<String>,
+    /// Issues and PRs by number.
+    pub issues: BTreeMap<u64, IssueRow>,
+    /// Repository labels.
+    pub labels: Vec<LabelRow>,
+    /// Comments, in creation order.
+    pub comments: Vec<CommentRow>,
+    /// Reviews, in submission order.
+    pub reviews: Vec<ReviewRow>,
+    /// Commit statuses by sha, in posting order.
+    pub statuses: HashMap<String, Vec<StatusRow>>,
+    /// Collaborator permissions by login (`admin`, `write`, `read`, `none`).
+    pub permissions: HashMap<String, String>,
+    /// Branch protection.
+    pub protection: Protection,
+}
+
+impl RepoRow {
+    /// `owner/name`.
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.owner, self.name)
+    }
+
+    /// The labels with these ids, as rows.
+    pub fn label_rows(&self, ids: &[i64]) -> Vec<LabelRow> {
+        ids.iter()
+            .filter_map(|id| self.labels.iter().find(|l| l.id == *id).cloned())
+            .collect()
+    }
+
+    /// Latest status per context for `sha`, oldest context first.
+    pub fn latest_statuses(&self, sha: &str) -> Vec<StatusRow> {
+        let mut latest: BTreeMap<String, StatusRow> = BTreeMap::new();
+        for s in self.statuses.get(sha).into_iter().flatten() {
+            latest.insert(s.context.clone(), s.clone());
+        }
+        let mut out: Vec<StatusRow> = latest.into_values().collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
+
+    /// A user's permission: explicit, else `admin` for the owner, else `read`.
+    pub fn permission_of(&self, login: &str) -> String {
+        if let Some(p) = self.permissions.get(&login.to_lowercase()) {
+            return p.clone();
+        }
+        if login.eq_ignore_ascii_case(&self.owner) {
+            "owner".into()
+        } else {
+            "read".into()
+        }
+    }
+}
+
+/// Forgejo's combined state (error < failure < warning < pending < success; error
+/// shown as failure; `""` for none), computed independently of the client's version.
+pub fn combined_state(statuses: &[StatusRow]) -> &'static str {
+    const ORDER: [&str; 5] = ["error", "failure", "warning", "pending", "success"];
+    let worst = statuses
+        .iter()
+        .filter_map(|s| ORDER.iter().position(|o| *o == s.state))
+        .min();
+    match worst {
+        None => "",
+        Some(0) | Some(1) => "failure",
+        Some(i) => ORDER[i],
+    }
+}
+
+/// Glob match with `*` (any run) and `?` (one character), as protection contexts use.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    fn go(p: &[char], t: &[char]) -> bool {
+        match p.split_first() {
+            None => t.is_empty(),
+            Some(('*', rest)) => (0..=t.len()).any(|i| go(rest, &t[i..])),
+            Some(('?', rest)) => !t.is_empty() && go(rest, &t[1..]),
+            Some((c, rest)) => t.first() == Some(c) && go(rest, &t[1..]),
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    go(&p, &t)
+}
+
+/// The whole fake instance.
+#[derive(Debug, Default)]
+pub struct Model {
+    /// Next id for anything with an id (labels, comments, reviews, statuses, issues).
+    pub next_id: i64,
+    /// Repositories by `owner/name`.
+    pub repos: BTreeMap<String, RepoRow>,
+    /// Every merge done, in order.
+    pub merges: Vec<MergeRecord>,
+    /// Users by login → id (assigned on first sight).
+    pub users: BTreeMap<String, i64>,
+}
+
+impl Model {
+    /// A fresh id.
+    pub fn id(&mut self) -> i64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// The id of a user, assigned on first sight.
+    pub fn user_id(&mut self, login: &str) -> i64 {
+        if let Some(id) = self.users.get(login) {
+            return *id;
+        }
+        let id = 1000 + self.users.len() as i64;
+        self.users.insert(login.to_owned(), id);
+        id
+    }
+
+    /// The repository, created (branch `main`) when missing.
+    pub fn repo_mut(&mut self, full: &str) -> &mut RepoRow {
+        if !self.repos.contains_key(full) {
+            let id = self.id();
+            let (owner, name) = full.split_once('/').expect("repository as owner/name");
+            self.user_id(owner);
+            let mut repo = RepoRow {
+                id,
+                owner: owner.into(),
+                name: name.into(),
+                default_branch: "main".into(),
+                ..RepoRow::default()
+            };
+            repo.branches.insert("main".into(), fake_sha(id as u64));
+            self.repos.insert(full.to_owned(), repo);
+        }
+        self.repos.get_mut(full).expect("just inserted")
+    }
+
+    /// A repository label by name, created with `color` when missing; returns its id.
+    pub fn ensure_label(&mut self, repo: &str, name: &str, color: &str) -> i64 {
+        if let Some(l) = self.repo_mut(repo).labels.iter().find(|l| l.name == name) {
+            return l.id;
+        }
+        let id = self.id();
+        self.repo_mut(repo).labels.push(LabelRow {
+            id,
+            name: name.into(),
+            color: color.trim_start_matches('#').into(),
+            description: String::new(),
+        });
+        id
+    }
+
+    /// Opens an issue or PR; returns its number.
+    pub fn open_issue(
+        &mut self,
+        repo: &str,
+        user: &str,
+        title: &str,
+        body: &str,
+        pull: Option<PullData>,
+    ) -> u64 {
+        let id = self.id();
+        self.user_id(user);
+        let r = self.repo_mut(repo);
+        let number = r.issues.keys().next_back().copied().unwrap_or(0) + 1;
+        if let Some(p) = &pull {
+            r.branches.insert(p.head_ref.clone(), p.head_sha.clone());
+            if !r.branches.contains_key(&p.base_ref) {
+                r.branches
+                    .insert(p.base_ref.clone(), fake_sha(id as u64 + 7));
+            }
+        }
+        let t = now();
+        r.issues.insert(
+            number,
+            IssueRow {
+                id,
+                number,
+                title: title.into(),
+                body: body.into(),
+                user: user.into(),
+                state: "open".into(),
+                labels: Vec::new(),
+                pull,
+                created_at: t.clone(),
+                updated_at: t,
+                closed_at: None,
+            },
+        );
+        number
+    }
+
+    /// Moves a PR's head: earlier reviews become stale (and approvals dismissed when
+    /// protection says so).
+    pub fn push(&mut self, repo: &str, number: u64, sha: &str) {
+        let r = self.repo_mut(repo);
+        let dismiss = r.protection.dismiss_stale_approvals;
+        let issue = r.issues.get_mut(&number).expect("no such PR");
+        let pull = issue.pull.as_mut().expect("not a PR");
+        pull.head_sha = sha.into();
+        let head_ref = pull.head_ref.clone();
+        issue.updated_at = now();
+        r.branches.insert(head_ref, sha.into());
+        for review in r.reviews.iter_mut().filter(|x| x.number == number) {
+            if review.commit_id != sha {
+                review.stale = true;
+                if dismiss && review.state == "APPROVED" {
+                    review.dismissed = true;
+                }
+            }
+        }
+    }
+
+    /// Records a review on the PR's current head; an official review makes the same
+    /// reviewer's earlier reviews unofficial, as Forgejo does.
+    pub fn add_review(&mut self, repo: &str, number: u64, user: &str, state: &str) -> i64 {
+        let id = self.id();
+        self.user_id(user);
+        let r = self.repo_mut(repo);
+        let head = r.issues[&number]
+            .pull
+            .as_ref()
+            .expect("not a PR")
+            .head_sha
+            .clone();
+        let official = matches!(state, "APPROVED" | "REQUEST_CHANGES");
+        if official {
+            for old in r.reviews.iter_mut() {
+                if old.number == number && old.user == user {
+                    old.official = false;
+                }
+            }
+        }
+        r.reviews.push(ReviewRow {
+            id,
+            number,
+            user: user.into(),
+            state: state.into(),
+            body: String::new(),
+            commit_id: head,
+            stale: false,
+            official,
+            dismissed: false,
+            submitted_at: now(),
+        });
+        id
+    }
+
+    /// Posts a commit status; returns its id.
+    pub fn add_status(
+        &mut self,
+        repo: &str,
+        sha: &str,
+        context: &str,
+        state: &str,
+        description: &str,
+    ) -> i64 {
+        let id = self.id();
+        self.repo_mut(repo)
+            .statuses
+            .entry(sha.to_owned())
+            .or_default()
+            .push(StatusRow {
+                id,
+                sha: sha.into(),
+                state: state.into(),
+                context: context.into(),
+                description: description.into(),
+                target_url: format!("https://ci.example/{id}"),
+                created_at: now(),
+            });
+        id
+    }
+
+    /// Adds a comment; returns its id.
+    pub fn add_comment(&mut self, repo: &str, number: u64, user: &str, body: &str) -> i64 {
+        let id = self.id();
+        self.user_id(user);
+        let t = now();
+        self.repo_mut(repo).comments.push(CommentRow {
+            id,
+            number,
+            user: user.into(),
+            body: body.into(),
+            created_at: t.clone(),
+            updated_at: t,
+        });
+        id
+    }
+
+    /// Closes an issue or PR (without merging).
+    pub fn close(&mut self, repo: &str, number: u64) {
+        let issue = self
+            .repo_mut(repo)
+            .issues
+            .get_mut(&number)
+            .expect("no such issue");
+        issue.state = "closed".into();
+        issue.closed_at = Some(now());
+        issue.updated_at = now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob("ci/*", "ci/build"));
+        assert!(glob("*", ""));
+        assert!(glob("a?c", "abc"));
+        assert!(!glob("ci/*", "cd/build"));
+    }
+}

@@ -1,0 +1,228 @@
+//! JSON shapes of the fake's model, as Forgejo's API and webhooks print them
+//! (forgejo-facts.md §3): users, repositories, labels, issues, pull requests, reviews,
+//! comments and commit statuses. REST answers and webhook payloads share these.
+
+use serde_json::{Value, json};
+
+use super::model::{CommentRow, IssueRow, LabelRow, Model, RepoRow, ReviewRow, StatusRow};
+
+/// Base URL that HTML links in payloads point to (never fetched).
+pub const HTML_BASE: &str = "https://forgejo.test";
+
+/// A user object.
+pub fn user(model: &Model, login: &str) -> Value {
+    let id = model.users.get(login).copied().unwrap_or(0);
+    json!({
+        "id": id,
+        "login": login,
+        "login_name": "",
+        "source_id": 0,
+        "full_name": "",
+        "email": format!("{login}@noreply.forgejo.test"),
+        "avatar_url": format!("{HTML_BASE}/avatars/{id}"),
+        "html_url": format!("{HTML_BASE}/{login}"),
+        "language": "",
+        "is_admin": false,
+        "restricted": false,
+        "active": false,
+        "prohibit_login": false,
+        "visibility": "public",
+    })
+}
+
+/// A repository object.
+pub fn repo(model: &Model, r: &RepoRow) -> Value {
+    let full = r.full_name();
+    json!({
+        "id": r.id,
+        "owner": user(model, &r.owner),
+        "name": r.name,
+        "full_name": full,
+        "private": false,
+        "fork": false,
+        "html_url": format!("{HTML_BASE}/{full}"),
+        "url": format!("{HTML_BASE}/api/v1/repos/{full}"),
+        "clone_url": format!("{HTML_BASE}/{full}.git"),
+        "ssh_url": format!("git@forgejo.test:{full}.git"),
+        "default_branch": r.default_branch,
+        "archived": false,
+        "permissions": {"admin": false, "push": true, "pull": true},
+        "allow_merge_commits": true,
+        "allow_rebase": true,
+        "allow_rebase_explicit": true,
+        "allow_squash_merge": true,
+        "allow_fast_forward_only_merge": true,
+        "default_merge_style": "merge",
+        "default_delete_branch_after_merge": false,
+    })
+}
+
+/// A label object.
+pub fn label(r: &RepoRow, l: &LabelRow) -> Value {
+    json!({
+        "id": l.id,
+        "name": l.name,
+        "exclusive": false,
+        "is_archived": false,
+        "color": l.color,
+        "description": l.description,
+        "url": format!("{HTML_BASE}/api/v1/repos/{}/labels/{}", r.full_name(), l.id),
+    })
+}
+
+/// The labels on an issue.
+pub fn labels_of(r: &RepoRow, issue: &IssueRow) -> Value {
+    Value::Array(
+        r.label_rows(&issue.labels)
+            .iter()
+            .map(|l| label(r, l))
+            .collect(),
+    )
+}
+
+/// An issue object (also how PRs appear in issue and comment payloads).
+pub fn issue(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
+    let full = r.full_name();
+    let kind = if i.pull.is_some() { "pulls" } else { "issues" };
+    let pull_request = i.pull.as_ref().map(|p| {
+        json!({
+            "merged": p.merged,
+            "merged_at": p.merged_at,
+            "draft": i.is_draft(),
+            "html_url": format!("{HTML_BASE}/{full}/pulls/{}", i.number),
+        })
+    });
+    json!({
+        "id": i.id,
+        "url": format!("{HTML_BASE}/api/v1/repos/{full}/issues/{}", i.number),
+        "html_url": format!("{HTML_BASE}/{full}/{kind}/{}", i.number),
+        "number": i.number,
+        "user": user(model, &i.user),
+        "original_author": "",
+        "original_author_id": 0,
+        "title": i.title,
+        "body": i.body,
+        "ref": "",
+        "assets": [],
+        "labels": labels_of(r, i),
+        "milestone": null,
+        "assignee": null,
+        "assignees": null,
+        "state": i.state,
+        "is_locked": false,
+        "comments": r.comments.iter().filter(|c| c.number == i.number).count(),
+        "created_at": i.created_at,
+        "updated_at": i.updated_at,
+        "closed_at": i.closed_at,
+        "due_date": null,
+        "pull_request": pull_request,
+        "repository": {"id": r.id, "name": r.name, "owner": r.owner, "full_name": full},
+        "pin_order": 0,
+    })
+}
+
+/// A pull-request object; `i` must be a PR.
+pub fn pull(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
+    let p = i.pull.as_ref().expect("a pull request");
+    let full = r.full_name();
+    let html = format!("{HTML_BASE}/{full}/pulls/{}", i.number);
+    let repo_json = repo(model, r);
+    let base_sha = r.branches.get(&p.base_ref).cloned().unwrap_or_default();
+    json!({
+        "id": i.id,
+        "url": html,
+        "number": i.number,
+        "user": user(model, &i.user),
+        "title": i.title,
+        "body": i.body,
+        "labels": labels_of(r, i),
+        "milestone": null,
+        "assignee": null,
+        "assignees": null,
+        "requested_reviewers": [],
+        "requested_reviewers_teams": [],
+        "state": i.state,
+        "draft": i.is_draft(),
+        "is_locked": false,
+        "comments": r.comments.iter().filter(|c| c.number == i.number).count(),
+        "review_comments": 0,
+        "additions": 1,
+        "deletions": 0,
+        "changed_files": 1,
+        "html_url": html,
+        "diff_url": format!("{html}.diff"),
+        "patch_url": format!("{html}.patch"),
+        "mergeable": p.mergeable && !i.is_draft() && !p.merged,
+        "merged": p.merged,
+        "merged_at": p.merged_at,
+        "merge_commit_sha": p.merge_commit_sha,
+        "merged_by": p.merged_by.as_ref().map(|m| user(model, m)),
+        "allow_maintainer_edit": false,
+        "base": {"label": p.base_ref, "ref": p.base_ref, "sha": base_sha, "repo_id": r.id, "repo": repo_json},
+        "head": {"label": p.head_ref, "ref": p.head_ref, "sha": p.head_sha, "repo_id": r.id, "repo": repo_json},
+        "merge_base": base_sha,
+        "due_date": null,
+        "created_at": i.created_at,
+        "updated_at": i.updated_at,
+        "closed_at": i.closed_at,
+        "pin_order": 0,
+        "flow": 0,
+    })
+}
+
+/// A review object.
+pub fn review(model: &Model, r: &RepoRow, v: &ReviewRow) -> Value {
+    let full = r.full_name();
+    json!({
+        "id": v.id,
+        "user": user(model, &v.user),
+        "team": null,
+        "state": v.state,
+        "body": v.body,
+        "commit_id": v.commit_id,
+        "stale": v.stale,
+        "official": v.official,
+        "dismissed": v.dismissed,
+        "comments_count": 0,
+        "submitted_at": v.submitted_at,
+        "updated_at": v.submitted_at,
+        "html_url": format!("{HTML_BASE}/{full}/pulls/{}#issuecomment-{}", v.number, v.id),
+        "pull_request_url": format!("{HTML_BASE}/{full}/pulls/{}", v.number),
+    })
+}
+
+/// A comment object.
+pub fn comment(model: &Model, r: &RepoRow, c: &CommentRow) -> Value {
+    let full = r.full_name();
+    let is_pull = r.issues.get(&c.number).is_some_and(|i| i.pull.is_some());
+    let kind = if is_pull { "pulls" } else { "issues" };
+    let parent = format!("{HTML_BASE}/{full}/{kind}/{}", c.number);
+    json!({
+        "id": c.id,
+        "html_url": format!("{parent}#issuecomment-{}", c.id),
+        "pull_request_url": if is_pull { parent.clone() } else { String::new() },
+        "issue_url": if is_pull { String::new() } else { parent },
+        "user": user(model, &c.user),
+        "original_author": "",
+        "original_author_id": 0,
+        "body": c.body,
+        "assets": [],
+        "created_at": c.created_at,
+        "updated_at": c.updated_at,
+    })
+}
+
+/// A commit status object: the state is under the key `status`.
+pub fn status(s: &StatusRow) -> Value {
+    json!({
+        "id": s.id,
+        "status": s.state,
+        "target_url": s.target_url,
+        "description": s.description,
+        "url": format!("{HTML_BASE}/api/v1/statuses/{}", s.sha),
+        "context": s.context,
+        "creator": {"id": 7, "login": "ci-bot"},
+        "created_at": s.created_at,
+        "updated_at": s.created_at,
+    })
+}

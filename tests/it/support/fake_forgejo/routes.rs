@@ -1,0 +1,295 @@
+//! The fake's one HTTP handler: logs the call, checks `Authorization: token …`, applies
+//! injected faults, then routes `/api/v1/…` by hand onto the model with Forgejo's
+//! paths, field names, pagination (`page`/`limit`, `X-Total-Count`) and status codes.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::{Value, json};
+
+use super::faults::{Call, Fault, FaultAction, take_fault};
+use super::merge::merge;
+use super::model::Model;
+use super::render;
+
+/// State shared between the server and the test's handle.
+pub struct Shared {
+    /// The model.
+    pub model: Mutex<Model>,
+    /// Injected faults, first match wins.
+    pub faults: Mutex<Vec<Fault>>,
+    /// Every request, in arrival order.
+    pub calls: Mutex<Vec<Call>>,
+    /// The only accepted API token.
+    pub token: String,
+    /// Login of the token's user (the bot).
+    pub bot_login: String,
+}
+
+/// Locks a mutex, ignoring poisoning (a panicking test must not hide the model).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An answer before it becomes an HTTP response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body, or none.
+    pub body: Option<Value>,
+    /// `X-Total-Count`.
+    pub total: Option<usize>,
+    /// `Retry-After`.
+    pub retry_after: Option<String>,
+}
+
+impl Reply {
+    /// A JSON answer.
+    pub fn json(status: u16, body: Value) -> Self {
+        Self {
+            status,
+            body: Some(body),
+            total: None,
+            retry_after: None,
+        }
+    }
+
+    /// An answer without a body.
+    pub fn empty(status: u16) -> Self {
+        Self {
+            status,
+            body: None,
+            total: None,
+            retry_after: None,
+        }
+    }
+
+    /// Forgejo's `{"message","url"}` error.
+    pub fn error(status: u16, message: &str) -> Self {
+        Self::json(
+            status,
+            json!({"message": message, "url": "https://forgejo.test/api/swagger"}),
+        )
+    }
+
+    /// 404 as Forgejo words it.
+    pub fn not_found() -> Self {
+        Self::error(404, "The target couldn't be found.")
+    }
+}
+
+/// The actix handler for every path.
+pub async fn handle(
+    req: HttpRequest,
+    body: web::Bytes,
+    shared: web::Data<Arc<Shared>>,
+) -> HttpResponse {
+    let method = req.method().as_str().to_owned();
+    let path = req
+        .path()
+        .strip_prefix("/api/v1")
+        .unwrap_or(req.path())
+        .to_owned();
+    let query: Vec<(String, String)> = form_urlencoded::parse(req.query_string().as_bytes())
+        .into_owned()
+        .collect();
+    let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let index = {
+        let mut calls = lock(&shared.calls);
+        calls.push(Call {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            body: json_body.clone(),
+            user_agent: req
+                .headers()
+                .get("user-agent")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned(),
+            status: 0,
+        });
+        calls.len() - 1
+    };
+    let reply = answer(&req, &shared, &method, &path, &query, &json_body).await;
+    if let Some(call) = lock(&shared.calls).get_mut(index) {
+        call.status = reply.status;
+    }
+    to_response(reply)
+}
+
+async fn answer(
+    req: &HttpRequest,
+    shared: &Shared,
+    method: &str,
+    path: &str,
+    query: &[(String, String)],
+    body: &Value,
+) -> Reply {
+    if !req.path().starts_with("/api/v1/") {
+        return Reply::not_found();
+    }
+    if !authorized(req, query, &shared.token) {
+        return Reply::error(401, "token is required");
+    }
+    let fault = take_fault(&mut lock(&shared.faults), method, path);
+    let mut override_status = None;
+    match fault {
+        Some(FaultAction::Respond {
+            status,
+            retry_after,
+            message,
+        }) => {
+            let mut r = Reply::error(status, &message);
+            r.retry_after = retry_after;
+            return r;
+        }
+        Some(FaultAction::Stall(d)) => {
+            tokio::time::sleep(d).await;
+            return Reply::error(504, "stalled");
+        }
+        Some(FaultAction::Delay(d)) => tokio::time::sleep(d).await,
+        Some(FaultAction::ApplyThenRespond(status)) => override_status = Some(status),
+        None => {}
+    }
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let reply = route(
+        &mut lock(&shared.model),
+        &shared.bot_login,
+        method,
+        &segs,
+        query,
+        body,
+    );
+    match override_status {
+        Some(status) => Reply::error(status, ""),
+        None => reply,
+    }
+}
+
+/// `Authorization: token|bearer <T>` (any case), or `?token=` / `?access_token=`.
+fn authorized(req: &HttpRequest, query: &[(String, String)], token: &str) -> bool {
+    let header = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| {
+            scheme.eq_ignore_ascii_case("token") || scheme.eq_ignore_ascii_case("bearer")
+        })
+        .is_some_and(|(_, t)| t.trim() == token);
+    header
+        || query
+            .iter()
+            .any(|(k, v)| (k == "token" || k == "access_token") && v == token)
+}
+
+fn to_response(reply: Reply) -> HttpResponse {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut builder = HttpResponse::build(status);
+    if let Some(total) = reply.total {
+        builder.insert_header(("X-Total-Count", total.to_string()));
+    }
+    if let Some(ra) = reply.retry_after {
+        builder.insert_header(("Retry-After", ra));
+    }
+    match reply.body {
+        Some(b) => builder.json(b),
+        None => builder.finish(),
+    }
+}
+
+/// One page of `items` by `page` (1-based) and `limit` (default 30, at most 50).
+pub fn paginate(items: Vec<Value>, query: &[(String, String)]) -> Reply {
+    let (page, limit) = page_params(query);
+    let total = items.len();
+    let start = (page - 1).saturating_mul(limit).min(total);
+    let end = start.saturating_add(limit).min(total);
+    let mut r = Reply::json(200, Value::Array(items[start..end].to_vec()));
+    r.total = Some(total);
+    r
+}
+
+/// `(page, limit)` with Forgejo's defaults and bounds.
+pub fn page_params(query: &[(String, String)]) -> (usize, usize) {
+    let get = |k: &str| {
+        query
+            .iter()
+            .find(|(q, _)| q == k)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+    };
+    let page = get("page").filter(|p| *p > 0).unwrap_or(1);
+    let limit = get("limit").filter(|l| *l > 0).unwrap_or(30).min(50);
+    (page, limit)
+}
+
+fn route(
+    model: &mut Model,
+    bot: &str,
+    method: &str,
+    segs: &[&str],
+    query: &[(String, String)],
+    body: &Value,
+) -> Reply {
+    match (method, segs) {
+        ("GET", ["version"]) => Reply::json(200, json!({"version": "15.0.3+gitea-1.22.0"})),
+        (_, ["repos", owner, name, rest @ ..]) => {
+            let repo = format!("{owner}/{name}");
+            if !model.repos.contains_key(&repo) {
+                return Reply::not_found();
+            }
+            super::routes_repo::route_repo(model, bot, method, &repo, rest, query, body)
+        }
+        _ => Reply::not_found(),
+    }
+}
+
+/// Routes merge requests (kept here so `routes_repo` stays about reads and issues).
+pub fn route_merge(
+    model: &mut Model,
+    bot: &str,
+    method: &str,
+    repo: &str,
+    number: u64,
+    body: &Value,
+) -> Reply {
+    match method {
+        "GET" => {
+            let merged = model.repos[repo]
+                .issues
+                .get(&number)
+                .and_then(|i| i.pull.as_ref())
+                .is_some_and(|p| p.merged);
+            if merged {
+                Reply::empty(204)
+            } else {
+                Reply::not_found()
+            }
+        }
+        "POST" => merge(model, bot, repo, number, body),
+        _ => Reply::error(405, "method not allowed"),
+    }
+}
+
+/// Renders every PR of `repo` matching the `state` filter (empty or missing: all).
+pub fn list_pulls(model: &Model, repo: &str, query: &[(String, String)]) -> Reply {
+    let r = &model.repos[repo];
+    let state = query
+        .iter()
+        .find(|(k, _)| k == "state")
+        .map_or("", |(_, v)| v.as_str());
+    let items: Vec<Value> = r
+        .issues
+        .values()
+        .rev()
+        .filter(|i| i.pull.is_some())
+        .filter(|i| match state {
+            "open" | "closed" => i.state == state,
+            _ => true,
+        })
+        .map(|i| render::pull(model, r, i))
+        .collect();
+    paginate(items, query)
+}
