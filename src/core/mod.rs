@@ -1,3 +1,14 @@
 //! The pure heart of Shepherd (DESIGN §2): identities, events, the per-PR record,
 //! `step`/`decide`, effects, policy, the command parser and comment texts.
 //! No IO and no async here: no tokio, redis, reqwest or actix.
+
+pub mod command;
+pub mod effect;
+pub mod event;
+pub mod ids;
+pub mod machine;
+pub mod normalize;
+pub mod payload;
+pub mod policy;
+pub mod record;
+pub mod texts;

@@ -1,0 +1,102 @@
+//! `/shepherd <command>` in PR and issue comments, parsed without IO. A command is a
+//! line of its own; lines inside fenced code blocks (```` ``` ```` or `~~~`), indented
+//! code blocks and quotes (`>`) are ignored, so quoting someone's command does not
+//! repeat it.
+
+use serde::{Deserialize, Serialize};
+
+/// A command a trusted user can give.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "command")]
+pub enum Command {
+    /// Dispatch the current problem again now (clears `needs-human` and the stuck count).
+    Retry,
+    /// Go one tier up for the next attempt.
+    Escalate,
+    /// Stop dispatching and merging until `resume`.
+    Pause,
+    /// Leave `paused` or `needs-human`.
+    Resume,
+    /// Refresh the sticky status comment.
+    Status,
+}
+
+/// The word that starts a command.
+const PREFIX: &str = "/shepherd";
+
+/// Every command in `body`, in order. Unknown words after `/shepherd` are skipped.
+pub fn parse(body: &str) -> Vec<Command> {
+    let mut out = Vec::new();
+    let mut fence: Option<&str> = None;
+    for line in body.lines() {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        let trimmed = line.trim();
+        if let Some(open) = fence {
+            if trimmed.starts_with(open) {
+                fence = None;
+            }
+            continue;
+        }
+        if trimmed.starts_with("```") {
+            fence = Some("```");
+            continue;
+        }
+        if trimmed.starts_with("~~~") {
+            fence = Some("~~~");
+            continue;
+        }
+        if indent >= 4 || line.starts_with('\t') || trimmed.starts_with('>') {
+            continue;
+        }
+        if let Some(command) = parse_line(trimmed) {
+            out.push(command);
+        }
+    }
+    out
+}
+
+/// One line: `/shepherd <word>` (case-insensitive, extra words ignored).
+fn parse_line(line: &str) -> Option<Command> {
+    let mut words = line.split_whitespace();
+    if !words.next()?.eq_ignore_ascii_case(PREFIX) {
+        return None;
+    }
+    match words.next()?.to_ascii_lowercase().as_str() {
+        "retry" => Some(Command::Retry),
+        "escalate" => Some(Command::Escalate),
+        "pause" => Some(Command::Pause),
+        "resume" => Some(Command::Resume),
+        "status" => Some(Command::Status),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_commands_on_their_own_lines() {
+        let body = "Thanks!\n/shepherd retry\n  /Shepherd PAUSE please\n/shepherd frobnicate\n";
+        assert_eq!(parse(body), vec![Command::Retry, Command::Pause]);
+        assert_eq!(parse("/shepherd"), vec![]);
+        assert_eq!(parse("please /shepherd retry"), vec![]);
+        assert_eq!(parse("/shepherdretry"), vec![]);
+    }
+
+    #[test]
+    fn ignores_code_and_quotes() {
+        let body = "```\n/shepherd retry\n```\n~~~sh\n/shepherd pause\n~~~\n> /shepherd escalate\n    /shepherd status\n/shepherd resume";
+        assert_eq!(parse(body), vec![Command::Resume]);
+        // An unclosed fence swallows the rest.
+        assert_eq!(parse("```\n/shepherd retry"), vec![]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn never_panics(body in ".{0,200}") {
+            let _ = parse(&body);
+        }
+    }
+}

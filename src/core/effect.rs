@@ -1,0 +1,338 @@
+//! Effects are data: what the machine wants done, executed later by the executor.
+//! Every effect carries a deterministic id (record key + version + index) so that a
+//! redelivered effect is recognised, and every comment carries that id as a hidden
+//! marker so a retry after a crash finds the comment instead of posting it twice.
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::{EffectId, RepoName, Scope, Sha, WorkId};
+use super::policy::MergeStyle;
+
+/// One effect of a transition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Effect {
+    /// Deterministic id: `<repo>/<scope>/<number>@<version>.<index>`.
+    pub id: EffectId,
+    /// Repository.
+    pub repo: RepoName,
+    /// Whether the record is a PR's or an issue's (timers and outcomes come back to it).
+    pub scope: Scope,
+    /// PR or issue index.
+    pub number: u64,
+    /// What to do.
+    pub kind: EffectKind,
+}
+
+/// What an effect does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "type")]
+pub enum EffectKind {
+    /// Hand a work item to the agents (dispatch stream, optional HTTP sink).
+    Dispatch(WorkItem),
+    /// Tell the agents a work item is no longer wanted.
+    CancelWork {
+        /// The work item.
+        work_id: WorkId,
+    },
+    /// Add labels to the PR/issue (by name).
+    AddLabels {
+        /// Label names.
+        labels: Vec<String>,
+    },
+    /// Remove labels from the PR/issue (by name; absent labels are fine).
+    RemoveLabels {
+        /// Label names.
+        labels: Vec<String>,
+    },
+    /// Create or edit in place the one sticky status comment (found by its
+    /// `<!-- SHEPHERD-STATE: … -->` block).
+    UpsertComment {
+        /// Full body, with the state block and footer.
+        body: String,
+    },
+    /// Post a comment on issue/PR `number` (the effect id marker and footer included).
+    Comment {
+        /// Where to post (the record's own number, or a linked issue).
+        number: u64,
+        /// Full body.
+        body: String,
+    },
+    /// Merge the PR, pinned to `head_sha`; never `force_merge`. The outcome comes back
+    /// as [`crate::core::event::EffectOutcome::Merge`].
+    Merge {
+        /// The head the decision was made for (`head_commit_id`).
+        head_sha: Sha,
+        /// `Do`.
+        style: MergeStyle,
+        /// `delete_branch_after_merge`.
+        delete_branch: bool,
+        /// `MergeTitleField`, when set.
+        title: Option<String>,
+        /// `MergeMessageField`, when set.
+        message: Option<String>,
+    },
+    /// Read something from the API; the result comes back as an `Observed*` event.
+    Observe(ObserveWhat),
+    /// Fire a timer later (same timer id replaces an earlier schedule).
+    Schedule(Timer),
+}
+
+impl EffectKind {
+    /// The kind's name without its data.
+    pub fn name(&self) -> EffectKindName {
+        match self {
+            EffectKind::Dispatch(_) => EffectKindName::Dispatch,
+            EffectKind::CancelWork { .. } => EffectKindName::CancelWork,
+            EffectKind::AddLabels { .. } => EffectKindName::AddLabels,
+            EffectKind::RemoveLabels { .. } => EffectKindName::RemoveLabels,
+            EffectKind::UpsertComment { .. } => EffectKindName::UpsertComment,
+            EffectKind::Comment { .. } => EffectKindName::Comment,
+            EffectKind::Merge { .. } => EffectKindName::Merge,
+            EffectKind::Observe(_) => EffectKindName::Observe,
+            EffectKind::Schedule(_) => EffectKindName::Schedule,
+        }
+    }
+}
+
+/// The name of an effect kind (for outcomes and metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EffectKindName {
+    /// `Dispatch`.
+    Dispatch,
+    /// `CancelWork`.
+    CancelWork,
+    /// `AddLabels`.
+    AddLabels,
+    /// `RemoveLabels`.
+    RemoveLabels,
+    /// `UpsertComment`.
+    UpsertComment,
+    /// `Comment`.
+    Comment,
+    /// `Merge`.
+    Merge,
+    /// `Observe`.
+    Observe,
+    /// `Schedule`.
+    Schedule,
+}
+
+/// What to read from the API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "what")]
+pub enum ObserveWhat {
+    /// `GET …/pulls/{n}` → `ObservedPr`.
+    Pr,
+    /// `GET …/pulls/{n}/reviews` (all pages) → `ObservedReviews`.
+    Reviews,
+    /// `GET …/commits/{sha}/status` (all pages) → `ObservedStatus`.
+    CombinedStatus {
+        /// The commit.
+        sha: Sha,
+    },
+    /// The commenter's permission on the repository → `ObservedPermission`.
+    Permission {
+        /// Whose.
+        login: super::ids::Login,
+    },
+}
+
+/// A timer: fires `TimerFired` for the same record at `due_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timer {
+    /// When (unix ms).
+    pub due_ms: i64,
+    /// What it is for.
+    pub kind: TimerKind,
+    /// Identity within the record: scheduling the same id again replaces it.
+    pub id: String,
+}
+
+/// What a timer is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum TimerKind {
+    /// Poll the combined status of `sha` (backoff while pending or missing).
+    CiPoll {
+        /// The head being polled.
+        sha: Sha,
+    },
+    /// Re-read the PR's mergeability after a push (Forgejo checks asynchronously).
+    Mergeability,
+    /// A claim's TTL ran out.
+    ClaimExpiry {
+        /// The claimed work item.
+        work_id: WorkId,
+    },
+    /// Retry a merge that Forgejo asked to try again later, or re-verify one.
+    MergeRetry,
+    /// Check for inactivity (`stale-check`).
+    StaleCheck,
+}
+
+impl TimerKind {
+    /// The kind's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TimerKind::CiPoll { .. } => "ci-poll",
+            TimerKind::Mergeability => "mergeability",
+            TimerKind::ClaimExpiry { .. } => "claim-expiry",
+            TimerKind::MergeRetry => "merge-retry",
+            TimerKind::StaleCheck => "stale-check",
+        }
+    }
+}
+
+/// The kind of a work item (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkKind {
+    /// Make failing CI pass.
+    CiFix,
+    /// Address change requests.
+    ReviewFeedback,
+    /// Resolve conflicts with the base branch.
+    MergeConflicts,
+    /// Look at a PR nobody touched for a long time.
+    StaleCheck,
+    /// Implement an issue (opens a PR).
+    IssueImpl,
+    /// Merge a ready PR (merge mode `dispatch` only).
+    ReadyToMerge,
+}
+
+impl WorkKind {
+    /// Dispatch priority: higher first. PR work goes before new `issue-impl` work.
+    pub fn priority(self) -> u8 {
+        match self {
+            WorkKind::ReadyToMerge => 60,
+            WorkKind::MergeConflicts => 50,
+            WorkKind::CiFix => 40,
+            WorkKind::ReviewFeedback => 30,
+            WorkKind::StaleCheck => 20,
+            WorkKind::IssueImpl => 10,
+        }
+    }
+
+    /// The contract name (`ci-fix`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkKind::CiFix => "ci-fix",
+            WorkKind::ReviewFeedback => "review-feedback",
+            WorkKind::MergeConflicts => "merge-conflicts",
+            WorkKind::StaleCheck => "stale-check",
+            WorkKind::IssueImpl => "issue-impl",
+            WorkKind::ReadyToMerge => "ready-to-merge",
+        }
+    }
+}
+
+/// A work item exactly as DESIGN §4 specifies its JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkItem {
+    /// Work id (results are reported against it).
+    pub id: WorkId,
+    /// Kind.
+    pub kind: WorkKind,
+    /// `owner/name`.
+    pub repo: RepoName,
+    /// PR or issue index.
+    pub number: u64,
+    /// The head the work is for (`null` for `issue-impl`).
+    pub head_sha: Option<Sha>,
+    /// Model tier, 0-based.
+    pub tier: u8,
+    /// Model tier name.
+    pub tier_name: String,
+    /// 1-based attempt number of this kind on this record.
+    pub attempt: u32,
+    /// Higher first ([`WorkKind::priority`]).
+    pub priority: u8,
+    /// When the claim ends (RFC 3339, UTC, millisecond precision).
+    #[serde(with = "rfc3339_ms")]
+    pub claim_expires_at: i64,
+    /// What the agent needs to know.
+    pub context: WorkContext,
+}
+
+/// The `context` object of a work item.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkContext {
+    /// Failing CI contexts of the head (for `ci-fix`).
+    pub failing_checks: Vec<FailingCheck>,
+    /// Active change requests (for `review-feedback`).
+    pub change_requests: Vec<ChangeRequest>,
+    /// Earlier attempts on this record, oldest first.
+    pub attempts: Vec<AttemptSummary>,
+}
+
+/// One failing CI context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailingCheck {
+    /// Context name.
+    pub context: String,
+    /// `failure`, `error` or `warning`.
+    pub state: super::event::CiState,
+    /// Description.
+    pub description: String,
+    /// Link to the run.
+    pub target_url: String,
+}
+
+/// One active change request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRequest {
+    /// Review id.
+    pub review_id: i64,
+    /// Reviewer.
+    pub reviewer: super::ids::Login,
+    /// What they asked for.
+    pub body: String,
+}
+
+/// An earlier attempt, as agents see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptSummary {
+    /// Kind.
+    pub kind: WorkKind,
+    /// Tier used.
+    pub tier: u8,
+    /// Outcome (`succeeded`, `failed`, `no-changes`, `expired`, `superseded`, …).
+    pub outcome: String,
+    /// The problem's signature.
+    pub signature: String,
+    /// The agent's summary.
+    pub summary: Option<String>,
+}
+
+/// Serde helpers: unix milliseconds in Rust, RFC 3339 text in JSON.
+pub mod rfc3339_ms {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Unix ms → RFC 3339 text (UTC).
+    pub fn to_text(ms: i64) -> String {
+        DateTime::<Utc>::from_timestamp_millis(ms)
+            .unwrap_or_default()
+            .to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+
+    /// RFC 3339 text → unix ms.
+    pub fn from_text(s: &str) -> Option<i64> {
+        DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(|d| d.timestamp_millis())
+    }
+
+    /// Serializes unix ms as RFC 3339 text.
+    pub fn serialize<S: Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&to_text(*ms))
+    }
+
+    /// Deserializes RFC 3339 text into unix ms.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        let s = String::deserialize(d)?;
+        from_text(&s).ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}")))
+    }
+}

@@ -1,0 +1,171 @@
+//! `/shepherd` commands with trust: users in the policy's `trusted_users` act at once;
+//! anyone else's commands wait for an `Observe(Permission)` and run when it says write
+//! or admin (a read-only commenter gets one refusal comment). The bot's own comments
+//! never carry commands. Each comment's commands run once, however often the comment
+//! is delivered.
+
+use super::super::command::Command;
+use super::super::effect::{EffectKind, ObserveWhat};
+use super::super::event::Permission;
+use super::super::ids::Login;
+use super::super::policy::Policy;
+use super::super::record::{HANDLED_COMMENTS_KEPT, PendingCommand, PermissionFact, WorkState};
+use super::super::texts;
+use super::{Fx, work};
+
+/// How long an observed permission is trusted (ms).
+const PERMISSION_TTL_MS: i64 = 3_600_000;
+
+/// Where commands are given.
+pub(crate) struct CommandCtx {
+    /// The record's number (for refusal comments).
+    pub number: u64,
+}
+
+/// What executed commands ask of the record beyond its work state.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CommandEffects {
+    /// Refresh the status comment (`/shepherd status`).
+    pub refresh_status: bool,
+    /// A retry was requested (clear a merge back-off too).
+    pub retry: bool,
+}
+
+/// Whether a user may give commands.
+enum Trust {
+    /// Trusted or has write access.
+    Yes,
+    /// Read-only.
+    No,
+    /// Not known: look it up.
+    Unknown,
+}
+
+/// What the record knows about `login`'s trust.
+fn trust(ws: &WorkState, login: &Login, policy: &Policy, now: i64) -> Trust {
+    if policy.is_trusted(login) {
+        return Trust::Yes;
+    }
+    match ws.permissions.get(login) {
+        Some(f) if now - f.at_ms < PERMISSION_TTL_MS => match f.permission {
+            Permission::Write | Permission::Admin => Trust::Yes,
+            Permission::Read => Trust::No,
+        },
+        Some(_) | None => Trust::Unknown,
+    }
+}
+
+/// A human comment with commands.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site per record kind; a struct would only rename the parameters"
+)]
+pub(crate) fn on_comment(
+    ws: &mut WorkState,
+    ctx: &CommandCtx,
+    comment_id: i64,
+    commands: &[Command],
+    sender: Option<&Login>,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> CommandEffects {
+    let mut out = CommandEffects::default();
+    let Some(login) = sender else {
+        return out;
+    };
+    if commands.is_empty() || ws.handled_comments.contains(&comment_id) {
+        return out;
+    }
+    ws.handled_comments.push(comment_id);
+    if ws.handled_comments.len() > HANDLED_COMMENTS_KEPT {
+        ws.handled_comments.remove(0);
+    }
+    match trust(ws, login, policy, now) {
+        Trust::Yes => {
+            for c in commands {
+                execute(ws, c, login, now, policy, &mut out);
+            }
+        }
+        Trust::No => fx.comment(ctx.number, texts::command_refused(login.as_str())),
+        Trust::Unknown => {
+            let asked = ws.pending_commands.iter().any(|p| &p.login == login);
+            ws.pending_commands
+                .extend(commands.iter().map(|c| PendingCommand {
+                    login: login.clone(),
+                    command: c.clone(),
+                    comment_id,
+                }));
+            if !asked {
+                fx.push(EffectKind::Observe(ObserveWhat::Permission {
+                    login: login.clone(),
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// A permission read: run or refuse the commands waiting for it.
+#[expect(clippy::too_many_arguments, reason = "mirrors on_comment")]
+pub(crate) fn on_permission(
+    ws: &mut WorkState,
+    ctx: &CommandCtx,
+    login: &Login,
+    permission: Permission,
+    at_ms: i64,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> CommandEffects {
+    let mut out = CommandEffects::default();
+    let newer = ws.permissions.get(login).is_none_or(|f| at_ms >= f.at_ms);
+    if newer {
+        ws.permissions
+            .insert(login.clone(), PermissionFact { permission, at_ms });
+    }
+    let (mine, rest): (Vec<PendingCommand>, Vec<PendingCommand>) = ws
+        .pending_commands
+        .drain(..)
+        .partition(|p| &p.login == login);
+    ws.pending_commands = rest;
+    if mine.is_empty() {
+        return out;
+    }
+    match permission {
+        Permission::Write | Permission::Admin => {
+            for p in &mine {
+                execute(ws, &p.command, login, now, policy, &mut out);
+            }
+        }
+        Permission::Read => fx.comment(ctx.number, texts::command_refused(login.as_str())),
+    }
+    out
+}
+
+/// Runs one command.
+fn execute(
+    ws: &mut WorkState,
+    command: &Command,
+    by: &Login,
+    now: i64,
+    policy: &Policy,
+    out: &mut CommandEffects,
+) {
+    match command {
+        Command::Retry => {
+            work::resume(ws);
+            out.retry = true;
+        }
+        Command::Escalate => {
+            work::escalate(ws, policy);
+        }
+        Command::Pause => {
+            work::pause(ws, Some(by), now);
+        }
+        Command::Resume => {
+            work::resume(ws);
+        }
+        Command::Status => out.refresh_status = true,
+    }
+}

@@ -1,0 +1,521 @@
+//! Events → facts. Each fact keeps the time it was observed and an older observation
+//! never overwrites a newer one: PR snapshots are ordered by Forgejo's `updated_at`,
+//! CI contexts by their own `updated_at`, review lists by the time they were read.
+//!
+//! `apply` returns `false` for an event that does not concern the record (another PR,
+//! a push to another branch, CI news about a sha that is not the head): the step is a
+//! no-op then.
+
+use std::collections::BTreeMap;
+
+use super::super::effect::{EffectKind, EffectKindName, ObserveWhat, Timer, TimerKind};
+use super::super::event::{
+    CiContext, EffectOutcome, Event, MergeOutcome, PrSnapshot, PrState, Review, ReviewState,
+};
+use super::super::ids::{Login, RepoName, Scope, Sha};
+use super::super::policy::Policy;
+use super::super::record::{
+    AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
+};
+use super::{Fx, commands, work};
+
+/// How many commits' CI contexts a record keeps besides the head's.
+const CI_SHAS_KEPT: usize = 3;
+/// After this long without the reviews read, a merge verification starts over (ms).
+pub(crate) const VERIFY_TIMEOUT_MS: i64 = 60_000;
+
+/// Folds `event` into the record's facts; returns whether it concerns this record.
+pub(crate) fn apply(
+    r: &mut PrRecord,
+    event: &Event,
+    now: i64,
+    policy: &Policy,
+    from_bot: bool,
+    fx: &mut Fx,
+) -> bool {
+    let human = !from_bot;
+    match event {
+        Event::PullRequest { pr, .. } => {
+            if !is_this(r, &pr.repo, pr.number) {
+                return false;
+            }
+            apply_snapshot(r, pr, now, policy, human, fx);
+            if human {
+                touch(r, or_now(pr.updated_ms, now), policy, fx);
+            }
+            true
+        }
+        Event::Review { pr, .. } => {
+            if !is_this(r, &pr.repo, pr.number) {
+                return false;
+            }
+            apply_snapshot(r, pr, now, policy, human, fx);
+            fx.push(EffectKind::Observe(ObserveWhat::Reviews));
+            if human {
+                touch(r, or_now(pr.updated_ms, now), policy, fx);
+            }
+            true
+        }
+        Event::Comment {
+            repo,
+            number,
+            is_pull,
+            comment_id,
+            commands,
+            at_ms,
+            sender,
+        } => {
+            if !*is_pull || !is_this(r, repo, *number) {
+                return false;
+            }
+            if human {
+                touch(r, or_now(*at_ms, now), policy, fx);
+                let ctx = commands::CommandCtx { number: r.number };
+                let status = commands::on_comment(
+                    &mut r.work,
+                    &ctx,
+                    *comment_id,
+                    commands,
+                    sender.as_ref(),
+                    now,
+                    policy,
+                    fx,
+                );
+                after_commands(r, status);
+            }
+            true
+        }
+        Event::Issue { .. } => false,
+        Event::ActionRun {
+            repo,
+            sha,
+            pr_number,
+            ..
+        } => {
+            let for_us = *repo == r.repo && pr_number.is_none_or(|n| n == r.number);
+            if !for_us || !r.is_open() || r.head_sha() != Some(sha) {
+                return false;
+            }
+            fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {
+                sha: sha.clone(),
+            }));
+            true
+        }
+        Event::Status {
+            repo, sha, context, ..
+        } => {
+            if *repo != r.repo || !r.is_open() || r.head_sha() != Some(sha) {
+                return false;
+            }
+            apply_ci(r, sha, std::slice::from_ref(context), 0);
+            true
+        }
+        Event::Push { repo, branch, .. } => {
+            let on_base = r.pr.as_ref().is_some_and(|p| p.base_ref == *branch);
+            if *repo != r.repo || !r.is_open() || !on_base {
+                return false;
+            }
+            schedule_mergeability(now, policy, fx);
+            true
+        }
+        Event::TimerFired {
+            repo,
+            scope,
+            number,
+            timer,
+        } => {
+            *scope == Scope::Pr && is_this(r, repo, *number) && on_timer(r, timer, now, policy, fx)
+        }
+        Event::ObservedPr { pr } => {
+            if !is_this(r, &pr.repo, pr.number) {
+                return false;
+            }
+            apply_snapshot(r, pr, now, policy, true, fx);
+            true
+        }
+        Event::ObservedReviews {
+            repo,
+            number,
+            reviews,
+            at_ms,
+        } => {
+            is_this(r, repo, *number) && {
+                apply_reviews(r, reviews, *at_ms);
+                true
+            }
+        }
+        Event::ObservedStatus {
+            repo,
+            number,
+            sha,
+            contexts,
+            at_ms,
+        } => {
+            is_this(r, repo, *number) && {
+                apply_ci(r, sha, contexts, *at_ms);
+                true
+            }
+        }
+        Event::ObservedPermission {
+            repo,
+            scope,
+            number,
+            login,
+            permission,
+            at_ms,
+        } => {
+            if *scope != Scope::Pr || !is_this(r, repo, *number) {
+                return false;
+            }
+            let ctx = commands::CommandCtx { number: r.number };
+            let status = commands::on_permission(
+                &mut r.work,
+                &ctx,
+                login,
+                *permission,
+                *at_ms,
+                now,
+                policy,
+                fx,
+            );
+            after_commands(r, status);
+            true
+        }
+        Event::WorkResult {
+            work_id,
+            outcome,
+            signature,
+            summary,
+        } => {
+            let mine = work_id.subject() == Some((r.repo.clone(), Scope::Pr, r.number));
+            mine && work::on_result(
+                &mut r.work,
+                work_id,
+                *outcome,
+                signature.as_ref(),
+                summary.as_ref(),
+                now,
+                fx,
+            )
+        }
+        Event::EffectOutcome {
+            repo,
+            scope,
+            number,
+            outcome,
+            ..
+        } => {
+            *scope == Scope::Pr
+                && is_this(r, repo, *number)
+                && on_outcome(r, outcome, now, policy, fx)
+        }
+        Event::ResyncObserved {
+            pr,
+            contexts,
+            reviews,
+            at_ms,
+        } => {
+            if !is_this(r, &pr.repo, pr.number) {
+                return false;
+            }
+            apply_snapshot(r, pr, now, policy, true, fx);
+            if let Some(head) = pr.head_sha.clone() {
+                apply_ci(r, &head, contexts, *at_ms);
+            }
+            apply_reviews(r, reviews, *at_ms);
+            true
+        }
+    }
+}
+
+/// What executed commands ask of the PR record beyond its work state.
+fn after_commands(r: &mut PrRecord, status: commands::CommandEffects) {
+    if status.refresh_status {
+        r.status_comment = None;
+    }
+    if status.retry && matches!(r.merge, MergeState::Backoff { .. }) {
+        r.merge = MergeState::Idle;
+    }
+}
+
+/// Whether the event names this record.
+fn is_this(r: &PrRecord, repo: &RepoName, number: u64) -> bool {
+    r.repo == *repo && r.number == number
+}
+
+/// `t`, or `now` when the event carried no time.
+fn or_now(t: i64, now: i64) -> i64 {
+    if t > 0 { t } else { now }
+}
+
+/// Human activity at `t`: moves the stale-check timer.
+fn touch(r: &mut PrRecord, t: i64, policy: &Policy, fx: &mut Fx) {
+    if t <= r.last_activity_ms {
+        return;
+    }
+    r.last_activity_ms = t;
+    let stale_ms = i64::try_from(policy.stale_after_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms: t.saturating_add(stale_ms),
+        kind: TimerKind::StaleCheck,
+        id: "stale".into(),
+    }));
+}
+
+/// Re-read the PR after Forgejo's asynchronous conflict check had time to run.
+fn schedule_mergeability(now: i64, policy: &Policy, fx: &mut Fx) {
+    let delay = i64::try_from(policy.mergeability_delay_secs.saturating_mul(1000)).unwrap_or(0);
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms: now.saturating_add(delay),
+        kind: TimerKind::Mergeability,
+        id: "mergeability".into(),
+    }));
+}
+
+/// A PR snapshot, unless an equally new or newer one is already known.
+pub(crate) fn apply_snapshot(
+    r: &mut PrRecord,
+    snap: &PrSnapshot,
+    now: i64,
+    policy: &Policy,
+    human: bool,
+    fx: &mut Fx,
+) {
+    if r.pr
+        .as_ref()
+        .is_some_and(|cur| snap.updated_ms < cur.updated_ms)
+    {
+        return;
+    }
+    let head_changed =
+        r.pr.as_ref()
+            .is_some_and(|cur| cur.head_sha != snap.head_sha);
+    r.pr = Some(snap.clone());
+    if head_changed {
+        on_new_head(r, now, policy, human, fx);
+    }
+    let delay = i64::try_from(policy.mergeability_delay_secs.saturating_mul(1000)).unwrap_or(0);
+    r.conflict = match (snap.mergeable, snap.draft, r.conflict) {
+        (None, _, c) => c,
+        (Some(true), _, _) => ConflictFact::Clean,
+        // WIP PRs always read as not mergeable.
+        (Some(false), true, c) => c,
+        (Some(false), false, ConflictFact::Conflicting) => ConflictFact::Conflicting,
+        (Some(false), false, ConflictFact::Suspected { since_ms }) if now - since_ms >= delay => {
+            ConflictFact::Conflicting
+        }
+        (Some(false), false, c @ ConflictFact::Suspected { .. }) => c,
+        (Some(false), false, ConflictFact::Clean | ConflictFact::Unknown) => {
+            schedule_mergeability(now, policy, fx);
+            ConflictFact::Suspected { since_ms: now }
+        }
+    };
+    work::observe_hold_label(&mut r.work, &snap.labels, policy, human);
+}
+
+/// A new head commit: CI, conflicts and the claim start over.
+fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mut Fx) {
+    r.conflict = ConflictFact::Unknown;
+    r.ci_poll = None;
+    r.merge = match &r.merge {
+        MergeState::InFlight { sha, since_ms } => MergeState::InFlight {
+            sha: sha.clone(),
+            since_ms: *since_ms,
+        },
+        MergeState::Idle | MergeState::Verifying { .. } | MergeState::Backoff { .. } => {
+            MergeState::Idle
+        }
+    };
+    // The agents push as the bot: their own push ends the claim without a cancel.
+    work::end_active(&mut r.work, AttemptOutcome::Superseded, now, human, fx);
+    if human && matches!(r.work.hold, Some(Hold::NeedsHuman { .. })) {
+        work::resume(&mut r.work);
+    }
+    schedule_mergeability(now, policy, fx);
+    let head = r.head_sha().cloned();
+    prune_ci(&mut r.ci, head.as_ref());
+}
+
+/// Merges CI contexts of `sha` (per context, the newer `updated_at` wins).
+pub(crate) fn apply_ci(r: &mut PrRecord, sha: &Sha, contexts: &[CiContext], at_ms: i64) {
+    let entry = r.ci.entry(sha.clone()).or_default();
+    for c in contexts {
+        let newer = entry
+            .contexts
+            .get(&c.context)
+            .is_none_or(|old| c.updated_ms >= old.updated_ms);
+        if newer {
+            entry.contexts.insert(c.context.clone(), c.clone());
+        }
+    }
+    entry.observed_ms = entry.observed_ms.max(at_ms);
+    let head = r.head_sha().cloned();
+    prune_ci(&mut r.ci, head.as_ref());
+}
+
+/// Keeps the head's CI and the most recently observed few others.
+fn prune_ci(ci: &mut BTreeMap<Sha, ShaCi>, head: Option<&Sha>) {
+    while ci.len() > CI_SHAS_KEPT + 1 {
+        let oldest = ci
+            .iter()
+            .filter(|(sha, _)| Some(*sha) != head)
+            .min_by_key(|(sha, c)| (c.observed_ms, (*sha).clone()))
+            .map(|(sha, _)| sha.clone());
+        match oldest {
+            Some(sha) => ci.remove(&sha),
+            None => break,
+        };
+    }
+}
+
+/// A full reviews read, unless a later read is already known.
+pub(crate) fn apply_reviews(r: &mut PrRecord, reviews: &[Review], at_ms: i64) {
+    if r.reviews.as_ref().is_some_and(|cur| at_ms < cur.at_ms) {
+        return;
+    }
+    let mut latest: BTreeMap<Login, Review> = BTreeMap::new();
+    for review in reviews {
+        let stance = match review.state {
+            ReviewState::Approved | ReviewState::RequestChanges => true,
+            ReviewState::Comment
+            | ReviewState::Pending
+            | ReviewState::RequestReview
+            | ReviewState::Unknown => false,
+        };
+        if !stance {
+            continue;
+        }
+        let newer = latest
+            .get(&review.reviewer)
+            .is_none_or(|cur| (review.submitted_ms, review.id) > (cur.submitted_ms, cur.id));
+        if newer {
+            latest.insert(review.reviewer.clone(), review.clone());
+        }
+    }
+    r.reviews = Some(ReviewFacts { at_ms, latest });
+}
+
+/// The delay before CI poll number `n` (0-based): initial × 2^n, capped.
+pub(crate) fn ci_poll_delay_ms(n: u32, policy: &Policy) -> i64 {
+    let initial = policy.ci_poll_initial_secs.saturating_mul(1000);
+    let max = policy.ci_poll_max_secs.saturating_mul(1000);
+    let delay = initial.saturating_mul(1u64 << n.min(20)).min(max);
+    i64::try_from(delay).unwrap_or(i64::MAX)
+}
+
+/// A timer came due.
+fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
+    match &timer.kind {
+        TimerKind::CiPoll { sha } => {
+            let current = r.ci_poll.as_ref().is_some_and(|p| {
+                p.sha == *sha && p.due_ms == timer.due_ms && r.head_sha() == Some(sha)
+            });
+            if !current || !r.is_open() {
+                return false;
+            }
+            fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {
+                sha: sha.clone(),
+            }));
+            if let Some(poll) = &mut r.ci_poll {
+                poll.n += 1;
+                poll.due_ms = now.saturating_add(ci_poll_delay_ms(poll.n, policy));
+                fx.push(EffectKind::Schedule(Timer {
+                    due_ms: poll.due_ms,
+                    kind: TimerKind::CiPoll { sha: sha.clone() },
+                    id: "ci-poll".into(),
+                }));
+            }
+            true
+        }
+        TimerKind::Mergeability => {
+            if r.is_open() {
+                fx.push(EffectKind::Observe(ObserveWhat::Pr));
+            }
+            r.is_open()
+        }
+        TimerKind::ClaimExpiry { work_id } => work::on_expiry(&mut r.work, work_id, now, fx),
+        TimerKind::MergeRetry => match &r.merge {
+            MergeState::Backoff { not_before_ms } if now >= *not_before_ms => {
+                r.merge = MergeState::Idle;
+                true
+            }
+            MergeState::Verifying { since_ms, .. } if now - since_ms >= VERIFY_TIMEOUT_MS => {
+                r.merge = MergeState::Idle;
+                true
+            }
+            MergeState::Backoff { .. }
+            | MergeState::Verifying { .. }
+            | MergeState::Idle
+            | MergeState::InFlight { .. } => false,
+        },
+        TimerKind::StaleCheck => r.is_open(),
+    }
+}
+
+/// An effect's outcome.
+fn on_outcome(
+    r: &mut PrRecord,
+    outcome: &EffectOutcome,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    let in_flight = matches!(r.merge, MergeState::InFlight { .. });
+    match outcome {
+        EffectOutcome::Merge(MergeOutcome::Merged) => {
+            if let Some(pr) = &mut r.pr {
+                pr.state = PrState::Merged;
+            }
+            r.merge = MergeState::Idle;
+            true
+        }
+        // A late or duplicated outcome of a merge that is no longer in flight.
+        EffectOutcome::Merge(m) if !in_flight && *m != MergeOutcome::Merged => false,
+        EffectOutcome::Merge(MergeOutcome::Conflict) => {
+            r.conflict = ConflictFact::Conflicting;
+            r.merge = MergeState::Idle;
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::HeadMoved) => {
+            r.merge = MergeState::Idle;
+            fx.push(EffectKind::Observe(ObserveWhat::Pr));
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::TryAgain) => {
+            let delay = i64::try_from(policy.merge_retry_secs.saturating_mul(1000)).unwrap_or(0);
+            let not_before_ms = now.saturating_add(delay);
+            r.merge = MergeState::Backoff { not_before_ms };
+            fx.push(EffectKind::Schedule(Timer {
+                due_ms: not_before_ms,
+                kind: TimerKind::MergeRetry,
+                id: "merge-retry".into(),
+            }));
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }) => {
+            r.merge = MergeState::Idle;
+            let reason = format!("Merging failed: {message}");
+            work::enter_needs_human(&mut r.work, &reason, r.number, now, policy, fx);
+            true
+        }
+        EffectOutcome::Failed { kind, work_id, .. } => match kind {
+            EffectKindName::Dispatch => {
+                let active = r.work.active.as_ref().map(|a| &a.item.id);
+                if work_id.is_some() && active == work_id.as_ref() {
+                    work::end_active(&mut r.work, AttemptOutcome::DispatchFailed, now, false, fx);
+                    true
+                } else {
+                    false
+                }
+            }
+            EffectKindName::CancelWork
+            | EffectKindName::AddLabels
+            | EffectKindName::RemoveLabels
+            | EffectKindName::UpsertComment
+            | EffectKindName::Comment
+            | EffectKindName::Merge
+            | EffectKindName::Observe
+            | EffectKindName::Schedule => false,
+        },
+    }
+}

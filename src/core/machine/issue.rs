@@ -1,0 +1,345 @@
+//! `step_issue`: `issue-impl` for open issues carrying the trigger label (default
+//! `auto/implement`). One work item at a time with the same claim, escalation and
+//! stuck rules as PRs; cancelled when the issue closes; done when a PR that links the
+//! issue (`Closes #N`) opens — the worker delivers such PR events to the issue record.
+
+use serde::{Deserialize, Serialize};
+
+use super::super::effect::{Effect, WorkContext, WorkKind};
+use super::super::event::{Event, PrState};
+use super::super::ids::Scope;
+use super::super::policy::Policy;
+use super::super::record::{AttemptOutcome, Hold, IssueRecord, linked_issues};
+use super::{Fx, commands, work};
+
+/// Where an issue stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IssuePhase {
+    /// Not asking for implementation (no trigger label, or not read yet).
+    Idle,
+    /// An `issue-impl` is wanted or running.
+    Implementing,
+    /// The agent reported success; waiting for its PR to open.
+    AwaitingPr,
+    /// A PR linking the issue opened.
+    Done,
+    /// Closed.
+    Closed,
+    /// Stuck: a human must act.
+    NeedsHuman,
+    /// Paused by a command.
+    Paused,
+}
+
+/// Where an issue stands and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssueDecision {
+    /// The phase.
+    pub phase: IssuePhase,
+    /// Why.
+    pub reason: String,
+}
+
+/// The result of one issue step (same contract as [`super::Transition`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IssueTransition {
+    /// The new record (version = old + 1 unless nothing changed).
+    pub record: IssueRecord,
+    /// Effects to commit with it.
+    pub effects: Vec<Effect>,
+    /// One line for the history.
+    pub note: String,
+}
+
+impl IssueTransition {
+    /// True when nothing changed and nothing needs committing.
+    pub fn is_noop(&self) -> bool {
+        self.effects.is_empty() && self.note.starts_with(super::NOOP_NOTE)
+    }
+}
+
+/// The signature of `issue-impl` attempts (one problem: the issue itself).
+const ISSUE_SIGNATURE: &str = "issue-impl";
+
+/// What an issue wants now.
+pub fn decide_issue(r: &IssueRecord, policy: &Policy) -> IssueDecision {
+    let (phase, reason, _) = plan(r, policy);
+    IssueDecision { phase, reason }
+}
+
+/// Phase, reason and whether to dispatch (`Some(true)`) or go to needs-human
+/// (`Some(false)`).
+fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) {
+    let Some(issue) = &r.issue else {
+        return (
+            IssuePhase::Idle,
+            "the issue has not been read yet".into(),
+            None,
+        );
+    };
+    if !issue.open {
+        return (IssuePhase::Closed, "closed".into(), None);
+    }
+    if let Some(pr) = r.done_by_pr {
+        return (IssuePhase::Done, format!("implemented by #{pr}"), None);
+    }
+    match &r.work.hold {
+        Some(Hold::Paused { .. }) => return (IssuePhase::Paused, "paused".into(), None),
+        Some(Hold::NeedsHuman { reason, .. }) => {
+            return (IssuePhase::NeedsHuman, reason.clone(), None);
+        }
+        None => {}
+    }
+    if let Some(a) = &r.work.active {
+        let why = format!(
+            "issue-impl attempt {} at tier {} in progress",
+            a.item.attempt, a.item.tier_name
+        );
+        return (IssuePhase::Implementing, why, None);
+    }
+    if !issue.labels.contains(&policy.label_implement) {
+        return (
+            IssuePhase::Idle,
+            format!("no `{}` label", policy.label_implement),
+            None,
+        );
+    }
+    if let Some(n) = work::awaiting_result_of(&r.work, WorkKind::IssueImpl, ISSUE_SIGNATURE, None) {
+        return (
+            IssuePhase::AwaitingPr,
+            format!("waiting for the PR of attempt {n}"),
+            None,
+        );
+    }
+    if work::is_stuck(&r.work, WorkKind::IssueImpl, ISSUE_SIGNATURE, policy) {
+        let why = format!(
+            "{} attempts of issue-impl at the top tier did not produce a PR.",
+            policy.stuck_after
+        );
+        return (IssuePhase::NeedsHuman, why, Some(false));
+    }
+    (
+        IssuePhase::Implementing,
+        "implementation wanted".into(),
+        Some(true),
+    )
+}
+
+/// Folds one event into an issue record.
+pub fn step_issue(
+    record: &IssueRecord,
+    event: &Event,
+    now_ms: i64,
+    policy: &Policy,
+) -> IssueTransition {
+    let mut r = record.clone();
+    let mut fx = Fx::default();
+    let from_bot = policy.is_bot(event.sender());
+    if !apply(&mut r, event, now_ms, policy, from_bot, &mut fx) {
+        return noop(record, event);
+    }
+    let open = r.issue.as_ref().is_some_and(|i| i.open);
+    if !open && r.issue.is_some() {
+        work::end_active(
+            &mut r.work,
+            AttemptOutcome::Cancelled,
+            now_ms,
+            true,
+            &mut fx,
+        );
+    }
+    let (_, reason, want) = plan(&r, policy);
+    match want {
+        Some(true) if !from_bot && r.work.active.is_none() => {
+            let spec = work::DispatchSpec {
+                repo: &record.repo,
+                scope: Scope::Issue,
+                number: r.number,
+                kind: WorkKind::IssueImpl,
+                signature: ISSUE_SIGNATURE.into(),
+                head_sha: None,
+                context: WorkContext::default(),
+            };
+            work::dispatch(&mut r.work, spec, now_ms, policy, &mut fx);
+        }
+        Some(false) => {
+            work::enter_needs_human(&mut r.work, &reason, r.number, now_ms, policy, &mut fx)
+        }
+        Some(true) | None => {}
+    }
+    work::sync_labels(&mut r.work, open && r.done_by_pr.is_none(), policy, &mut fx);
+    if r == *record && fx.is_empty() {
+        return noop(record, event);
+    }
+    r.version = record.version + 1;
+    let d = decide_issue(&r, policy);
+    let effects = fx.finish(&r.repo, Scope::Issue, r.number, r.version, policy);
+    let note = super::note(event, &format!("{:?}", d.phase), &d.reason, &effects);
+    IssueTransition {
+        record: r,
+        effects,
+        note,
+    }
+}
+
+/// The untouched record.
+fn noop(record: &IssueRecord, event: &Event) -> IssueTransition {
+    IssueTransition {
+        record: record.clone(),
+        effects: Vec::new(),
+        note: format!("{}: {}", super::NOOP_NOTE, event.name()),
+    }
+}
+
+/// Folds an event into the issue's facts; false when it does not concern it.
+fn apply(
+    r: &mut IssueRecord,
+    event: &Event,
+    now: i64,
+    policy: &Policy,
+    from_bot: bool,
+    fx: &mut Fx,
+) -> bool {
+    let human = !from_bot;
+    match event {
+        Event::Issue { issue, .. } => {
+            if issue.repo != r.repo || issue.number != r.number {
+                return false;
+            }
+            if r.issue
+                .as_ref()
+                .is_some_and(|cur| issue.updated_ms < cur.updated_ms)
+            {
+                return true;
+            }
+            work::observe_hold_label(&mut r.work, &issue.labels, policy, human);
+            r.issue = Some(issue.clone());
+            true
+        }
+        Event::PullRequest { pr, .. } => {
+            let links = pr.repo == r.repo && linked_issues(&pr.body).contains(&r.number);
+            if !links || pr.state == PrState::Closed || r.done_by_pr.is_some() {
+                return false;
+            }
+            r.done_by_pr = Some(pr.number);
+            // The agent's PR is its result: end the claim without cancelling the agent.
+            work::end_active(&mut r.work, AttemptOutcome::Superseded, now, false, fx);
+            true
+        }
+        Event::Comment {
+            repo,
+            number,
+            is_pull,
+            comment_id,
+            commands,
+            sender,
+            ..
+        } => {
+            if *is_pull || *repo != r.repo || *number != r.number {
+                return false;
+            }
+            if human {
+                let ctx = commands::CommandCtx { number: r.number };
+                commands::on_comment(
+                    &mut r.work,
+                    &ctx,
+                    *comment_id,
+                    commands,
+                    sender.as_ref(),
+                    now,
+                    policy,
+                    fx,
+                );
+            }
+            true
+        }
+        Event::TimerFired {
+            repo,
+            scope,
+            number,
+            timer,
+        } => {
+            let mine = *scope == Scope::Issue && *repo == r.repo && *number == r.number;
+            match &timer.kind {
+                super::super::effect::TimerKind::ClaimExpiry { work_id } if mine => {
+                    work::on_expiry(&mut r.work, work_id, now, fx)
+                }
+                super::super::effect::TimerKind::ClaimExpiry { .. }
+                | super::super::effect::TimerKind::CiPoll { .. }
+                | super::super::effect::TimerKind::Mergeability
+                | super::super::effect::TimerKind::MergeRetry
+                | super::super::effect::TimerKind::StaleCheck => false,
+            }
+        }
+        Event::ObservedPermission {
+            repo,
+            scope,
+            number,
+            login,
+            permission,
+            at_ms,
+        } => {
+            if *scope != Scope::Issue || *repo != r.repo || *number != r.number {
+                return false;
+            }
+            let ctx = commands::CommandCtx { number: r.number };
+            commands::on_permission(
+                &mut r.work,
+                &ctx,
+                login,
+                *permission,
+                *at_ms,
+                now,
+                policy,
+                fx,
+            );
+            true
+        }
+        Event::WorkResult {
+            work_id,
+            outcome,
+            signature,
+            summary,
+        } => {
+            let mine = work_id.subject() == Some((r.repo.clone(), Scope::Issue, r.number));
+            mine && work::on_result(
+                &mut r.work,
+                work_id,
+                *outcome,
+                signature.as_ref(),
+                summary.as_ref(),
+                now,
+                fx,
+            )
+        }
+        Event::EffectOutcome {
+            repo,
+            scope,
+            number,
+            outcome,
+            ..
+        } => {
+            let mine = *scope == Scope::Issue && *repo == r.repo && *number == r.number;
+            let failed_dispatch = match outcome {
+                super::super::event::EffectOutcome::Failed {
+                    work_id: Some(id), ..
+                } => r.work.active.as_ref().is_some_and(|a| &a.item.id == id),
+                super::super::event::EffectOutcome::Failed { work_id: None, .. }
+                | super::super::event::EffectOutcome::Merge(_) => false,
+            };
+            if mine && failed_dispatch {
+                work::end_active(&mut r.work, AttemptOutcome::DispatchFailed, now, false, fx);
+            }
+            mine && failed_dispatch
+        }
+        Event::Review { .. }
+        | Event::ActionRun { .. }
+        | Event::Status { .. }
+        | Event::Push { .. }
+        | Event::ObservedPr { .. }
+        | Event::ObservedReviews { .. }
+        | Event::ObservedStatus { .. }
+        | Event::ResyncObserved { .. } => false,
+    }
+}

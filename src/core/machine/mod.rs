@@ -1,0 +1,253 @@
+//! The state machine: `step(record, event, now, policy)` folds one event into a
+//! record's facts, asks `decide` what the PR wants now, compares that with what is in
+//! flight and returns the new record and the effects (DESIGN §2).
+//!
+//! Level-triggered: every step recomputes the wanted state from facts, so duplicated,
+//! reordered and replayed events converge. Effects that start something (dispatch,
+//! merge, status comment, labels, CI polls) are recorded in the record when emitted,
+//! so repeating a step emits nothing new.
+//!
+//! Files: `facts` (events → facts), `plan` (`decide`: phase, reason, wanted action),
+//! `work` (claims, attempts, escalation, stuck), `reconcile` (wanted vs in flight →
+//! effects), `commands` (`/shepherd …` with trust), `issue` (`step_issue`).
+
+mod commands;
+mod facts;
+mod issue;
+mod plan;
+mod reconcile;
+mod work;
+
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
+pub use plan::{CiView, ci_view, merge_blockers};
+
+use super::effect::{Effect, EffectKind};
+use super::event::Event;
+use super::ids::{EffectId, RepoName, Scope};
+use super::policy::Policy;
+use super::record::PrRecord;
+use super::texts;
+
+/// What a person sees (DESIGN §2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// CI has not reported (all contexts) on the head yet.
+    AwaitingCi,
+    /// CI fails; a `ci-fix` is wanted or running.
+    CiFix,
+    /// Change requests; a `review-feedback` is wanted or running.
+    ReviewFeedback,
+    /// Conflicts with the base; a `merge-conflicts` is wanted or running.
+    MergeConflicts,
+    /// Waiting for approvals (or a re-review, or a draft to be marked ready).
+    AwaitingReview,
+    /// Every merge condition holds.
+    ReadyToMerge,
+    /// A merge is in flight.
+    Merging,
+    /// Merged.
+    Merged,
+    /// Closed without merge.
+    Closed,
+    /// Stuck: a human must act.
+    NeedsHuman,
+    /// Paused by a command.
+    Paused,
+}
+
+impl Phase {
+    /// The phase's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::AwaitingCi => "awaiting-ci",
+            Phase::CiFix => "ci-fix",
+            Phase::ReviewFeedback => "review-feedback",
+            Phase::MergeConflicts => "merge-conflicts",
+            Phase::AwaitingReview => "awaiting-review",
+            Phase::ReadyToMerge => "ready-to-merge",
+            Phase::Merging => "merging",
+            Phase::Merged => "merged",
+            Phase::Closed => "closed",
+            Phase::NeedsHuman => "needs-human",
+            Phase::Paused => "paused",
+        }
+    }
+}
+
+/// Where a PR stands and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The phase.
+    pub phase: Phase,
+    /// A human-readable reason, e.g. "waiting for 1 more approval".
+    pub reason: String,
+}
+
+/// The result of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// The new record (version = old + 1 unless nothing changed).
+    pub record: PrRecord,
+    /// Effects to commit with it, ids `<record>@<new version>.<index>`.
+    pub effects: Vec<Effect>,
+    /// One line for the history.
+    pub note: String,
+}
+
+impl Transition {
+    /// True when the event changed nothing: the record is returned as loaded (same
+    /// version) and there are no effects, so nothing needs committing.
+    pub fn is_noop(&self) -> bool {
+        self.effects.is_empty() && self.note.starts_with(NOOP_NOTE)
+    }
+}
+
+/// How notes of no-op transitions start.
+const NOOP_NOTE: &str = "no change";
+
+/// What the PR wants now, according to its facts and policy.
+pub fn decide(record: &PrRecord, policy: &Policy, now_ms: i64) -> Decision {
+    let p = plan::plan(record, policy, now_ms);
+    Decision {
+        phase: p.phase,
+        reason: p.reason,
+    }
+}
+
+/// Folds one event into a PR record. Pure and deterministic: same inputs, same output.
+///
+/// Events for another record, and `Target::Repo` events that do not concern this PR
+/// (push to another branch, a CI event for a sha that is not the head), are no-ops.
+pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> Transition {
+    let mut r = record.clone();
+    let mut fx = Fx::default();
+    let from_bot = policy.is_bot(event.sender());
+    let relevant = facts::apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
+    if !relevant {
+        return noop(record, event);
+    }
+    let plan = plan::plan(&r, policy, now_ms);
+    reconcile::reconcile(&mut r, &plan, !from_bot, now_ms, policy, &mut fx);
+    if r == *record && fx.is_empty() {
+        return noop(record, event);
+    }
+    r.version = record.version + 1;
+    let plan = plan::plan(&r, policy, now_ms);
+    let effects = fx.finish(&r.repo, Scope::Pr, r.number, r.version, policy);
+    let note = note(event, plan.phase.as_str(), &plan.reason, &effects);
+    Transition {
+        record: r,
+        effects,
+        note,
+    }
+}
+
+/// The untouched record.
+fn noop(record: &PrRecord, event: &Event) -> Transition {
+    Transition {
+        record: record.clone(),
+        effects: Vec::new(),
+        note: format!("{NOOP_NOTE}: {}", event.name()),
+    }
+}
+
+/// The history line of a transition.
+fn note(event: &Event, phase: &str, reason: &str, effects: &[Effect]) -> String {
+    let mut s = format!("{}: {phase} — {reason}", event.name());
+    if !effects.is_empty() {
+        let names: Vec<String> = effects.iter().map(|e| effect_label(&e.kind)).collect();
+        s.push_str(&format!(" [{}]", names.join(", ")));
+    }
+    s
+}
+
+/// A short label of an effect for notes.
+fn effect_label(kind: &EffectKind) -> String {
+    match kind {
+        EffectKind::Dispatch(w) => format!("dispatch {} tier {}", w.kind.as_str(), w.tier),
+        EffectKind::CancelWork { .. } => "cancel work".into(),
+        EffectKind::AddLabels { labels } => format!("+labels {}", labels.join(",")),
+        EffectKind::RemoveLabels { labels } => format!("-labels {}", labels.join(",")),
+        EffectKind::UpsertComment { .. } => "status comment".into(),
+        EffectKind::Comment { number, .. } => format!("comment #{number}"),
+        EffectKind::Merge { head_sha, .. } => format!("merge {head_sha}"),
+        EffectKind::Observe(w) => format!("observe {w:?}"),
+        EffectKind::Schedule(t) => format!("timer {}", t.kind.name()),
+    }
+}
+
+/// An effect before its id is known.
+#[derive(Debug, Clone, PartialEq)]
+enum Pending {
+    /// A finished effect kind.
+    Kind(EffectKind),
+    /// A comment whose body gets the effect-id marker and footer at the end.
+    Comment {
+        /// Where.
+        number: u64,
+        /// Text before marker and footer.
+        text: String,
+    },
+}
+
+/// Collects the effects of one step, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Fx {
+    /// The effects so far.
+    items: Vec<Pending>,
+}
+
+impl Fx {
+    /// Adds an effect.
+    pub(crate) fn push(&mut self, kind: EffectKind) {
+        self.items.push(Pending::Kind(kind));
+    }
+
+    /// Adds a comment on issue/PR `number`.
+    pub(crate) fn comment(&mut self, number: u64, text: String) {
+        self.items.push(Pending::Comment { number, text });
+    }
+
+    /// Whether nothing was added.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Assigns ids and renders comment bodies.
+    pub(crate) fn finish(
+        self,
+        repo: &RepoName,
+        scope: Scope,
+        number: u64,
+        version: u64,
+        policy: &Policy,
+    ) -> Vec<Effect> {
+        self.items
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let id = EffectId::new(repo, scope, number, version, i);
+                let kind = match p {
+                    Pending::Kind(k) => k,
+                    Pending::Comment { number, text } => EffectKind::Comment {
+                        number,
+                        body: texts::finish_comment(&text, &id, &policy.comment_footer),
+                    },
+                };
+                Effect {
+                    id,
+                    repo: repo.clone(),
+                    scope,
+                    number,
+                    kind,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,479 @@
+//! `decide`: what a PR wants now, from its facts and policy alone, with a reason a
+//! person can read. Priority (DESIGN §2.1): merge-conflicts > ci-fix >
+//! review-feedback > ready-to-merge; holds, merges in flight and active work come
+//! first; awaiting-ci and awaiting-review explain why nothing is wanted.
+
+use super::super::effect::{ChangeRequest, FailingCheck, WorkContext, WorkKind};
+use super::super::event::{CiContext, CiState, PrSnapshot, PrState, ReviewState};
+use super::super::ids::Sha;
+use super::super::policy::{MergeMode, Policy};
+use super::super::record::{ConflictFact, Hold, MergeState, PrRecord};
+use super::{Phase, work};
+
+/// What the record wants done now.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Want {
+    /// Nothing to start.
+    Nothing,
+    /// Read the PR (nothing is known yet).
+    ObservePr,
+    /// Claim the PR for a work item.
+    Dispatch {
+        /// Kind.
+        kind: WorkKind,
+        /// The problem's signature.
+        signature: String,
+        /// Failing checks / change requests.
+        context: WorkContext,
+    },
+    /// Stop: a human must act.
+    NeedsHuman {
+        /// Why.
+        reason: String,
+    },
+    /// Merge this head (mode `auto`).
+    Merge {
+        /// The head every condition was checked for.
+        sha: Sha,
+    },
+}
+
+/// A decision with the wanted action.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Plan {
+    /// Phase.
+    pub phase: Phase,
+    /// Why.
+    pub reason: String,
+    /// What to do about it.
+    pub want: Want,
+}
+
+impl Plan {
+    /// A plan that wants nothing.
+    fn idle(phase: Phase, reason: impl Into<String>) -> Plan {
+        Plan {
+            phase,
+            reason: reason.into(),
+            want: Want::Nothing,
+        }
+    }
+}
+
+/// The CI state of the head, as far as merging is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CiView {
+    /// No combined status read yet, or no context reported.
+    Missing,
+    /// Contexts still running, or required ones not reported (their names).
+    Pending(Vec<String>),
+    /// Failing contexts.
+    Failing(Vec<CiContext>),
+    /// Every required context (at least one) is green.
+    Success,
+}
+
+/// Whether a context name matches a required pattern (`*` and `?` globs).
+fn glob(pattern: &str, name: &str) -> bool {
+    fn go(p: &[char], n: &[char]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some('*'), _) => go(&p[1..], n) || (!n.is_empty() && go(p, &n[1..])),
+            (Some('?'), Some(_)) => go(&p[1..], &n[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &n[1..]),
+            (Some(_), Some(_)) | (Some(_), None) | (None, Some(_)) => false,
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    go(&p, &n)
+}
+
+/// The CI state of the record's current head.
+pub fn ci_view(r: &PrRecord, policy: &Policy) -> CiView {
+    let Some(ci) = r.head_sha().and_then(|h| r.ci.get(h)) else {
+        return CiView::Missing;
+    };
+    let mut considered: Vec<&CiContext> = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    if policy.required_contexts.is_empty() {
+        considered.extend(ci.contexts.values());
+    } else {
+        for pattern in &policy.required_contexts {
+            let matching: Vec<&CiContext> = ci
+                .contexts
+                .values()
+                .filter(|c| glob(pattern, &c.context))
+                .collect();
+            if matching.is_empty() {
+                missing.push(pattern.clone());
+            }
+            considered.extend(matching);
+        }
+    }
+    let failing: Vec<CiContext> = considered
+        .iter()
+        .filter(|c| c.state.is_failing())
+        .map(|c| (*c).clone())
+        .collect();
+    if !failing.is_empty() {
+        return CiView::Failing(failing);
+    }
+    if considered.is_empty() && missing.is_empty() {
+        return CiView::Missing;
+    }
+    missing.extend(
+        considered
+            .iter()
+            .filter(|c| c.state == CiState::Pending)
+            .map(|c| c.context.clone()),
+    );
+    match missing.is_empty() {
+        true => CiView::Success,
+        false => {
+            missing.sort();
+            missing.dedup();
+            CiView::Pending(missing)
+        }
+    }
+}
+
+/// The ci-fix signature: the sorted failing contexts with their descriptions (digits
+/// masked, so "Failing after 1m2s" and "Failing after 58s" are the same problem).
+pub(crate) fn ci_signature(failing: &[CiContext]) -> String {
+    let mut parts: Vec<String> = failing
+        .iter()
+        .map(|c| {
+            let desc: String = c
+                .description
+                .chars()
+                .map(|ch| if ch.is_ascii_digit() { '#' } else { ch })
+                .collect();
+            format!("{}: {}", c.context, desc)
+        })
+        .collect();
+    parts.sort();
+    parts.join("\n")
+}
+
+/// Whether the PR counts as a bot PR (marker in the body or a bot author).
+pub(crate) fn is_bot_pr(pr: &PrSnapshot, policy: &Policy) -> bool {
+    (!policy.bot_marker.is_empty() && pr.body.contains(&policy.bot_marker))
+        || pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a))
+}
+
+/// Review facts relevant to merging and to `review-feedback`.
+struct ReviewView {
+    /// Counted approvals (latest review APPROVED, official, not stale or dismissed).
+    approvals: u32,
+    /// Reviewers whose latest review requests changes (not dismissed): blocks merging.
+    blocking: Vec<String>,
+    /// Change requests not yet addressed (on the head, not stale): wants work.
+    active: Vec<ChangeRequest>,
+}
+
+/// Evaluates the latest reviews against the head.
+fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
+    let mut v = ReviewView {
+        approvals: 0,
+        blocking: Vec::new(),
+        active: Vec::new(),
+    };
+    let Some(reviews) = &r.reviews else {
+        return v;
+    };
+    for review in reviews.latest.values() {
+        match review.state {
+            ReviewState::Approved => {
+                if review.official && !review.stale && !review.dismissed {
+                    v.approvals += 1;
+                }
+            }
+            ReviewState::RequestChanges => {
+                if review.dismissed {
+                    continue;
+                }
+                v.blocking.push(review.reviewer.to_string());
+                let on_head = review.commit_id.is_empty()
+                    || head.is_some_and(|h| h.as_str() == review.commit_id);
+                if !review.stale && on_head {
+                    v.active.push(ChangeRequest {
+                        review_id: review.id,
+                        reviewer: review.reviewer.clone(),
+                        body: review.body.clone(),
+                    });
+                }
+            }
+            ReviewState::Comment
+            | ReviewState::Pending
+            | ReviewState::RequestReview
+            | ReviewState::Unknown => {}
+        }
+    }
+    v
+}
+
+/// Every §2.4 condition that does not hold (empty: ready to merge). `now` only
+/// matters for a merge back-off.
+pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(pr) = &r.pr else {
+        return vec!["the PR has not been read yet".into()];
+    };
+    if pr.state != PrState::Open {
+        out.push("not open".into());
+    }
+    if pr.draft {
+        out.push("draft (WIP)".into());
+    }
+    match &r.work.hold {
+        Some(Hold::Paused { .. }) => out.push("paused".into()),
+        Some(Hold::NeedsHuman { .. }) => out.push("needs a human".into()),
+        None => {}
+    }
+    if r.work.active.is_some() {
+        out.push("work in progress".into());
+    }
+    match r.conflict {
+        ConflictFact::Conflicting => out.push("conflicts with the base branch".into()),
+        ConflictFact::Suspected { .. } => out.push("checking mergeability".into()),
+        ConflictFact::Clean | ConflictFact::Unknown => {}
+    }
+    match ci_view(r, policy) {
+        CiView::Success => {}
+        CiView::Missing => out.push("waiting for CI to report on the head".into()),
+        CiView::Pending(names) => out.push(format!("waiting for CI: {}", names.join(", "))),
+        CiView::Failing(f) => out.push(format!("CI failing: {}", names_of(&f))),
+    }
+    let rv = review_view(r, pr.head_sha.as_ref());
+    if !rv.blocking.is_empty() {
+        out.push(format!("changes requested by {}", rv.blocking.join(", ")));
+    }
+    let need = match is_bot_pr(pr, policy) {
+        true => policy.approvals_bot,
+        false => policy.approvals_human,
+    };
+    if rv.approvals < need {
+        let more = need - rv.approvals;
+        let s = if more == 1 { "" } else { "s" };
+        out.push(format!("waiting for {more} more approval{s}"));
+    }
+    if let MergeState::Backoff { not_before_ms } = r.merge
+        && now_ms < not_before_ms
+    {
+        out.push("Forgejo asked to try the merge again later".into());
+    }
+    out
+}
+
+/// Context names, comma-separated.
+fn names_of(cs: &[CiContext]) -> String {
+    cs.iter()
+        .map(|c| c.context.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The phase a kind of work shows as.
+fn phase_of(kind: WorkKind) -> Phase {
+    match kind {
+        WorkKind::CiFix => Phase::CiFix,
+        WorkKind::ReviewFeedback => Phase::ReviewFeedback,
+        WorkKind::MergeConflicts => Phase::MergeConflicts,
+        WorkKind::ReadyToMerge => Phase::Merging,
+        WorkKind::StaleCheck | WorkKind::IssueImpl => Phase::AwaitingReview,
+    }
+}
+
+/// The full decision for a PR record.
+pub(crate) fn plan(r: &PrRecord, policy: &Policy, now: i64) -> Plan {
+    let Some(pr) = &r.pr else {
+        return Plan {
+            phase: Phase::AwaitingCi,
+            reason: "the PR has not been read yet".into(),
+            want: Want::ObservePr,
+        };
+    };
+    match pr.state {
+        PrState::Merged => return Plan::idle(Phase::Merged, "merged"),
+        PrState::Closed => return Plan::idle(Phase::Closed, "closed without merging"),
+        PrState::Open => {}
+    }
+    if let MergeState::InFlight { sha, .. } = &r.merge {
+        return Plan::idle(Phase::Merging, format!("merging {sha}"));
+    }
+    match &r.work.hold {
+        Some(Hold::Paused { by, .. }) => {
+            let by = by.as_ref().map(|b| format!(" by @{b}")).unwrap_or_default();
+            return Plan::idle(
+                Phase::Paused,
+                format!("paused{by}; `/shepherd resume` to continue"),
+            );
+        }
+        Some(Hold::NeedsHuman { reason, .. }) => {
+            return Plan::idle(Phase::NeedsHuman, reason.clone());
+        }
+        None => {}
+    }
+    if let Some(active) = &r.work.active {
+        let w = &active.item;
+        return Plan::idle(
+            phase_of(w.kind),
+            format!(
+                "{} attempt {} at tier {} ({}) in progress",
+                w.kind.as_str(),
+                w.attempt,
+                w.tier,
+                w.tier_name
+            ),
+        );
+    }
+    let head = pr.head_sha.as_ref();
+    if r.conflict == ConflictFact::Conflicting {
+        return want_work(
+            r,
+            policy,
+            WorkKind::MergeConflicts,
+            "conflict".into(),
+            WorkContext::default(),
+            "conflicts with the base branch",
+        );
+    }
+    if let CiView::Failing(failing) = ci_view(r, policy) {
+        let context = WorkContext {
+            failing_checks: failing.iter().map(failing_check).collect(),
+            ..WorkContext::default()
+        };
+        let why = format!("CI failing: {}", names_of(&failing));
+        return want_work(
+            r,
+            policy,
+            WorkKind::CiFix,
+            ci_signature(&failing),
+            context,
+            &why,
+        );
+    }
+    let rv = review_view(r, head);
+    if !rv.active.is_empty() {
+        let mut ids: Vec<String> = rv
+            .active
+            .iter()
+            .map(|c| format!("{}#{}", c.reviewer, c.review_id))
+            .collect();
+        ids.sort();
+        let why = format!("changes requested by {}", rv.blocking.join(", "));
+        let context = WorkContext {
+            change_requests: rv.active,
+            ..WorkContext::default()
+        };
+        return want_work(
+            r,
+            policy,
+            WorkKind::ReviewFeedback,
+            ids.join(","),
+            context,
+            &why,
+        );
+    }
+    ready_or_waiting(r, pr, policy, now)
+}
+
+/// No problem to fix: ready to merge, or waiting for CI or reviews (or stale).
+fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
+    let blockers = merge_blockers(r, policy, now);
+    let Some(first) = blockers.first() else {
+        let Some(sha) = pr.head_sha.clone() else {
+            return Plan::idle(Phase::AwaitingCi, "head commit unknown");
+        };
+        return match policy.merge_mode {
+            MergeMode::Auto => Plan {
+                phase: Phase::ReadyToMerge,
+                reason: format!("every merge condition holds for {sha}"),
+                want: Want::Merge { sha },
+            },
+            MergeMode::Dispatch => want_work(
+                r,
+                policy,
+                WorkKind::ReadyToMerge,
+                format!("ready:{sha}"),
+                WorkContext::default(),
+                "ready to merge",
+            ),
+        };
+    };
+    let phase = match ci_view(r, policy) {
+        CiView::Missing | CiView::Pending(_) => Phase::AwaitingCi,
+        CiView::Success | CiView::Failing(_) => match r.merge {
+            MergeState::Backoff { .. } => Phase::ReadyToMerge,
+            MergeState::Idle | MergeState::Verifying { .. } | MergeState::InFlight { .. } => {
+                Phase::AwaitingReview
+            }
+        },
+    };
+    let stale_ms = i64::try_from(policy.stale_after_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let lull = r.last_activity_ms > 0 && now.saturating_sub(r.last_activity_ms) >= stale_ms;
+    if lull && r.stale_checked_at != Some(r.last_activity_ms) {
+        let why = format!(
+            "no activity for {} h",
+            (now - r.last_activity_ms) / 3_600_000
+        );
+        return want_work(
+            r,
+            policy,
+            WorkKind::StaleCheck,
+            format!("stale:{}", r.last_activity_ms),
+            WorkContext::default(),
+            &why,
+        );
+    }
+    Plan::idle(phase, first.clone())
+}
+
+/// A failing context for a work item.
+fn failing_check(c: &CiContext) -> FailingCheck {
+    FailingCheck {
+        context: c.context.clone(),
+        state: c.state,
+        description: c.description.clone(),
+        target_url: c.target_url.clone(),
+    }
+}
+
+/// Wants work of `kind` for `signature`, unless the previous attempt's push is still
+/// to arrive, or the PR is stuck on it.
+fn want_work(
+    r: &PrRecord,
+    policy: &Policy,
+    kind: WorkKind,
+    signature: String,
+    context: WorkContext,
+    why: &str,
+) -> Plan {
+    let phase = phase_of(kind);
+    if let Some(n) = work::awaiting_result_of(&r.work, kind, &signature, r.head_sha()) {
+        return Plan::idle(phase, format!("{why}; waiting for the push of attempt {n}"));
+    }
+    if work::is_stuck(&r.work, kind, &signature, policy) {
+        let reason = format!(
+            "{why}: {} attempts of {} at the top tier ({}) did not fix it.",
+            policy.stuck_after,
+            kind.as_str(),
+            policy.tier_name(policy.top_tier())
+        );
+        return Plan {
+            phase: Phase::NeedsHuman,
+            reason: reason.clone(),
+            want: Want::NeedsHuman { reason },
+        };
+    }
+    Plan {
+        phase,
+        reason: why.to_owned(),
+        want: Want::Dispatch {
+            kind,
+            signature,
+            context,
+        },
+    }
+}

@@ -1,0 +1,183 @@
+//! Wanted vs in flight → effects. Everything started here is written into the record
+//! at once (the claim, the merge state, the CI poll, the labels asked for, the status
+//! comment's state), so running reconcile again on the same record emits nothing.
+
+use super::super::effect::{EffectKind, ObserveWhat, Timer, TimerKind};
+use super::super::event::PrState;
+use super::super::ids::Scope;
+use super::super::policy::Policy;
+use super::super::record::{AttemptOutcome, MergeState, PrRecord};
+use super::super::texts::{self, StatusState};
+use super::facts::{VERIFY_TIMEOUT_MS, ci_poll_delay_ms};
+use super::plan::{self, CiView, Plan, Want};
+use super::{Fx, work};
+
+/// How much older than the verification request a reviews read may be (clock skew
+/// between workers).
+const REVIEWS_SKEW_MS: i64 = 5_000;
+
+/// Emits what it takes to move from what is in flight to what `plan` wants.
+/// `allow_dispatch` is false for events the bot caused (they never start work).
+pub(crate) fn reconcile(
+    r: &mut PrRecord,
+    plan: &Plan,
+    allow_dispatch: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
+    if r.pr.is_some() && !r.is_open() {
+        wind_down(r, now, fx);
+    }
+    match &plan.want {
+        Want::Nothing => {}
+        Want::ObservePr => fx.push(EffectKind::Observe(ObserveWhat::Pr)),
+        Want::Dispatch {
+            kind,
+            signature,
+            context,
+        } => {
+            if allow_dispatch && r.work.active.is_none() {
+                if *kind == super::super::effect::WorkKind::StaleCheck {
+                    r.stale_checked_at = Some(r.last_activity_ms);
+                }
+                let spec = work::DispatchSpec {
+                    repo: &r.repo,
+                    scope: Scope::Pr,
+                    number: r.number,
+                    kind: *kind,
+                    signature: signature.clone(),
+                    head_sha: r.head_sha().cloned(),
+                    context: context.clone(),
+                };
+                work::dispatch(&mut r.work, spec, now, policy, fx);
+            }
+        }
+        Want::NeedsHuman { reason } => {
+            work::enter_needs_human(&mut r.work, reason, r.number, now, policy, fx);
+        }
+        Want::Merge { sha } => merge(r, sha, now, policy, fx),
+    }
+    if !matches!(plan.want, Want::Merge { .. }) && matches!(r.merge, MergeState::Verifying { .. }) {
+        r.merge = MergeState::Idle;
+    }
+    ci_poll(r, now, policy, fx);
+    let open = r.is_open();
+    work::sync_labels(&mut r.work, open, policy, fx);
+    status_comment(r, now, policy, fx);
+}
+
+/// A closed or merged PR: cancel the claim, stop polling, tell linked issues.
+fn wind_down(r: &mut PrRecord, now: i64, fx: &mut Fx) {
+    work::end_active(&mut r.work, AttemptOutcome::Cancelled, now, true, fx);
+    r.ci_poll = None;
+    r.merge = MergeState::Idle;
+    let merged = r.pr.as_ref().is_some_and(|p| p.state == PrState::Merged);
+    if merged && !r.merge_announced {
+        r.merge_announced = true;
+        for issue in r.linked_issues() {
+            fx.comment(issue, texts::merged_notice(r.number));
+        }
+    }
+}
+
+/// Mode `auto`: re-read the reviews, then merge pinned to the head.
+fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Policy, fx: &mut Fx) {
+    let verified = match &r.merge {
+        MergeState::Verifying { sha: s, since_ms } if s == sha => {
+            let read = r.reviews.as_ref().map_or(i64::MIN, |v| v.at_ms);
+            if read + REVIEWS_SKEW_MS < *since_ms {
+                return;
+            }
+            true
+        }
+        MergeState::InFlight { .. } => return,
+        MergeState::Verifying { .. } | MergeState::Idle | MergeState::Backoff { .. } => false,
+    };
+    if !verified {
+        r.merge = MergeState::Verifying {
+            sha: sha.clone(),
+            since_ms: now,
+        };
+        fx.push(EffectKind::Observe(ObserveWhat::Reviews));
+        fx.push(EffectKind::Schedule(Timer {
+            due_ms: now.saturating_add(VERIFY_TIMEOUT_MS),
+            kind: TimerKind::MergeRetry,
+            id: "merge-retry".into(),
+        }));
+        return;
+    }
+    fx.push(EffectKind::Merge {
+        head_sha: sha.clone(),
+        style: policy.merge_style,
+        delete_branch: policy.delete_branch,
+        title: None,
+        message: None,
+    });
+    r.merge = MergeState::InFlight {
+        sha: sha.clone(),
+        since_ms: now,
+    };
+}
+
+/// Poll the head's combined status with backoff while contexts are pending or
+/// missing; stop once it settles.
+fn ci_poll(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
+    let head = match (r.is_open(), r.head_sha()) {
+        (true, Some(h)) => h.clone(),
+        (true, None) | (false, _) => {
+            r.ci_poll = None;
+            return;
+        }
+    };
+    match plan::ci_view(r, policy) {
+        CiView::Missing | CiView::Pending(_) => {
+            if r.ci_poll.as_ref().is_some_and(|p| p.sha == head) {
+                return;
+            }
+            let due_ms = now.saturating_add(ci_poll_delay_ms(0, policy));
+            r.ci_poll = Some(super::super::record::CiPoll {
+                sha: head.clone(),
+                n: 0,
+                due_ms,
+            });
+            fx.push(EffectKind::Schedule(Timer {
+                due_ms,
+                kind: TimerKind::CiPoll { sha: head },
+                id: "ci-poll".into(),
+            }));
+        }
+        CiView::Success | CiView::Failing(_) => r.ci_poll = None,
+    }
+}
+
+/// Upserts the sticky status comment when phase, tier, attempts or the last problem
+/// changed (not on every change of wording).
+fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
+    let p = plan::plan(r, policy, now);
+    let state = StatusState {
+        phase: p.phase,
+        reason: p.reason,
+        tier: r.work.tier,
+        tier_name: policy.tier_name(r.work.tier),
+        attempts: r.work.attempts.len(),
+        last_signature: r.work.attempts.last().map(|a| a.signature.clone()),
+        head_sha: r.head_sha().cloned(),
+    };
+    let key = serde_json::json!([
+        state.phase,
+        state.tier,
+        state.attempts,
+        state.last_signature,
+        state.head_sha,
+        r.work.active.as_ref().map(|a| a.item.id.clone()),
+    ])
+    .to_string();
+    if r.status_comment.as_ref() == Some(&key) {
+        return;
+    }
+    r.status_comment = Some(key);
+    fx.push(EffectKind::UpsertComment {
+        body: texts::status_comment(&state, &policy.comment_footer),
+    });
+}

@@ -1,0 +1,306 @@
+//! Claims, attempts, escalation and the stuck rule (DESIGN §2.3), shared by PR and
+//! issue records.
+//!
+//! - At most one active work item; dispatching claims the record until the agent
+//!   reports, a new head arrives, the PR/issue closes or the TTL expires (a failed
+//!   attempt).
+//! - Escalation: a new dispatch of kind K for problem S goes one tier above the last
+//!   attempt of kind K when that attempt had the same signature S (the same problem
+//!   came back); otherwise it stays at the record's tier. Tiers never go down.
+//! - Stuck: `stuck_after` consecutive attempts of kind K with signature S at the top
+//!   tier (since the last resume) → needs-human instead of another dispatch.
+
+use super::super::effect::{
+    AttemptSummary, EffectKind, Timer, TimerKind, WorkContext, WorkItem, WorkKind,
+};
+use super::super::event::WorkOutcome;
+use super::super::ids::{Login, RepoName, Scope, Sha, WorkId};
+use super::super::policy::Policy;
+use super::super::record::{ActiveWork, Attempt, AttemptOutcome, Hold, WorkState};
+use super::Fx;
+
+/// The tier a dispatch of `kind` for problem `signature` gets.
+pub(crate) fn next_tier(ws: &WorkState, kind: WorkKind, signature: &str, policy: &Policy) -> u8 {
+    let top = policy.top_tier();
+    let current = ws.tier.min(top);
+    match ws.attempts.iter().rev().find(|a| a.kind == kind) {
+        Some(last) if last.signature == signature => {
+            current.max(last.tier.saturating_add(1).min(top))
+        }
+        Some(_) | None => current,
+    }
+}
+
+/// Whether another dispatch of `kind` for `signature` would exceed the stuck rule.
+pub(crate) fn is_stuck(ws: &WorkState, kind: WorkKind, signature: &str, policy: &Policy) -> bool {
+    let top = policy.top_tier();
+    let same = ws.attempts[ws.stuck_base.min(ws.attempts.len())..]
+        .iter()
+        .rev()
+        .filter(|a| a.kind == kind)
+        .take_while(|a| a.signature == signature && a.tier >= top)
+        .count();
+    same >= policy.stuck_after as usize
+}
+
+/// The last attempt since the last resume, if it is of `kind` for `signature`, on
+/// `head`, and reported success: its push (or PR) has not arrived yet.
+pub(crate) fn awaiting_result_of(
+    ws: &WorkState,
+    kind: WorkKind,
+    signature: &str,
+    head: Option<&Sha>,
+) -> Option<usize> {
+    let i = ws.attempts.len().checked_sub(1)?;
+    let a = &ws.attempts[i];
+    let waiting = i >= ws.stuck_base
+        && a.kind == kind
+        && a.signature == signature
+        && a.head_sha.as_ref() == head
+        && a.outcome == AttemptOutcome::Succeeded;
+    waiting.then_some(i + 1)
+}
+
+/// What to dispatch.
+pub(crate) struct DispatchSpec<'a> {
+    /// Repository.
+    pub repo: &'a RepoName,
+    /// Record kind.
+    pub scope: Scope,
+    /// Record number.
+    pub number: u64,
+    /// Kind of work.
+    pub kind: WorkKind,
+    /// The problem's signature.
+    pub signature: String,
+    /// The head it is for.
+    pub head_sha: Option<Sha>,
+    /// Failing checks / change requests (attempt history is added here).
+    pub context: WorkContext,
+}
+
+/// Claims the record for a new work item: emits `Dispatch` and the claim-expiry
+/// timer. Labels follow from the claim in `sync_labels`.
+pub(crate) fn dispatch(
+    ws: &mut WorkState,
+    spec: DispatchSpec<'_>,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
+    let tier = next_tier(ws, spec.kind, &spec.signature, policy);
+    ws.tier = ws.tier.max(tier);
+    ws.seq += 1;
+    let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
+    let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let expires_ms = now.saturating_add(ttl_ms);
+    let attempt = ws.attempts.iter().filter(|a| a.kind == spec.kind).count() + 1;
+    let mut context = spec.context;
+    context.attempts = ws
+        .attempts
+        .iter()
+        .map(|a| AttemptSummary {
+            kind: a.kind,
+            tier: a.tier,
+            outcome: a.outcome.as_str().into(),
+            signature: a.signature.clone(),
+            summary: a.summary.clone(),
+        })
+        .collect();
+    let item = WorkItem {
+        id: id.clone(),
+        kind: spec.kind,
+        repo: spec.repo.clone(),
+        number: spec.number,
+        head_sha: spec.head_sha,
+        tier,
+        tier_name: policy.tier_name(tier),
+        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        priority: spec.kind.priority(),
+        claim_expires_at: expires_ms,
+        context,
+    };
+    fx.push(EffectKind::Dispatch(item.clone()));
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms: expires_ms,
+        kind: TimerKind::ClaimExpiry {
+            work_id: id.clone(),
+        },
+        id: format!("claim:{id}"),
+    }));
+    ws.active = Some(ActiveWork {
+        item,
+        signature: spec.signature,
+        dispatched_ms: now,
+        expires_ms,
+    });
+}
+
+/// Ends the active claim with `outcome`; `cancel` also tells the agents to stop.
+pub(crate) fn end_active(
+    ws: &mut WorkState,
+    outcome: AttemptOutcome,
+    now: i64,
+    cancel: bool,
+    fx: &mut Fx,
+) {
+    let Some(active) = ws.active.take() else {
+        return;
+    };
+    if cancel {
+        fx.push(EffectKind::CancelWork {
+            work_id: active.item.id.clone(),
+        });
+    }
+    ws.attempts.push(Attempt {
+        work_id: active.item.id,
+        kind: active.item.kind,
+        tier: active.item.tier,
+        signature: active.signature,
+        head_sha: active.item.head_sha,
+        outcome,
+        reported_signature: None,
+        summary: None,
+        started_ms: active.dispatched_ms,
+        ended_ms: now,
+    });
+}
+
+/// An agent's report. Ends the claim if it is the active item; for an item whose
+/// claim already ended because its push arrived, records what the agent said.
+/// Returns whether anything changed.
+pub(crate) fn on_result(
+    ws: &mut WorkState,
+    work_id: &WorkId,
+    outcome: WorkOutcome,
+    signature: Option<&String>,
+    summary: Option<&String>,
+    now: i64,
+    fx: &mut Fx,
+) -> bool {
+    let attempt_outcome = match outcome {
+        WorkOutcome::Succeeded => AttemptOutcome::Succeeded,
+        WorkOutcome::Failed => AttemptOutcome::Failed,
+        WorkOutcome::NoChanges => AttemptOutcome::NoChanges,
+    };
+    if ws.active.as_ref().is_some_and(|a| &a.item.id == work_id) {
+        end_active(ws, attempt_outcome, now, false, fx);
+    } else {
+        match ws.attempts.iter().rposition(|a| &a.work_id == work_id) {
+            Some(i) if ws.attempts[i].outcome == AttemptOutcome::Superseded => {
+                ws.attempts[i].outcome = attempt_outcome;
+            }
+            // A duplicate report, or one for a claim that expired or was cancelled.
+            Some(_) | None => return false,
+        }
+    }
+    if let Some(last) = ws.attempts.iter_mut().rev().find(|a| &a.work_id == work_id) {
+        last.reported_signature = signature.cloned();
+        last.summary = summary.cloned();
+    }
+    true
+}
+
+/// The claim-expiry timer: an expired claim is a failed attempt.
+pub(crate) fn on_expiry(ws: &mut WorkState, work_id: &WorkId, now: i64, fx: &mut Fx) -> bool {
+    match &ws.active {
+        Some(a) if &a.item.id == work_id && now >= a.expires_ms => {
+            end_active(ws, AttemptOutcome::Expired, now, true, fx);
+            true
+        }
+        Some(_) | None => false,
+    }
+}
+
+/// Leaves paused/needs-human and restarts the stuck count.
+pub(crate) fn resume(ws: &mut WorkState) -> bool {
+    let changed = ws.hold.is_some() || ws.stuck_base != ws.attempts.len();
+    ws.hold = None;
+    ws.stuck_base = ws.attempts.len();
+    changed
+}
+
+/// Enters needs-human (once): the comment with the attempt history is emitted here,
+/// the label by `sync_labels`.
+pub(crate) fn enter_needs_human(
+    ws: &mut WorkState,
+    reason: &str,
+    number: u64,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
+    if matches!(ws.hold, Some(Hold::NeedsHuman { .. })) {
+        return;
+    }
+    ws.hold = Some(Hold::NeedsHuman {
+        reason: reason.to_owned(),
+        since_ms: now,
+        label_seen: false,
+    });
+    let text = super::super::texts::needs_human(reason, &ws.attempts, |t| policy.tier_name(t));
+    fx.comment(number, text);
+}
+
+/// Notes the needs-human label in a fresh snapshot: seen → remember; gone after being
+/// seen (and not removed by the bot) → a human resumed.
+pub(crate) fn observe_hold_label(
+    ws: &mut WorkState,
+    labels: &std::collections::BTreeSet<String>,
+    policy: &Policy,
+    human: bool,
+) {
+    let Some(Hold::NeedsHuman { label_seen, .. }) = &mut ws.hold else {
+        return;
+    };
+    let present = labels.contains(&policy.label_needs_human);
+    if present {
+        *label_seen = true;
+    } else if *label_seen && human {
+        resume(ws);
+    }
+}
+
+/// Brings the managed labels (claim, tier, needs-human) to what the state wants,
+/// emitting only differences from what was asked for before.
+pub(crate) fn sync_labels(ws: &mut WorkState, open: bool, policy: &Policy, fx: &mut Fx) {
+    let mut want = std::collections::BTreeSet::new();
+    if open && ws.active.is_some() {
+        want.insert(policy.label_claimed.clone());
+    }
+    if open && matches!(ws.hold, Some(Hold::NeedsHuman { .. })) {
+        want.insert(policy.label_needs_human.clone());
+    }
+    if ws.active.is_some() || !ws.attempts.is_empty() {
+        want.insert(policy.tier_label(ws.tier));
+    }
+    let add: Vec<String> = want.difference(&ws.labels_applied).cloned().collect();
+    let remove: Vec<String> = ws.labels_applied.difference(&want).cloned().collect();
+    if !remove.is_empty() {
+        fx.push(EffectKind::RemoveLabels { labels: remove });
+    }
+    if !add.is_empty() {
+        fx.push(EffectKind::AddLabels { labels: add });
+    }
+    ws.labels_applied = want;
+}
+
+/// Pauses.
+pub(crate) fn pause(ws: &mut WorkState, by: Option<&Login>, now: i64) -> bool {
+    if matches!(ws.hold, Some(Hold::Paused { .. })) {
+        return false;
+    }
+    ws.hold = Some(Hold::Paused {
+        by: by.cloned(),
+        since_ms: now,
+    });
+    true
+}
+
+/// `/shepherd escalate`: one tier up for the next attempt (never past the top).
+pub(crate) fn escalate(ws: &mut WorkState, policy: &Policy) -> bool {
+    let next = ws.tier.saturating_add(1).min(policy.top_tier());
+    let changed = next != ws.tier;
+    ws.tier = ws.tier.max(next);
+    changed
+}

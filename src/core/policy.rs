@@ -1,0 +1,328 @@
+//! Policy: what the state machine does, per repository. Loaded from the TOML file named
+//! by `SHEPHERD_CONFIG`: a `[defaults]` table and `[repos."owner/name"]` (or
+//! `[repos."owner"]` for a whole organisation) override tables. Every key has a
+//! default; unknown keys are rejected with their name. `config.example.toml` at the
+//! repository root lists every key with its default (a test keeps them equal).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::{Login, RepoName};
+
+/// Why a policy file was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// Not TOML, an unknown key, or a value of the wrong type (the message names it).
+    #[error("policy file: {0}")]
+    Toml(#[from] toml::de::Error),
+    /// A value is out of range.
+    #[error("policy file: {key}: {problem}")]
+    Invalid {
+        /// The key, e.g. `repos."o/r".tiers`.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// Merge style (`Do` in Forgejo's merge API).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MergeStyle {
+    /// Merge commit.
+    Merge,
+    /// Rebase.
+    Rebase,
+    /// Rebase, then merge commit.
+    RebaseMerge,
+    /// Squash.
+    Squash,
+    /// Fast-forward only.
+    FastForwardOnly,
+}
+
+/// Who merges a ready PR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MergeMode {
+    /// The executor merges (a `Merge` effect pinned to the head sha).
+    Auto,
+    /// An agent merges (a `ready-to-merge` work item).
+    Dispatch,
+}
+
+/// Declares [`Policy`] (every setting, with defaults) and [`PolicyOverride`] (every
+/// setting optional) from one list, so the two cannot drift apart.
+macro_rules! policy_settings {
+    ($( $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr ; )*) => {
+        /// The effective policy of one repository.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Policy {
+            $( $(#[$doc])* pub $name: $ty, )*
+            /// The bot user (`SHEPHERD_BOT_LOGIN`, set at run time, not from TOML):
+            /// its events update facts but never start work.
+            #[serde(skip)]
+            pub bot_login: Option<Login>,
+        }
+
+        impl Default for Policy {
+            fn default() -> Self {
+                Self { $( $name: $default, )* bot_login: None }
+            }
+        }
+
+        /// Per-repository or per-organisation overrides: any subset of the settings.
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct PolicyOverride {
+            $( $(#[$doc])* #[serde(default, skip_serializing_if = "Option::is_none")]
+               pub $name: Option<$ty>, )*
+        }
+
+        impl PolicyOverride {
+            /// Writes the settings this override sets into `policy`.
+            fn apply_to(&self, policy: &mut Policy) {
+                $( if let Some(v) = &self.$name { policy.$name = v.clone(); } )*
+            }
+        }
+    };
+}
+
+policy_settings! {
+    /// Model tier names, lowest first (the tier number is the index).
+    tiers: Vec<String> = ["haiku", "codex", "sonnet", "opus"].map(String::from).to_vec();
+    /// Approvals a bot PR needs.
+    approvals_bot: u32 = 1;
+    /// Approvals a human PR needs.
+    approvals_human: u32 = 2;
+    /// Text in a PR body that marks it as a bot PR.
+    bot_marker: String = "Automated by CleverAgents Bot".into();
+    /// Authors whose PRs are bot PRs.
+    bot_users: Vec<String> = Vec::new();
+    /// CI contexts that must be present and green; empty = every reported context.
+    required_contexts: Vec<String> = Vec::new();
+    /// Merge style.
+    merge_style: MergeStyle = MergeStyle::Squash;
+    /// Merge mode.
+    merge_mode: MergeMode = MergeMode::Auto;
+    /// Delete the head branch after merging.
+    delete_branch: bool = true;
+    /// Claim time-to-live of a work item, in seconds.
+    claim_ttl_secs: u64 = 7200;
+    /// Consecutive same-signature attempts at the top tier before `needs-human`.
+    stuck_after: u32 = 3;
+    /// Inactivity before a `stale-check`, in seconds.
+    stale_after_secs: u64 = 86_400;
+    /// First CI poll delay, in seconds (doubles while pending or missing).
+    ci_poll_initial_secs: u64 = 5;
+    /// Longest CI poll delay, in seconds.
+    ci_poll_max_secs: u64 = 120;
+    /// Delay before re-reading mergeability after a push, in seconds.
+    mergeability_delay_secs: u64 = 10;
+    /// Delay before retrying a merge Forgejo asked to try again later, in seconds.
+    merge_retry_secs: u64 = 30;
+    /// Users allowed to use `/shepherd` commands without a permission lookup
+    /// (others need write access to the repository).
+    trusted_users: Vec<String> = Vec::new();
+    /// Label of a claimed PR or issue.
+    label_claimed: String = "auto/claimed-implementer".into();
+    /// Label of a PR or issue that needs a human.
+    label_needs_human: String = "needs feedback".into();
+    /// Prefix of the tier label (`<prefix><N>`).
+    label_tier_prefix: String = "auto/last-attempt-tier-".into();
+    /// Label that asks for `issue-impl` on an issue.
+    label_implement: String = "auto/implement".into();
+    /// Footer ending every comment Shepherd posts.
+    comment_footer: String = "---\n**Automated by Shepherd**".into();
+}
+
+impl Policy {
+    /// Index of the top tier.
+    pub fn top_tier(&self) -> u8 {
+        u8::try_from(self.tiers.len().saturating_sub(1)).unwrap_or(u8::MAX)
+    }
+
+    /// Name of tier `tier` (the top tier's name when out of range).
+    pub fn tier_name(&self, tier: u8) -> String {
+        let i = usize::from(tier).min(self.tiers.len().saturating_sub(1));
+        self.tiers.get(i).cloned().unwrap_or_default()
+    }
+
+    /// The tier label for `tier`.
+    pub fn tier_label(&self, tier: u8) -> String {
+        format!("{}{tier}", self.label_tier_prefix)
+    }
+
+    /// Whether `login` is the bot user.
+    pub fn is_bot(&self, login: Option<&Login>) -> bool {
+        matches!((login, &self.bot_login), (Some(l), Some(b)) if l == b)
+    }
+
+    /// Whether `login` is trusted for commands without a permission lookup.
+    pub fn is_trusted(&self, login: &Login) -> bool {
+        self.trusted_users
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(login.as_str()))
+    }
+
+    /// Whether `login` is a configured bot author (or the bot user).
+    pub fn is_bot_author(&self, login: &Login) -> bool {
+        self.is_bot(Some(login))
+            || self
+                .bot_users
+                .iter()
+                .any(|b| b.eq_ignore_ascii_case(login.as_str()))
+    }
+
+    /// Checks value ranges; `key` prefixes the names in errors.
+    fn validate(&self, key: &str) -> Result<(), PolicyError> {
+        let invalid = |name: &str, problem: &str| PolicyError::Invalid {
+            key: format!("{key}{name}"),
+            problem: problem.into(),
+        };
+        if self.tiers.is_empty() || self.tiers.len() > 16 {
+            return Err(invalid("tiers", "needs 1 to 16 tier names"));
+        }
+        if self.stuck_after == 0 {
+            return Err(invalid("stuck_after", "must be at least 1"));
+        }
+        if self.claim_ttl_secs == 0 {
+            return Err(invalid("claim_ttl_secs", "must be at least 1"));
+        }
+        if self.ci_poll_initial_secs == 0 || self.ci_poll_max_secs < self.ci_poll_initial_secs {
+            return Err(invalid(
+                "ci_poll_max_secs",
+                "ci_poll_initial_secs must be ≥ 1 and ≤ ci_poll_max_secs",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The whole policy file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Settings for every repository.
+    #[serde(default)]
+    pub defaults: Policy,
+    /// Overrides keyed by `owner/name` (one repository) or `owner` (an organisation);
+    /// a repository's own table wins over its organisation's.
+    #[serde(default)]
+    pub repos: BTreeMap<String, PolicyOverride>,
+    /// The bot user, copied into every [`Policy`] (set with [`PolicyFile::with_bot_login`]).
+    #[serde(skip)]
+    pub bot_login: Option<Login>,
+}
+
+impl PolicyFile {
+    /// Parses and validates a policy file.
+    pub fn from_toml(text: &str) -> Result<PolicyFile, PolicyError> {
+        let file: PolicyFile = toml::from_str(text)?;
+        file.defaults.validate("defaults.")?;
+        for key in file.repos.keys() {
+            let policy = file.resolve(&key.to_lowercase());
+            policy.validate(&format!("repos.\"{key}\"."))?;
+        }
+        Ok(file)
+    }
+
+    /// Sets the bot user (from `SHEPHERD_BOT_LOGIN`).
+    pub fn with_bot_login(mut self, login: Option<Login>) -> PolicyFile {
+        self.bot_login = login;
+        self
+    }
+
+    /// The effective policy of `repo`: defaults, then its organisation's overrides,
+    /// then its own.
+    pub fn for_repo(&self, repo: &RepoName) -> Policy {
+        self.resolve(repo.as_str())
+    }
+
+    /// Resolves a lower-case key (`owner/name` or `owner`).
+    fn resolve(&self, key: &str) -> Policy {
+        let mut policy = self.defaults.clone();
+        let owner = key.split('/').next().unwrap_or(key);
+        let find = |k: &str| {
+            self.repos
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(k))
+                .map(|(_, o)| o)
+        };
+        if let Some(o) = find(owner) {
+            o.apply_to(&mut policy);
+        }
+        if key != owner
+            && let Some(o) = find(key)
+        {
+            o.apply_to(&mut policy);
+        }
+        policy.bot_login = self.bot_login.clone();
+        policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_file_lists_exactly_the_defaults() {
+        let text = include_str!("../../config.example.toml");
+        let file = PolicyFile::from_toml(text).expect("config.example.toml parses");
+        assert_eq!(file, PolicyFile::default());
+        // Every setting is spelled out in the example (none left to the defaults).
+        let value: toml::Table = toml::from_str(text).unwrap();
+        let defaults = value["defaults"].as_table().unwrap();
+        let all = toml::Table::try_from(Policy::default()).unwrap();
+        let missing: Vec<_> = all.keys().filter(|k| !defaults.contains_key(*k)).collect();
+        assert!(missing.is_empty(), "config.example.toml lacks {missing:?}");
+    }
+
+    #[test]
+    fn overrides_apply_org_then_repo() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [defaults]
+            approvals_human = 3
+            [repos."acme"]
+            merge_mode = "dispatch"
+            approvals_bot = 2
+            [repos."Acme/Web"]
+            approvals_bot = 0
+            tiers = ["small", "large"]
+            "#,
+        )
+        .unwrap()
+        .with_bot_login(Some("bot".parse().unwrap()));
+        let web = file.for_repo(&"acme/web".parse().unwrap());
+        assert_eq!(web.approvals_human, 3);
+        assert_eq!(web.approvals_bot, 0);
+        assert_eq!(web.merge_mode, MergeMode::Dispatch);
+        assert_eq!(web.top_tier(), 1);
+        assert_eq!(web.bot_login.as_ref().unwrap().as_str(), "bot");
+        let api = file.for_repo(&"acme/api".parse().unwrap());
+        assert_eq!(api.approvals_bot, 2);
+        let other = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(other.approvals_bot, 1);
+        assert_eq!(other.merge_mode, MergeMode::Auto);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = PolicyFile::from_toml("[defaults]\napprovals = 1\n").unwrap_err();
+        assert!(err.to_string().contains("approvals"), "{err}");
+        let err = PolicyFile::from_toml("[repos.\"a/b\"]\nmerge_stlye = \"squash\"\n").unwrap_err();
+        assert!(err.to_string().contains("merge_stlye"), "{err}");
+        let err = PolicyFile::from_toml("[defualts]\n").unwrap_err();
+        assert!(err.to_string().contains("defualts"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let err = PolicyFile::from_toml("[repos.\"a/b\"]\ntiers = []\n").unwrap_err();
+        assert!(err.to_string().contains("repos.\"a/b\".tiers"), "{err}");
+    }
+}

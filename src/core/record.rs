@@ -1,0 +1,475 @@
+//! The per-PR and per-issue records: versioned, serializable facts (each with the time
+//! it was observed) plus what is in flight. The store keeps one record per PR/issue
+//! and commits a new one with compare-and-set on `version`.
+//!
+//! Versioning: `step` returns the record with `version` already incremented (old + 1)
+//! when anything changed, and effect ids use that new version. The store commits it
+//! if the stored version still equals the version the record had when loaded. A
+//! transition that changes nothing returns the record untouched
+//! ([`crate::core::machine::Transition::is_noop`]) and needs no commit.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::Command;
+use super::effect::{WorkItem, WorkKind};
+use super::event::{CiContext, IssueSnapshot, Permission, PrSnapshot, Review};
+use super::ids::{Login, RepoName, Sha, WorkId};
+
+/// Current record schema; bump it (and migrate in `from_json`) on incompatible change.
+pub const SCHEMA: u32 = 1;
+
+/// Everything Shepherd knows and has in flight for one pull request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrRecord {
+    /// Record schema ([`SCHEMA`]).
+    pub schema: u32,
+    /// Version for compare-and-set; 0 for a record never committed.
+    pub version: u64,
+    /// Repository.
+    pub repo: RepoName,
+    /// PR index.
+    pub number: u64,
+    /// The newest PR snapshot (ordered by Forgejo's `updated_at`).
+    pub pr: Option<PrSnapshot>,
+    /// What is known about conflicts with the base branch.
+    pub conflict: ConflictFact,
+    /// CI contexts per commit (the head's and a few recent ones).
+    pub ci: BTreeMap<Sha, ShaCi>,
+    /// The latest review of each reviewer, from the last full read.
+    pub reviews: Option<ReviewFacts>,
+    /// Work, claims, attempts, tier, hold and commands.
+    pub work: WorkState,
+    /// Merge progress.
+    pub merge: MergeState,
+    /// The CI poll in progress (backoff), if any.
+    pub ci_poll: Option<CiPoll>,
+    /// Last human or CI activity (unix ms), for `stale-check`.
+    pub last_activity_ms: i64,
+    /// `last_activity_ms` at which a `stale-check` was last dispatched (once per lull).
+    pub stale_checked_at: Option<i64>,
+    /// The state block of the last status comment upserted (to edit only on change).
+    pub status_comment: Option<String>,
+    /// Linked issues were told about the merge.
+    pub merge_announced: bool,
+}
+
+/// Work bookkeeping shared by PR and issue records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkState {
+    /// The one active work item, if any (the claim).
+    pub active: Option<ActiveWork>,
+    /// Every finished attempt, oldest first.
+    pub attempts: Vec<Attempt>,
+    /// Current tier; never goes down.
+    pub tier: u8,
+    /// Attempts before this index do not count towards `needs-human` or awaiting a
+    /// push (reset by resume and retry).
+    pub stuck_base: usize,
+    /// Paused or needs-human.
+    pub hold: Option<Hold>,
+    /// Work items dispatched so far (the next work id's sequence number).
+    pub seq: u64,
+    /// Managed labels Shepherd has asked for (claim, tier, needs-human).
+    pub labels_applied: BTreeSet<String>,
+    /// Known repository permissions of commenters.
+    pub permissions: BTreeMap<Login, PermissionFact>,
+    /// Commands waiting for the commenter's permission to be observed.
+    pub pending_commands: Vec<PendingCommand>,
+    /// Ids of comments whose commands were handled (a redelivery does nothing twice);
+    /// the most recent [`HANDLED_COMMENTS_KEPT`].
+    pub handled_comments: Vec<i64>,
+}
+
+/// How many handled comment ids a record remembers.
+pub const HANDLED_COMMENTS_KEPT: usize = 64;
+
+/// What is known about conflicts (Forgejo's `mergeable` is also false while a conflict
+/// check runs and for WIP PRs, so one `false` is only a suspicion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "state")]
+pub enum ConflictFact {
+    /// Not known (new head, or never read).
+    Unknown,
+    /// Mergeable.
+    Clean,
+    /// One read said not mergeable at `since_ms`; confirmed by a later read.
+    Suspected {
+        /// When (unix ms, worker clock).
+        since_ms: i64,
+    },
+    /// Conflicts confirmed (two reads apart, or a merge attempt said so).
+    Conflicting,
+}
+
+/// CI contexts of one commit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShaCi {
+    /// Latest status per context (ordered by Forgejo's `updated_at`).
+    pub contexts: BTreeMap<String, CiContext>,
+    /// When the combined status was last read (unix ms); 0 if only events were seen.
+    pub observed_ms: i64,
+}
+
+/// Reviews as of one full read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReviewFacts {
+    /// When they were read (unix ms).
+    pub at_ms: i64,
+    /// The latest approving or change-requesting review of each reviewer (comment-only
+    /// reviews do not change a reviewer's stance).
+    pub latest: BTreeMap<Login, Review>,
+}
+
+/// The claimed work item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveWork {
+    /// The item as dispatched.
+    pub item: WorkItem,
+    /// Signature of the problem it was dispatched for.
+    pub signature: String,
+    /// When it was dispatched (unix ms).
+    pub dispatched_ms: i64,
+    /// When the claim expires (unix ms).
+    pub expires_ms: i64,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttemptOutcome {
+    /// The agent reported success.
+    Succeeded,
+    /// The agent reported failure.
+    Failed,
+    /// The agent found nothing to change.
+    NoChanges,
+    /// The claim's TTL ran out (a failed attempt).
+    Expired,
+    /// A new head arrived before the result (the agent's own push, usually).
+    Superseded,
+    /// The PR/issue closed, or a human took over.
+    Cancelled,
+    /// The work item never reached an agent (dispatch failed after retries).
+    DispatchFailed,
+}
+
+impl AttemptOutcome {
+    /// The outcome's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::NoChanges => "no-changes",
+            AttemptOutcome::Expired => "expired",
+            AttemptOutcome::Superseded => "superseded",
+            AttemptOutcome::Cancelled => "cancelled",
+            AttemptOutcome::DispatchFailed => "dispatch-failed",
+        }
+    }
+}
+
+/// One finished attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The work item.
+    pub work_id: WorkId,
+    /// Kind.
+    pub kind: WorkKind,
+    /// Tier used.
+    pub tier: u8,
+    /// Signature of the problem it addressed (escalation compares these).
+    pub signature: String,
+    /// The head it worked on.
+    pub head_sha: Option<Sha>,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// The agent's own failure signature, if reported.
+    pub reported_signature: Option<String>,
+    /// The agent's summary, if reported.
+    pub summary: Option<String>,
+    /// Dispatch time (unix ms).
+    pub started_ms: i64,
+    /// End time (unix ms).
+    pub ended_ms: i64,
+}
+
+/// Why nothing is dispatched or merged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "hold")]
+pub enum Hold {
+    /// `/shepherd pause`.
+    Paused {
+        /// Who paused it.
+        by: Option<Login>,
+        /// Since when (unix ms).
+        since_ms: i64,
+    },
+    /// Stuck, or a merge failed permanently: a human must act.
+    NeedsHuman {
+        /// Why.
+        reason: String,
+        /// Since when (unix ms).
+        since_ms: i64,
+        /// A snapshot has shown the needs-human label (so its absence now means a human
+        /// removed it).
+        label_seen: bool,
+    },
+}
+
+/// Merge progress (mode `auto`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "state")]
+pub enum MergeState {
+    /// Nothing in progress.
+    Idle,
+    /// Reviews are being re-read before merging `sha`.
+    Verifying {
+        /// The head to merge.
+        sha: Sha,
+        /// When the re-read was requested (a reviews read at or after it verifies).
+        since_ms: i64,
+    },
+    /// A `Merge` effect is out.
+    InFlight {
+        /// The pinned head.
+        sha: Sha,
+        /// Since when (unix ms).
+        since_ms: i64,
+    },
+    /// Forgejo said "try again later": not before `not_before_ms`.
+    Backoff {
+        /// Earliest next attempt (unix ms).
+        not_before_ms: i64,
+    },
+}
+
+/// A CI poll in progress for one head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiPoll {
+    /// The head being polled.
+    pub sha: Sha,
+    /// Polls made so far (the next delay is initial × 2^n, capped).
+    pub n: u32,
+    /// When the next poll is due (unix ms).
+    pub due_ms: i64,
+}
+
+/// A commenter's observed permission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionFact {
+    /// The level.
+    pub permission: Permission,
+    /// When it was read (unix ms).
+    pub at_ms: i64,
+}
+
+/// A command waiting for its author's permission.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingCommand {
+    /// Who gave it.
+    pub login: Login,
+    /// The command.
+    pub command: Command,
+    /// The comment it came from.
+    pub comment_id: i64,
+}
+
+/// Everything Shepherd knows and has in flight for one issue with `issue-impl` work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IssueRecord {
+    /// Record schema ([`SCHEMA`]).
+    pub schema: u32,
+    /// Version for compare-and-set (same rules as [`PrRecord::version`]).
+    pub version: u64,
+    /// Repository.
+    pub repo: RepoName,
+    /// Issue index.
+    pub number: u64,
+    /// The newest issue snapshot.
+    pub issue: Option<IssueSnapshot>,
+    /// `issue-impl` work, claims, attempts, tier, hold and commands.
+    pub work: WorkState,
+    /// The PR that implements it (done: no more `issue-impl`).
+    pub done_by_pr: Option<u64>,
+}
+
+impl PrRecord {
+    /// A fresh record (version 0) for a PR nothing is known about yet.
+    pub fn new(repo: RepoName, number: u64) -> PrRecord {
+        PrRecord {
+            schema: SCHEMA,
+            version: 0,
+            repo,
+            number,
+            pr: None,
+            conflict: ConflictFact::Unknown,
+            ci: BTreeMap::new(),
+            reviews: None,
+            work: WorkState::default(),
+            merge: MergeState::Idle,
+            ci_poll: None,
+            last_activity_ms: 0,
+            stale_checked_at: None,
+            status_comment: None,
+            merge_announced: false,
+        }
+    }
+
+    /// The current head commit, if known.
+    pub fn head_sha(&self) -> Option<&Sha> {
+        self.pr.as_ref().and_then(|p| p.head_sha.as_ref())
+    }
+
+    /// Whether the PR is known to be open (the worker fans `Target::Repo` events out
+    /// to open records only).
+    pub fn is_open(&self) -> bool {
+        matches!(
+            self.pr.as_ref().map(|p| p.state),
+            Some(super::event::PrState::Open)
+        )
+    }
+
+    /// Issues the PR body links with `Closes/Fixes/Resolves #N` (the worker delivers
+    /// PR events to these issues' records too).
+    pub fn linked_issues(&self) -> BTreeSet<u64> {
+        self.pr
+            .as_ref()
+            .map(|p| linked_issues(&p.body))
+            .unwrap_or_default()
+    }
+
+    /// Serializes for the store.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Deserializes from the store, naming the JSON path of a mismatch.
+    pub fn from_json(text: &str) -> Result<PrRecord, RecordError> {
+        decode(text)
+    }
+}
+
+impl IssueRecord {
+    /// A fresh record (version 0).
+    pub fn new(repo: RepoName, number: u64) -> IssueRecord {
+        IssueRecord {
+            schema: SCHEMA,
+            version: 0,
+            repo,
+            number,
+            issue: None,
+            work: WorkState::default(),
+            done_by_pr: None,
+        }
+    }
+
+    /// Serializes for the store.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Deserializes from the store, naming the JSON path of a mismatch.
+    pub fn from_json(text: &str) -> Result<IssueRecord, RecordError> {
+        decode(text)
+    }
+}
+
+/// A stored record that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Malformed JSON or a schema mismatch at `path`.
+    #[error("record at {path}: {message}")]
+    Decode {
+        /// JSON path of the problem.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Written by a newer Shepherd.
+    #[error("record schema {0} is newer than this Shepherd understands ({SCHEMA})")]
+    Schema(u32),
+}
+
+/// Decodes a record and checks its schema.
+fn decode<T: serde::de::DeserializeOwned + HasSchema>(text: &str) -> Result<T, RecordError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(de).map_err(|e| RecordError::Decode {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    })?;
+    match value.schema() {
+        s if s > SCHEMA => Err(RecordError::Schema(s)),
+        _ => Ok(value),
+    }
+}
+
+/// Records carry a schema number.
+trait HasSchema {
+    /// The stored schema.
+    fn schema(&self) -> u32;
+}
+
+impl HasSchema for PrRecord {
+    fn schema(&self) -> u32 {
+        self.schema
+    }
+}
+
+impl HasSchema for IssueRecord {
+    fn schema(&self) -> u32 {
+        self.schema
+    }
+}
+
+/// Issue numbers a body links with `close[sd]`, `fix(e[sd])`, `resolve[sd]` + `#N`
+/// (case-insensitive, same repository only).
+pub fn linked_issues(body: &str) -> BTreeSet<u64> {
+    const VERBS: [&str; 9] = [
+        "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
+    ];
+    let lower = body.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut out = BTreeSet::new();
+    for pair in words.windows(2) {
+        let verb = pair[0].trim_end_matches(':');
+        if !VERBS.contains(&verb) {
+            continue;
+        }
+        let target = pair[1].trim_end_matches(['.', ';', ':', '!']);
+        if let Some(n) = target.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+            out.insert(n);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linked_issues_are_found() {
+        let body = "Fixes #12, closes #3.\nResolves: #7\nsee #9\nfix#10 Closed #x";
+        assert_eq!(linked_issues(body), BTreeSet::from([3, 7, 12]));
+    }
+
+    #[test]
+    fn records_round_trip_and_name_bad_paths() {
+        let r = PrRecord::new("o/r".parse().unwrap(), 5);
+        let back = PrRecord::from_json(&r.to_json()).unwrap();
+        assert_eq!(back, r);
+        let bad = r.to_json().replace("\"tier\":0", "\"tier\":\"x\"");
+        let err = PrRecord::from_json(&bad).unwrap_err();
+        assert!(err.to_string().contains("tier"), "{err}");
+        let newer = r.to_json().replace("\"schema\":1", "\"schema\":99");
+        assert!(matches!(
+            PrRecord::from_json(&newer),
+            Err(RecordError::Schema(99))
+        ));
+    }
+}

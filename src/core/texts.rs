@@ -1,0 +1,154 @@
+//! Every text Shepherd posts, in one place: the sticky status comment with its
+//! machine-readable `<!-- SHEPHERD-STATE: {json} -->` block, the needs-human comment
+//! with the attempt history, the merged notice for linked issues, the hidden effect-id
+//! marker and the footer every comment ends with.
+
+use serde::{Deserialize, Serialize};
+
+use super::ids::{EffectId, Sha};
+use super::machine::Phase;
+use super::record::Attempt;
+
+/// Opening of the state block in the sticky status comment (executors find the
+/// comment to edit by it).
+pub const STATE_MARKER: &str = "<!-- SHEPHERD-STATE: ";
+/// Opening of the hidden effect-id marker in posted comments.
+pub const EFFECT_MARKER: &str = "<!-- shepherd-effect: ";
+/// Closing of both markers.
+const MARKER_END: &str = " -->";
+
+/// The machine-readable state in the sticky status comment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusState {
+    /// Current phase.
+    pub phase: Phase,
+    /// Why (human-readable).
+    pub reason: String,
+    /// Current tier.
+    pub tier: u8,
+    /// Its name.
+    pub tier_name: String,
+    /// Attempts so far.
+    pub attempts: usize,
+    /// Signature of the last attempt's problem.
+    pub last_signature: Option<String>,
+    /// The head the state is about.
+    pub head_sha: Option<Sha>,
+}
+
+/// The hidden marker carrying an effect id.
+pub fn effect_marker(id: &EffectId) -> String {
+    format!("{EFFECT_MARKER}{id}{MARKER_END}")
+}
+
+/// The effect id in a comment body's marker, if any.
+pub fn find_effect_marker(body: &str) -> Option<&str> {
+    let start = body.find(EFFECT_MARKER)? + EFFECT_MARKER.len();
+    let len = body[start..].find(MARKER_END)?;
+    Some(&body[start..start + len])
+}
+
+/// A comment body: the text, the hidden effect marker, then the footer.
+pub fn finish_comment(text: &str, id: &EffectId, footer: &str) -> String {
+    format!("{}\n\n{}\n{footer}", text.trim_end(), effect_marker(id))
+}
+
+/// The sticky status comment body.
+pub fn status_comment(state: &StatusState, footer: &str) -> String {
+    // `>` only occurs inside JSON strings, where `\u003e` means the same: this keeps
+    // a `-->` in a reason or signature from ending the HTML comment early.
+    let json = serde_json::to_string(state)
+        .unwrap_or_default()
+        .replace('>', "\\u003e");
+    let mut text = format!(
+        "**Shepherd status:** `{}` — {}\n\nTier: {} (`{}`) · attempts: {}",
+        state.phase.as_str(),
+        state.reason,
+        state.tier,
+        state.tier_name,
+        state.attempts
+    );
+    if let Some(sig) = &state.last_signature {
+        text.push_str(&format!(" · last problem: `{}`", one_line(sig)));
+    }
+    format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
+}
+
+/// The state block of a status comment body, if it has one.
+pub fn parse_status_comment(body: &str) -> Option<StatusState> {
+    let start = body.find(STATE_MARKER)? + STATE_MARKER.len();
+    let len = body[start..].find(MARKER_END)?;
+    serde_json::from_str(&body[start..start + len]).ok()
+}
+
+/// The needs-human comment text (before the marker and footer).
+pub fn needs_human(reason: &str, attempts: &[Attempt], tier_name: impl Fn(u8) -> String) -> String {
+    let mut text = format!(
+        "**Shepherd needs a human here.** {reason}\n\n\
+         No more work will be dispatched until someone removes the label, comments \
+         `/shepherd resume`, or pushes a commit.\n"
+    );
+    if !attempts.is_empty() {
+        text.push_str("\n| # | kind | tier | outcome | problem |\n|---|---|---|---|---|\n");
+        for (i, a) in attempts.iter().enumerate() {
+            text.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                i + 1,
+                a.kind.as_str(),
+                tier_name(a.tier),
+                a.outcome.as_str(),
+                one_line(&a.signature).replace('|', "\\|")
+            ));
+        }
+    }
+    text
+}
+
+/// The notice posted on an issue the merged PR links.
+pub fn merged_notice(pr_number: u64) -> String {
+    format!("Pull request #{pr_number}, which links this issue, has been merged.")
+}
+
+/// The reply to a command from someone without write access.
+pub fn command_refused(login: &str) -> String {
+    format!("@{login} only users with write access can give `/shepherd` commands.")
+}
+
+/// Flattens a signature for inline display.
+fn one_line(s: &str) -> String {
+    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > 120 {
+        format!("{}…", flat.chars().take(120).collect::<String>())
+    } else {
+        flat
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_carry_marker_and_end_with_footer() {
+        let id: EffectId = "o/r/pr/1@2.0".parse().unwrap();
+        let body = finish_comment("hello\n", &id, "---\n**Automated by Shepherd**");
+        assert!(body.ends_with("---\n**Automated by Shepherd**"));
+        assert_eq!(find_effect_marker(&body), Some("o/r/pr/1@2.0"));
+    }
+
+    #[test]
+    fn status_block_round_trips() {
+        let state = StatusState {
+            phase: Phase::CiFix,
+            reason: "ci-fix attempt 1 in progress".into(),
+            tier: 1,
+            tier_name: "codex".into(),
+            attempts: 2,
+            last_signature: Some("ci / test: failed -->".into()),
+            head_sha: Some("abcd1234".parse().unwrap()),
+        };
+        let body = status_comment(&state, "--footer");
+        assert!(body.ends_with("--footer"));
+        assert_eq!(parse_status_comment(&body), Some(state));
+    }
+}
