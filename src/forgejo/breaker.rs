@@ -119,7 +119,9 @@ impl CircuitBreaker {
         let mut state = self.lock();
         let next = match (*state, failed) {
             (_, false) => BreakerState::Closed { failures: 0 },
-            (BreakerState::Closed { failures }, true) if failures + 1 < self.config.threshold => {
+            (BreakerState::Closed { failures }, true)
+                if failures.saturating_add(1) < self.config.threshold =>
+            {
                 BreakerState::Closed {
                     failures: failures + 1,
                 }

@@ -276,12 +276,12 @@ pub(super) fn decode<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, 
     })
 }
 
-/// The `message` of Forgejo's `{"message","url"}` error body, or the raw body cut to
+/// The `message` of Forgejo's `{"message","url"}` error body (possibly empty, as for
+/// "already merged"), or the raw body cut to
 /// [`MAX_ERROR_BODY`] bytes when it has another shape (e.g. `ErrMergeConflicts`).
 fn error_message(body: &[u8]) -> String {
     if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(body)
         && let Some(serde_json::Value::String(m)) = map.get("message")
-        && !m.is_empty()
     {
         return m.clone();
     }

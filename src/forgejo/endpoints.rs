@@ -6,7 +6,9 @@ use serde_json::json;
 use tracing::instrument;
 
 use super::client::{PAGE_LIMIT, decode, page_is_last, repo_path};
-use super::types::{CombinedStatus, Comment, CommitStatus, PullRequest, RepoPermission, Review};
+use super::types::{
+    CombinedStatus, Comment, CommitStatus, Issue, PullRequest, RepoPermission, Review,
+};
 use super::{ForgejoClient, ForgejoError};
 
 /// Safety stop for combined-status paging (50 × 100 = 5,000 contexts).
@@ -28,6 +30,13 @@ impl ForgejoClient {
     #[instrument(skip_all, fields(repo = %repo, pr = number))]
     pub async fn get_pull(&self, repo: &str, number: u64) -> Result<PullRequest, ForgejoError> {
         let path = format!("{}/pulls/{number}", repo_path(repo)?);
+        self.get_json(&path, &[]).await
+    }
+
+    /// `GET /repos/{o}/{r}/issues/{n}` (PRs are issues too).
+    #[instrument(skip_all, fields(repo = %repo, number = number))]
+    pub async fn get_issue(&self, repo: &str, number: u64) -> Result<Issue, ForgejoError> {
+        let path = format!("{}/issues/{number}", repo_path(repo)?);
         self.get_json(&path, &[]).await
     }
 

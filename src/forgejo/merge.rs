@@ -85,7 +85,9 @@ pub(super) fn refusal(message: &str) -> MergeRefusal {
     if let Some(rest) = message.split_once("[reason:").map(|(_, r)| r) {
         return MergeRefusal::Protection(rest.trim().trim_end_matches(']').trim().to_owned());
     }
-    if lower.contains("try again later") || lower.contains("mergeable state") {
+    if lower.trim().is_empty() || lower.contains("already merged") {
+        MergeRefusal::AlreadyMerged
+    } else if lower.contains("try again later") || lower.contains("mergeable state") {
         MergeRefusal::NotMergeable
     } else if lower.contains("work in progress") {
         MergeRefusal::WorkInProgress
@@ -134,7 +136,8 @@ mod tests {
             refusal("Work in progress PRs cannot be merged"),
             MergeRefusal::WorkInProgress
         );
-        assert_eq!(refusal(""), MergeRefusal::Other);
+        assert_eq!(refusal(""), MergeRefusal::AlreadyMerged);
+        assert_eq!(refusal("signed commits required"), MergeRefusal::Other);
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub use endpoints::combine_states;
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use types::{
-    BranchInfo, CombinedStatus, Comment, CommitStatus, Label, MergeConflictKind, MergeOutcome,
-    MergeRefusal, MergeRequest, MergeStyle, PullRequest, RepoPermission, Review, User,
+    BranchInfo, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
+    MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, MergeStyle, PullRequest,
+    RepoPermission, Review, User,
 };

@@ -241,7 +241,9 @@ pub enum MergeRefusal {
     UserNotAllowed,
     /// The merge style is not enabled for the repository.
     StyleNotAllowed,
-    /// Anything else, including the empty message Forgejo gives for "already merged".
+    /// The PR is already merged (Forgejo answers this 405 with an empty message).
+    AlreadyMerged,
+    /// Anything else.
     Other,
 }
 
@@ -304,4 +306,37 @@ impl MergeOutcome {
     pub fn is_merged(&self) -> bool {
         matches!(self, Self::Merged | Self::MergedBranchNotDeleted { .. })
     }
+}
+
+/// An issue (`GET …/issues/{n}`); PRs are issues too, with `pull_request` set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Issue {
+    /// Index within the repository.
+    pub number: u64,
+    /// Title.
+    pub title: String,
+    /// Body.
+    #[serde(deserialize_with = "null_default")]
+    pub body: String,
+    /// Author.
+    #[serde(deserialize_with = "null_default")]
+    pub user: User,
+    /// `"open"` or `"closed"`.
+    pub state: String,
+    /// Labels on the issue.
+    #[serde(deserialize_with = "null_default")]
+    pub labels: Vec<Label>,
+    /// Set when the issue is a pull request.
+    pub pull_request: Option<IssuePullRef>,
+}
+
+/// The `pull_request` summary inside an issue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IssuePullRef {
+    /// Merged.
+    pub merged: bool,
+    /// Draft (WIP).
+    pub draft: bool,
 }

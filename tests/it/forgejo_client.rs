@@ -433,7 +433,7 @@ async fn merge_succeeds_with_the_exact_body_and_closes_linked_issues() {
         matches!(
             again,
             MergeOutcome::NotAllowed {
-                refusal: MergeRefusal::Other,
+                refusal: MergeRefusal::AlreadyMerged,
                 ..
             }
         ),
@@ -640,10 +640,15 @@ async fn ambiguous_merges_need_a_re_read() {
 #[tokio::test]
 async fn transient_failures_are_retryable_and_carry_retry_after() {
     let fake = FakeForgejo::start().await;
+    // A breaker that never opens: this test is about the errors themselves.
     let c = client_with(
         &fake,
         ClientOptions {
             timeout: Some(Duration::from_millis(300)),
+            breaker: BreakerConfig {
+                threshold: u32::MAX,
+                cooldown: Duration::from_secs(1),
+            },
             ..ClientOptions::default()
         },
     );
@@ -678,6 +683,19 @@ async fn transient_failures_are_retryable_and_carry_retry_after() {
     );
     let e = c.get_pull(REPO, n).await.unwrap_err();
     assert!(!e.is_retryable() && e.retry_after().is_none() && e.to_string().contains("validation"));
+
+    // An outage of a given length: 5xx until it is over, then answers again.
+    fake.inject(
+        Fault::on("GET", &path)
+            .status(503)
+            .for_duration(Duration::from_millis(300)),
+    );
+    assert_eq!(c.get_pull(REPO, n).await.unwrap_err().status(), Some(503));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.get_pull(REPO, n).await.is_err() {
+        assert!(Instant::now() < deadline, "the outage never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     fake.inject(Fault::on("GET", &path).delay(Duration::from_millis(50)));
     assert!(
@@ -782,4 +800,26 @@ async fn circuit_breaker_opens_fails_fast_and_closes_after_a_good_probe() {
         assert!(c.get_pull(REPO, 1).await.unwrap_err().is_not_found());
     }
     assert_eq!(c.breaker().state(), BreakerState::Closed { failures: 0 });
+}
+
+#[tokio::test]
+async fn issues_are_read_and_prs_show_as_issues() {
+    let fake = FakeForgejo::start().await;
+    let issue = fake.create_issue(REPO, "dana", "Implement gears", "Please");
+    fake.add_label(REPO, issue, "auto/implement");
+    let (pr, _) = ready_pr(&fake);
+    let c = client(&fake);
+    let got = c.get_issue(REPO, issue).await.expect("issue");
+    assert_eq!(
+        (got.number, got.title.as_str(), got.user.login.as_str()),
+        (issue, "Implement gears", "dana")
+    );
+    assert_eq!(
+        (got.state.as_str(), got.labels[0].name.as_str()),
+        ("open", "auto/implement")
+    );
+    assert!(got.pull_request.is_none());
+    let as_issue = c.get_issue(REPO, pr).await.expect("PR as issue");
+    assert!(as_issue.pull_request.is_some_and(|p| !p.merged && !p.draft));
+    assert!(c.get_issue(REPO, 404).await.unwrap_err().is_not_found());
 }

@@ -3,7 +3,7 @@
 //! until cleared), answers a status, delays, stalls, or lets the request take effect
 //! and then answers an error (the merge that happened although the client saw 500).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -41,6 +41,8 @@ pub struct Fault {
     pub action: FaultAction,
     /// Matches left; `None` until cleared.
     pub times: Option<u32>,
+    /// The rule stops matching at this instant (an outage of a given length).
+    pub until: Option<Instant>,
 }
 
 impl Fault {
@@ -55,6 +57,7 @@ impl Fault {
                 message: String::new(),
             },
             times: None,
+            until: None,
         }
     }
 
@@ -112,16 +115,25 @@ impl Fault {
         self
     }
 
+    /// Only for the next `d` (e.g. 30 s of 5xx), counted from now.
+    pub fn for_duration(mut self, d: Duration) -> Self {
+        self.until = Some(Instant::now() + d);
+        self
+    }
+
     /// Whether the rule matches this request.
     pub fn matches(&self, method: &str, path: &str) -> bool {
         self.method.as_deref().is_none_or(|m| m == method)
             && glob(&self.path, path)
             && self.times != Some(0)
+            && self.until.is_none_or(|u| Instant::now() < u)
     }
 }
 
 /// Takes the first matching rule's action, counting the use down.
 pub fn take_fault(faults: &mut Vec<Fault>, method: &str, path: &str) -> Option<FaultAction> {
+    let now = Instant::now();
+    faults.retain(|f| f.until.is_none_or(|u| now < u));
     let i = faults.iter().position(|f| f.matches(method, path))?;
     let action = faults[i].action.clone();
     if let Some(n) = &mut faults[i].times {

@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use super::FakeForgejo;
 use super::model::{Model, RepoRow};
 use super::render;
 
@@ -209,5 +210,120 @@ pub fn push(
             "pusher": render::user(model, sender),
             "sender": render::user(model, sender),
         }),
+    }
+}
+
+/// Builders of the webhook for a change the test just made to the model.
+impl FakeForgejo {
+    /// `pull_request` / `opened`, sent by the author.
+    pub fn pr_opened(&self, repo: &str, n: u64) -> Webhook {
+        let author = self.issue(repo, n).user;
+        self.with_model(|m| pull_request(m, repo, n, "pull_request", "opened", &author))
+    }
+
+    /// `pull_request_sync` / `synchronized`; `mergeable` is false as Forgejo sends it
+    /// (the conflict check is still running).
+    pub fn pr_synchronized(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let mut w = self
+            .with_model(|m| pull_request(m, repo, n, "pull_request_sync", "synchronized", sender));
+        w.payload["pull_request"]["mergeable"] = false.into();
+        w
+    }
+
+    /// `pull_request` / `closed` (merged or not, as the model says).
+    pub fn pr_closed(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| pull_request(m, repo, n, "pull_request", "closed", sender))
+    }
+
+    /// `pull_request` / `reopened`.
+    pub fn pr_reopened(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| pull_request(m, repo, n, "pull_request", "reopened", sender))
+    }
+
+    /// `pull_request` / `edited` with `changes.title.from`.
+    pub fn pr_edited(&self, repo: &str, n: u64, sender: &str, old_title: &str) -> Webhook {
+        let mut w = self.with_model(|m| pull_request(m, repo, n, "pull_request", "edited", sender));
+        w.payload["changes"] = serde_json::json!({"title": {"from": old_title}});
+        w
+    }
+
+    /// `pull_request_label` / `label_updated` (or `label_cleared` when none are left),
+    /// with the full label list in `pull_request.labels`.
+    pub fn pr_label_updated(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let action = if self.labels_on(repo, n).is_empty() {
+            "label_cleared"
+        } else {
+            "label_updated"
+        };
+        self.with_model(|m| pull_request(m, repo, n, "pull_request_label", action, sender))
+    }
+
+    /// `pull_request_review_approved|rejected|comment` / `reviewed` for review `id`.
+    pub fn pr_reviewed(&self, repo: &str, n: u64, review_id: i64) -> Webhook {
+        let review = self.with_model(|m| {
+            m.repo_mut(repo)
+                .reviews
+                .iter()
+                .find(|v| v.id == review_id)
+                .cloned()
+                .expect("no such review")
+        });
+        let event_type = match review.state.as_str() {
+            "APPROVED" => "pull_request_review_approved",
+            "REQUEST_CHANGES" => "pull_request_review_rejected",
+            _ => "pull_request_review_comment",
+        };
+        let mut w =
+            self.with_model(|m| pull_request(m, repo, n, event_type, "reviewed", &review.user));
+        w.payload["requested_reviewer"] = w.payload["sender"].clone();
+        w.payload["review"] = serde_json::json!({"type": event_type, "content": review.body});
+        w
+    }
+
+    /// `issue_comment` or `pull_request_comment` / `created` for comment `id`.
+    pub fn comment_created(&self, repo: &str, comment_id: i64) -> Webhook {
+        self.with_model(|m| comment(m, repo, comment_id, "created"))
+    }
+
+    /// `issues` / `opened`, sent by the author.
+    pub fn issue_opened(&self, repo: &str, n: u64) -> Webhook {
+        let author = self.issue(repo, n).user;
+        self.with_model(|m| issue(m, repo, n, "issues", "opened", &author))
+    }
+
+    /// `issues` / `closed`.
+    pub fn issue_closed(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        self.with_model(|m| issue(m, repo, n, "issues", "closed", sender))
+    }
+
+    /// `issue_label` / `label_updated` (or `label_cleared`) with the full label list.
+    pub fn issue_label_updated(&self, repo: &str, n: u64, sender: &str) -> Webhook {
+        let action = if self.labels_on(repo, n).is_empty() {
+            "label_cleared"
+        } else {
+            "label_updated"
+        };
+        self.with_model(|m| issue(m, repo, n, "issue_label", action, sender))
+    }
+
+    /// `action_run_success` / `_failure` / `_recover` for a run on `sha` (`action` is
+    /// `success`, `failure` or `recover`), triggered by PR `pr` when given.
+    pub fn action_run(&self, repo: &str, sha: &str, action: &str, pr: Option<u64>) -> Webhook {
+        self.with_model(|m| {
+            let run_id = m.id();
+            action_run(m, repo, sha, action, pr, run_id)
+        })
+    }
+
+    /// `push` of `branch` from `before` to `after`.
+    pub fn push_event(
+        &self,
+        repo: &str,
+        branch: &str,
+        before: &str,
+        after: &str,
+        sender: &str,
+    ) -> Webhook {
+        self.with_model(|m| push(m, repo, branch, before, after, sender))
     }
 }
