@@ -7,7 +7,7 @@ use tracing::instrument;
 
 use super::client::{PAGE_LIMIT, decode, page_is_last, repo_path};
 use super::types::{
-    CombinedStatus, Comment, CommitStatus, Issue, PullRequest, RepoPermission, Review,
+    CombinedStatus, Comment, CommitStatus, Issue, PullRequest, RepoPermission, Review, User,
 };
 use super::{ForgejoClient, ForgejoError};
 
@@ -24,6 +24,12 @@ impl ForgejoClient {
         }
         let v: Version = self.get_json("/version", &[]).await?;
         Ok(v.version)
+    }
+
+    /// `GET /user`: the token's own user (checks the token and the bot login at start).
+    #[instrument(skip_all)]
+    pub async fn current_user(&self) -> Result<User, ForgejoError> {
+        self.get_json("/user", &[]).await
     }
 
     /// `GET /repos/{o}/{r}/pulls/{n}`.

@@ -99,6 +99,8 @@ async fn missing_pull_and_bad_token_are_permanent_errors() {
         client(&fake).version().await.unwrap(),
         "15.0.3+gitea-1.22.0"
     );
+    let me = client(&fake).current_user().await.unwrap();
+    assert_eq!(me.login, fake.bot_login());
 
     let e = client(&fake).get_pull("not-a-repo", 1).await.unwrap_err();
     assert!(matches!(e, ForgejoError::Invalid(_)), "{e}");
@@ -426,6 +428,17 @@ async fn merge_succeeds_with_the_exact_body_and_closes_linked_issues() {
         fake.issue(REPO, issue).state,
         "closed",
         "Forgejo closes `Closes #N` issues"
+    );
+    let closed = fake.pr_closed(REPO, n, fake.bot_login());
+    let p = &closed.payload["pull_request"];
+    assert_eq!(
+        (p["merged"].as_bool(), p["state"].as_str()),
+        (Some(true), Some("closed"))
+    );
+    assert_eq!(p["merged_by"]["login"], fake.bot_login());
+    assert_eq!(
+        p["merge_commit_sha"],
+        pr.merge_commit_sha.clone().unwrap().as_str()
     );
 
     let again = c.merge(REPO, n, &merge_request(&sha)).await.unwrap();

@@ -235,6 +235,7 @@ fn route(
 ) -> Reply {
     match (method, segs) {
         ("GET", ["version"]) => Reply::json(200, json!({"version": "15.0.3+gitea-1.22.0"})),
+        ("GET", ["user"]) => Reply::json(200, render::user(model, bot)),
         (_, ["repos", owner, name, rest @ ..]) => {
             let repo = format!("{owner}/{name}");
             if !model.repos.contains_key(&repo) {
