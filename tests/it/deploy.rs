@@ -566,10 +566,25 @@ fn keda_watches_the_streams_and_groups_the_workers_consume() {
     let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
     assert!(min >= 1, "workers fire timers: never scale to zero");
     assert!(max > min && max <= 50, "min {min}, max {max}");
+    // The scaler reads the same Redis as the pods (host:port of SHEPHERD_REDIS_URL).
+    let redis_url = docs
+        .iter()
+        .find_map(|d| d["stringData"]["SHEPHERD_REDIS_URL"].as_str())
+        .expect("the Secret template sets SHEPHERD_REDIS_URL");
+    let redis_address = redis_url
+        .trim_start_matches("redis://")
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .trim_end_matches('/');
     let mut watched = BTreeSet::new();
     for trigger in spec["triggers"].as_sequence().expect("triggers") {
         assert_eq!(trigger["type"], "redis-streams");
         let meta = &trigger["metadata"];
+        assert_eq!(
+            meta["address"], redis_address,
+            "KEDA and the pods use one Redis"
+        );
         assert!(
             meta["lagCount"]
                 .as_str()
