@@ -401,3 +401,133 @@ fn model_helpers() {
     assert_eq!(combined_state(&[row("success"), row("error")]), "failure");
     assert_eq!(combined_state(&[row("pending"), row("warning")]), "warning");
 }
+
+/// Key paths present in `expected` but missing from `actual` (recursing into objects
+/// and the first element of arrays; `null` on either side is not compared further).
+fn missing_keys(expected: &Value, actual: &Value, path: &str, out: &mut Vec<String>) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (k, v) in e {
+                match a.get(k) {
+                    None => out.push(format!("{path}.{k}")),
+                    Some(av) => missing_keys(v, av, &format!("{path}.{k}"), out),
+                }
+            }
+        }
+        (Value::Array(e), Value::Array(a)) if !e.is_empty() && !a.is_empty() => {
+            missing_keys(&e[0], &a[0], &format!("{path}[0]"), out);
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn payloads_have_every_field_of_the_webhook_fixtures() {
+    let fake = FakeForgejo::start().await;
+    let pr = fake.open_pr(REPO, NewPr::new("alice", "Fix overflow").body("Closes #1"));
+    fake.add_label(REPO, pr, "kind/bug");
+    let issue = fake.create_issue(REPO, "alice", "Overflow", "");
+    fake.add_label(REPO, issue, "auto/implement");
+    let approved = fake.add_review(REPO, pr, "bob", "APPROVED");
+    let rejected = fake.add_review(REPO, pr, "bob", "REQUEST_CHANGES");
+    let commented = fake.add_review(REPO, pr, "bob", "COMMENT");
+    let pr_comment = fake.add_comment(REPO, pr, "carol", "/shepherd pause");
+    let issue_comment = fake.add_comment(REPO, issue, "alice", "/shepherd implement");
+    let sha = fake.head_sha(REPO, pr);
+    let mut built: Vec<(&str, Webhook)> = vec![
+        ("pull_request_opened", fake.pr_opened(REPO, pr)),
+        ("pull_request_reopened", fake.pr_reopened(REPO, pr, "alice")),
+        (
+            "pull_request_edited",
+            fake.pr_edited(REPO, pr, "alice", "WIP: Fix overflow"),
+        ),
+        ("pull_request_sync", fake.pr_synchronized(REPO, pr, "alice")),
+        (
+            "pull_request_label",
+            fake.pr_label_updated(REPO, pr, "alice"),
+        ),
+        (
+            "pull_request_review_approved",
+            fake.pr_reviewed(REPO, pr, approved),
+        ),
+        (
+            "pull_request_review_rejected",
+            fake.pr_reviewed(REPO, pr, rejected),
+        ),
+        (
+            "pull_request_review_comment",
+            fake.pr_reviewed(REPO, pr, commented),
+        ),
+        (
+            "pull_request_comment",
+            fake.comment_created(REPO, pr_comment),
+        ),
+        ("issues_opened", fake.issue_opened(REPO, issue)),
+        (
+            "issue_label",
+            fake.issue_label_updated(REPO, issue, "alice"),
+        ),
+        ("issue_comment", fake.comment_created(REPO, issue_comment)),
+        (
+            "action_run_success",
+            fake.action_run(REPO, &sha, "success", Some(pr)),
+        ),
+        (
+            "action_run_failure",
+            fake.action_run(REPO, &sha, "failure", Some(pr)),
+        ),
+        (
+            "action_run_recover",
+            fake.action_run(REPO, &sha, "recover", Some(pr)),
+        ),
+        (
+            "push",
+            fake.push_event(REPO, "main", &"0".repeat(40), &sha, "alice"),
+        ),
+    ];
+    fake.with_model(|m| {
+        let p = m.repo_mut(REPO).issues.get_mut(&pr).unwrap();
+        p.state = "closed".into();
+    });
+    built.push(("pull_request_closed", fake.pr_closed(REPO, pr, "alice")));
+    fake.with_model(|m| m.repo_mut(REPO).issues.get_mut(&pr).unwrap().state = "open".into());
+    let c = client_for(&fake);
+    let merge = shepherd::forgejo::MergeRequest {
+        style: shepherd::forgejo::MergeStyle::Squash,
+        head_commit_id: sha.clone(),
+        delete_branch_after_merge: true,
+        title: None,
+        message: None,
+    };
+    assert!(c.merge(REPO, pr, &merge).await.unwrap().is_merged());
+    built.push((
+        "pull_request_closed_merged",
+        fake.pr_closed(REPO, pr, "alice"),
+    ));
+    built.push(("issues_closed", fake.issue_closed(REPO, issue, "alice")));
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("webhooks");
+    let mut problems = Vec::new();
+    for (name, hook) in &built {
+        let path = dir.join(format!("{name}.json"));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let fixture: Value = serde_json::from_str(&text).unwrap();
+        let mut missing = Vec::new();
+        missing_keys(&fixture, &hook.payload, "", &mut missing);
+        if !missing.is_empty() {
+            problems.push(format!("{name}: {missing:?}"));
+        }
+        assert_eq!(fixture.get("action"), hook.payload.get("action"), "{name}");
+    }
+    assert!(
+        problems.is_empty(),
+        "fields the fake's payloads lack:\n{}",
+        problems.join("\n")
+    );
+}
+
+fn client_for(fake: &FakeForgejo) -> shepherd::forgejo::ForgejoClient {
+    let token = secrecy::SecretString::from(fake.token().to_owned());
+    shepherd::forgejo::ForgejoClient::new(&fake.url(), token, Default::default()).unwrap()
+}

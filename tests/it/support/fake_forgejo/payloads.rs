@@ -130,7 +130,8 @@ pub fn comment(model: &Model, repo: &str, comment_id: i64, action: &str) -> Webh
 }
 
 /// An `ActionPayload` for a finished Forgejo Actions run on `sha` (`action` is
-/// `success`, `failure` or `recover`), triggered by PR `pr` when given.
+/// `success`, `failure` or `recover`), triggered by PR `pr` when given. A `recover`
+/// carries the previous, failed run of the workflow as `last_run`.
 pub fn action_run(
     model: &Model,
     repo: &str,
@@ -139,6 +140,28 @@ pub fn action_run(
     pr: Option<u64>,
     run_id: i64,
 ) -> Webhook {
+    let (event_type, status) = match action {
+        "success" => ("action_run_success", "success"),
+        "recover" => ("action_run_recover", "success"),
+        _ => ("action_run_failure", "failure"),
+    };
+    let mut payload = json!({
+        "action": action,
+        "run": run(model, repo, sha, pr, run_id, status),
+        "prior_status": "running",
+    });
+    if action == "recover" {
+        payload["last_run"] = run(model, repo, sha, pr, run_id - 1, "failure");
+    }
+    Webhook {
+        event: event_type,
+        event_type,
+        payload,
+    }
+}
+
+/// One `ActionRun` object.
+fn run(model: &Model, repo: &str, sha: &str, pr: Option<u64>, id: i64, status: &str) -> Value {
     let r = repo_of(model, repo);
     let trigger = pr
         .and_then(|n| r.issues.get(&n))
@@ -147,18 +170,14 @@ pub fn action_run(
         || json!({"ref": format!("refs/heads/{}", r.default_branch), "after": sha}),
         |n| json!({"action": "synchronized", "number": n, "pull_request": {"number": n, "head": {"sha": sha}}}),
     );
-    let (event_type, status) = match action {
-        "success" => ("action_run_success", "success"),
-        "recover" => ("action_run_recover", "success"),
-        _ => ("action_run_failure", "failure"),
-    };
+    let event = if pr.is_some() { "pull_request" } else { "push" };
     let now = super::model::now();
-    let run = json!({
-        "id": run_id,
+    json!({
+        "id": id,
         "title": format!("CI for {sha}"),
         "repository": render::repo(model, r),
         "workflow_id": "ci.yml",
-        "index_in_repo": run_id,
+        "index_in_repo": id,
         "trigger_user": render::user(model, &trigger),
         "ScheduleID": 0,
         "prettyref": pr.map_or_else(|| r.default_branch.clone(), |n| format!("#{n}")),
@@ -167,22 +186,17 @@ pub fn action_run(
         "is_fork_pull_request": false,
         "need_approval": false,
         "approved_by": 0,
-        "event": if pr.is_some() { "pull_request" } else { "push" },
+        "event": event,
         "event_payload": event_payload.to_string(),
-        "trigger_event": if pr.is_some() { "pull_request" } else { "push" },
+        "trigger_event": event,
         "status": status,
         "started": now,
         "stopped": now,
         "created": now,
         "updated": now,
         "duration": 61_000_000_000_i64,
-        "html_url": format!("{}/{}/actions/runs/{run_id}", render::HTML_BASE, r.full_name()),
-    });
-    Webhook {
-        event: event_type,
-        event_type,
-        payload: json!({"action": action, "run": run, "prior_status": "running"}),
-    }
+        "html_url": format!("{}/{}/actions/runs/{id}", render::HTML_BASE, r.full_name()),
+    })
 }
 
 /// A `PushPayload` for a branch update.

@@ -9,7 +9,7 @@ use super::model::{CommentRow, IssueRow, LabelRow, Model, RepoRow, ReviewRow, St
 /// Base URL that HTML links in payloads point to (never fetched).
 pub const HTML_BASE: &str = "https://forgejo.test";
 
-/// A user object.
+/// A user object, with every field of Forgejo's `User` (as a webhook shows it: no viewer, so `is_admin`/`active` false and no last login).
 pub fn user(model: &Model, login: &str) -> Value {
     let id = model.users.get(login).copied().unwrap_or(0);
     json!({
@@ -19,42 +19,112 @@ pub fn user(model: &Model, login: &str) -> Value {
         "source_id": 0,
         "full_name": "",
         "email": format!("{login}@noreply.forgejo.test"),
-        "avatar_url": format!("{HTML_BASE}/avatars/{id}"),
+        "avatar_url": format!("{HTML_BASE}/avatars/{id:032x}"),
         "html_url": format!("{HTML_BASE}/{login}"),
         "language": "",
         "is_admin": false,
+        "last_login": "0001-01-01T00:00:00Z",
+        "created": "2025-01-01T00:00:00Z",
         "restricted": false,
         "active": false,
         "prohibit_login": false,
+        "location": "",
+        "pronouns": "",
+        "website": "",
+        "description": "",
         "visibility": "public",
+        "followers_count": 0,
+        "following_count": 0,
+        "starred_repos_count": 0,
+        "username": login,
     })
 }
 
-/// A repository object.
+/// A repository object with every field of Forgejo's `Repository` (serde_json sorts the
+/// keys; consumers never depend on the order).
 pub fn repo(model: &Model, r: &RepoRow) -> Value {
     let full = r.full_name();
-    json!({
+    let open_issues = r
+        .issues
+        .values()
+        .filter(|i| i.pull.is_none() && i.state == "open")
+        .count();
+    let open_prs = r
+        .issues
+        .values()
+        .filter(|i| i.pull.is_some() && i.state == "open")
+        .count();
+    // Two halves: one `json!` this large exceeds the macro recursion limit.
+    let identity = json!({
         "id": r.id,
         "owner": user(model, &r.owner),
         "name": r.name,
         "full_name": full,
+        "description": "",
+        "empty": false,
         "private": false,
         "fork": false,
+        "template": false,
+        "parent": null,
+        "mirror": false,
+        "size": 100,
+        "language": "Rust",
+        "languages_url": format!("{HTML_BASE}/api/v1/repos/{full}/languages"),
         "html_url": format!("{HTML_BASE}/{full}"),
         "url": format!("{HTML_BASE}/api/v1/repos/{full}"),
+        "link": "",
+        "ssh_url": format!("ssh://git@forgejo.test/{full}.git"),
         "clone_url": format!("{HTML_BASE}/{full}.git"),
-        "ssh_url": format!("git@forgejo.test:{full}.git"),
+        "original_url": "",
+        "website": "",
+        "stars_count": 0,
+        "forks_count": 0,
+        "watchers_count": 1,
+        "open_issues_count": open_issues,
+        "open_pr_counter": open_prs,
+        "release_counter": 0,
         "default_branch": r.default_branch,
         "archived": false,
+    });
+    let settings = json!({
+        "created_at": "2025-01-01T00:00:00Z",
+        "updated_at": super::model::now(),
+        "archived_at": "1970-01-01T00:00:00Z",
         "permissions": {"admin": false, "push": true, "pull": true},
+        "has_issues": true,
+        "internal_tracker": {"enable_time_tracker": true, "allow_only_contributors_to_track_time": true, "enable_issue_dependencies": true},
+        "has_wiki": false,
+        "wiki_branch": r.default_branch,
+        "globally_editable_wiki": false,
+        "has_pull_requests": true,
+        "has_projects": false,
+        "has_releases": true,
+        "has_packages": false,
+        "has_actions": true,
+        "ignore_whitespace_conflicts": false,
         "allow_merge_commits": true,
         "allow_rebase": true,
         "allow_rebase_explicit": true,
         "allow_squash_merge": true,
         "allow_fast_forward_only_merge": true,
-        "default_merge_style": "merge",
+        "allow_rebase_update": true,
         "default_delete_branch_after_merge": false,
-    })
+        "default_merge_style": "merge",
+        "default_allow_maintainer_edit": false,
+        "default_update_style": "merge",
+        "avatar_url": "",
+        "internal": false,
+        "mirror_interval": "",
+        "object_format_name": "sha1",
+        "mirror_updated": "0001-01-01T00:00:00Z",
+        "repo_transfer": null,
+        "topics": null,
+    });
+    let mut out = identity;
+    if let (Some(o), Value::Object(rest)) = (out.as_object_mut(), settings) {
+        o.extend(rest);
+    }
+    out
 }
 
 /// A label object.
