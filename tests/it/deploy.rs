@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use serde_yaml_ng::Value;
 use shepherd::store::keys::{EXECUTORS_GROUP, Keys, WORKERS_GROUP};
 
-use crate::support::redis::free_port;
+use crate::support::poll_until_named;
+use crate::support::redis::{RedisServer, free_port};
+use crate::support::shepherd::Shepherd;
 
 /// The repository root (where Cargo.toml is).
 fn root() -> PathBuf {
@@ -815,4 +817,42 @@ fn operations_guide_describes_every_metric() {
              registered in src/telemetry.rs"
         );
     }
+}
+
+/// The port of a running test instance (from its base URL).
+fn port_of(instance: &Shepherd) -> u16 {
+    let base = instance.url("");
+    base.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no port in {base}"))
+}
+
+#[tokio::test]
+async fn image_health_probe_speaks_to_the_real_server() {
+    let mut redis = RedisServer::start();
+    let serve = Shepherd::serve(&redis).await;
+    let port = port_of(&serve);
+    // The probe blocks (bash), so it runs off the async runtime.
+    let probe = move |path: &'static str| {
+        tokio::task::spawn_blocking(move || healthcheck(port, Some(path)))
+    };
+    assert!(
+        probe("/healthz").await.unwrap(),
+        "liveness of a running serve"
+    );
+    assert!(probe("/readyz").await.unwrap(), "readiness with Redis up");
+    // Redis gone: not ready (compose's and Kubernetes' readiness), but alive (so the
+    // liveness probe does not restart every pod during a Redis outage).
+    redis.stop();
+    poll_until_named(
+        Duration::from_secs(10),
+        "/readyz fails without Redis",
+        || {
+            let answer = probe("/readyz");
+            async move { !answer.await.unwrap() }
+        },
+    )
+    .await;
+    assert!(probe("/healthz").await.unwrap(), "alive without Redis");
 }
