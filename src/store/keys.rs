@@ -150,9 +150,21 @@ impl Keys {
         format!("{}:repos", self.prefix)
     }
 
-    /// Index of active work ids → record key (results API lookups).
-    pub fn work_index(&self) -> String {
-        format!("{}:work", self.prefix)
+    /// Index of a shard's active work ids → owner (`pr|issue TAB repo TAB number`),
+    /// maintained by the commit script (results API lookups). Per shard so that the
+    /// commit that dispatches or ends work touches one slot.
+    pub fn work_index(&self, shard: u16) -> String {
+        format!("{}:work", self.tag(shard))
+    }
+
+    /// Marker (with a TTL) of a work id that has ended: a late result gets 409, not 404.
+    pub fn work_ended(&self, shard: u16, work_id: &str) -> String {
+        format!("{}:work-ended:{}", self.tag(shard), work_id)
+    }
+
+    /// Marker (with a TTL) of a work id whose result was queued: a second report gets 409.
+    pub fn work_reported(&self, shard: u16, work_id: &str) -> String {
+        format!("{}:work-reported:{}", self.tag(shard), work_id)
     }
 
     /// Merge lock of a target branch.

@@ -29,3 +29,13 @@ pub mod fields {
     /// On a replayed entry: the stream id of the original entry (or `dead-letter:<id>`).
     pub const REPLAY: &str = "replay";
 }
+
+pub mod client;
+pub mod commit;
+mod error;
+pub mod streams;
+pub mod timers;
+pub mod work;
+
+pub use client::Store;
+pub use error::StoreError;

@@ -1,0 +1,66 @@
+//! Connections to Redis. One shared, multiplexed [`ConnectionManager`] carries every
+//! short command (loads, commits, acks) and pipelines them; each blocking reader
+//! (`XREADGROUP … BLOCK`) gets a dedicated connection of its own, so a blocked read
+//! never stalls the commands queued behind it on the shared one.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{Keys, StoreError};
+
+/// How long a short command may take before it counts as failed.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A handle on Shepherd's Redis: the key layout plus the shared connection. Cheap to
+/// clone (the connection is multiplexed).
+#[derive(Clone)]
+pub struct Store {
+    /// Key layout (prefix and shard count).
+    keys: Keys,
+    /// Client the connections are made from.
+    client: redis::Client,
+    /// Shared multiplexed connection for non-blocking commands.
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("keys", &self.keys).finish()
+    }
+}
+
+impl Store {
+    /// Connects to `url` (fails when Redis does not answer).
+    pub async fn connect(url: &str, keys: Keys) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_number_of_retries(3);
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(Self { keys, client, conn })
+    }
+
+    /// The key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// A clone of the shared connection (multiplexed: clones share one socket).
+    pub fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// A dedicated connection for blocking reads of up to `block`: its response
+    /// timeout leaves room for the block time.
+    pub async fn blocking_conn(&self, block: Duration) -> Result<ConnectionManager, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(block + COMMAND_TIMEOUT))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_number_of_retries(3);
+        Ok(ConnectionManager::new_with_config(self.client.clone(), config).await?)
+    }
+}

@@ -1,0 +1,40 @@
+//! The error type of the store, for callers that branch on what went wrong.
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis refused the command, timed out, or the connection broke. Transient: the
+    /// entry stays pending and is retried (and eventually dead-lettered).
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A stored record does not decode (it was written by an incompatible version or
+    /// by hand).
+    #[error("corrupt record {key}: {reason}")]
+    Corrupt {
+        /// Record key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A Lua script answered something this version does not understand.
+    #[error("unexpected reply from the {script} script: {reply}")]
+    Protocol {
+        /// Script name.
+        script: &'static str,
+        /// The reply, rendered for the log.
+        reply: String,
+    },
+}
+
+impl StoreError {
+    /// True for connection-level failures worth retrying later (as opposed to data
+    /// that will never decode).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => {
+                e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
+            }
+            StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The work index: which work items are active, and where their results go.
+//!
+//! The commit script adds a work id (→ its owner `pr|issue TAB repo TAB number`) when it
+//! commits a `Dispatch`, and removes it — leaving an "ended" marker with a TTL — when
+//! the work ends. A result (results API or results stream) is accepted only for an
+//! active id, and only once: `lua/report.lua` checks, marks the id reported and queues
+//! the result as an internal event on the owner's shard in one call.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+use tracing::instrument;
+
+use super::{Keys, StoreError, fields};
+
+/// The report script.
+static REPORT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/report.lua")));
+
+/// Who a work item belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkOwner {
+    /// Shard of the owner's records.
+    pub shard: u16,
+    /// True for an issue (`issue-impl`), false for a PR.
+    pub issue: bool,
+    /// Repository `owner/name`.
+    pub repo: String,
+    /// PR or issue number.
+    pub number: u64,
+}
+
+impl WorkOwner {
+    /// The value stored in the work index.
+    pub fn encode(issue: bool, repo: &str, number: u64) -> String {
+        format!("{}\t{repo}\t{number}", if issue { "issue" } else { "pr" })
+    }
+
+    fn decode(shard: u16, v: &str) -> Option<Self> {
+        let mut it = v.split('\t');
+        let issue = match it.next()? {
+            "issue" => true,
+            "pr" => false,
+            _ => return None,
+        };
+        let repo = it.next()?.to_owned();
+        let number = it.next()?.parse().ok()?;
+        Some(Self {
+            shard,
+            issue,
+            repo,
+            number,
+        })
+    }
+}
+
+/// What [`lookup`] found about a work id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkState {
+    /// Active, owned by this record.
+    Active(WorkOwner),
+    /// It existed and has ended (within the retention window).
+    Ended,
+    /// Never seen.
+    Unknown,
+}
+
+/// Finds a work id in every shard's work index (one pipelined round trip).
+#[instrument(skip_all, fields(work_id))]
+pub async fn lookup(conn: &mut ConnectionManager, keys: &Keys, work_id: &str) -> Result<WorkState, StoreError> {
+    let mut pipe = redis::pipe();
+    for shard in 0..keys.shards() {
+        pipe.hget(keys.work_index(shard), work_id);
+        pipe.exists(keys.work_ended(shard, work_id));
+    }
+    let replies: Vec<(Option<String>, bool)> = {
+        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        flat.chunks(2)
+            .map(|c| {
+                let owner: Option<String> = redis::from_redis_value_ref(&c[0]).unwrap_or(None);
+                let ended: bool = redis::from_redis_value_ref(&c[1]).unwrap_or(false);
+                (owner, ended)
+            })
+            .collect()
+    };
+    let mut ended = false;
+    for (shard, (owner, was_ended)) in (0..keys.shards()).zip(replies) {
+        if let Some(owner) = owner.and_then(|v| WorkOwner::decode(shard, &v)) {
+            return Ok(WorkState::Active(owner));
+        }
+        ended |= was_ended;
+    }
+    Ok(if ended { WorkState::Ended } else { WorkState::Unknown })
+}
+
+/// What came of [`report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportOutcome {
+    /// Queued as an internal event with this stream id.
+    Queued(String),
+    /// The work id is not (or no longer) in the index and never ended: unknown.
+    Unknown,
+    /// The work has ended.
+    Ended,
+    /// A result was already queued for it.
+    AlreadyReported,
+}
+
+/// The internal event carrying a work result.
+#[derive(Debug, Clone)]
+pub struct ResultEvent {
+    /// Event name.
+    pub event: String,
+    /// Event JSON.
+    pub body: String,
+    /// Receive time, unix ms.
+    pub received_ms: u64,
+}
+
+/// Queues `result` for `work_id` (owned by `owner`) unless the work is no longer active
+/// or already reported, atomically. `marker_ttl_secs` bounds how long the "reported"
+/// marker is kept.
+#[instrument(skip_all, fields(work_id))]
+pub async fn report(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &WorkOwner,
+    work_id: &str,
+    result: &ResultEvent,
+    marker_ttl_secs: u64,
+) -> Result<ReportOutcome, StoreError> {
+    let shard = owner.shard;
+    let received = result.received_ms.to_string();
+    let delivery = format!("result:{work_id}");
+    let reply: Vec<String> = REPORT
+        .key(keys.work_index(shard))
+        .key(keys.work_ended(shard, work_id))
+        .key(keys.work_reported(shard, work_id))
+        .key(keys.events(shard))
+        .arg(work_id)
+        .arg(marker_ttl_secs.max(1))
+        .arg(&[
+            fields::KIND,
+            fields::KIND_INTERNAL,
+            fields::DELIVERY,
+            &delivery,
+            fields::EVENT,
+            &result.event,
+            fields::REPO,
+            &owner.repo,
+            fields::RECEIVED,
+            &received,
+            fields::BODY,
+            &result.body,
+        ])
+        .invoke_async(conn)
+        .await?;
+    match reply.as_slice() {
+        [q, id] if q == "queued" => Ok(ReportOutcome::Queued(id.clone())),
+        [s] if s == "unknown" => Ok(ReportOutcome::Unknown),
+        [s] if s == "ended" => Ok(ReportOutcome::Ended),
+        [s] if s == "reported" => Ok(ReportOutcome::AlreadyReported),
+        other => Err(StoreError::Protocol {
+            script: "report",
+            reply: format!("{other:?}"),
+        }),
+    }
+}
