@@ -19,8 +19,8 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
 use redis::Script;
+use redis::aio::ConnectionManager;
 use serde::Serialize;
 use tracing::instrument;
 
@@ -90,11 +90,13 @@ pub struct RecordWrite {
     pub index_key: String,
     /// Version the transition was computed from (0: the record did not exist).
     pub expect: u64,
-    /// The record serialized (JSON); its version is `expect + 1`.
-    pub data: String,
+    /// The record serialized (JSON), stored as version `expect + 1`; `None` when the
+    /// transition changed nothing (the version is only checked).
+    pub data: Option<String>,
     /// Phase after the transition (stored beside the data for cheap inspection).
     pub phase: String,
-    /// Field/value pairs of the history entry (see [`history_fields`]).
+    /// Field/value pairs of the history entry (see [`history_fields`]); empty for no
+    /// entry (a repository-wide event that did not concern this record).
     pub history: Vec<(String, String)>,
     /// Whether the record stays in the repository index (open records do; closed and
     /// merged ones leave it, so repository-wide events skip them).
@@ -102,13 +104,14 @@ pub struct RecordWrite {
 }
 
 /// A timer to schedule: at `due_ms` the internal event `event` (JSON `body`) is queued
-/// on the shard's events stream.
+/// on the shard's events stream. Scheduling the same `(record, id)` again replaces it.
 #[derive(Debug, Clone)]
 pub struct TimerWrite {
     /// Due time, unix ms.
     pub due_ms: u64,
-    /// Timer id (deterministic: the Schedule effect's id); becomes the delivery id
-    /// `timer:<id>`.
+    /// Key of the record the timer belongs to.
+    pub record: String,
+    /// Timer id within the record.
     pub id: String,
     /// Repository `owner/name`.
     pub repo: String,
@@ -119,10 +122,15 @@ pub struct TimerWrite {
 }
 
 impl TimerWrite {
-    /// The sorted-set member (`lua/timers.lua` parses it back): tab-separated, the body
-    /// last since only it may contain tabs.
+    /// The sorted-set member: unique per record and timer id.
     pub fn member(&self) -> String {
-        format!("{}\t{}\t{}\t{}", self.id, self.repo, self.event, self.body)
+        format!("{}/{}", self.record, self.id)
+    }
+
+    /// The payload stored beside it (`lua/timers.lua` parses it back): tab-separated,
+    /// the body last since only it may contain tabs.
+    pub fn payload(&self) -> String {
+        format!("{}\t{}\t{}", self.repo, self.event, self.body)
     }
 }
 
@@ -174,7 +182,7 @@ struct WirePlan<'a> {
     ended_ttl: String,
     records: Vec<WireRecord<'a>>,
     effects: Vec<Vec<&'a str>>,
-    timers: Vec<[String; 2]>,
+    timers: Vec<[String; 3]>,
     work_add: Vec<[&'a str; 2]>,
     work_end: &'a [String],
 }
@@ -183,6 +191,7 @@ struct WirePlan<'a> {
 struct WireRecord<'a> {
     expect: String,
     version: String,
+    write: &'static str,
     data: &'a str,
     phase: &'a str,
     history: Vec<&'a str>,
@@ -190,12 +199,19 @@ struct WireRecord<'a> {
 }
 
 fn flatten(pairs: &[(String, String)]) -> Vec<&str> {
-    pairs.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]).collect()
+    pairs
+        .iter()
+        .flat_map(|(k, v)| [k.as_str(), v.as_str()])
+        .collect()
 }
 
 /// Runs `plan` atomically (see the module docs).
 #[instrument(skip_all, fields(shard = plan.shard, entry = plan.entry_id.as_deref().unwrap_or("")))]
-pub async fn commit(conn: &mut ConnectionManager, keys: &Keys, plan: &CommitPlan) -> Result<CommitOutcome, StoreError> {
+pub async fn commit(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    plan: &CommitPlan,
+) -> Result<CommitOutcome, StoreError> {
     let wire = WirePlan {
         group: WORKERS_GROUP,
         entry_id: plan.entry_id.as_deref().unwrap_or(""),
@@ -207,15 +223,24 @@ pub async fn commit(conn: &mut ConnectionManager, keys: &Keys, plan: &CommitPlan
             .map(|r| WireRecord {
                 expect: r.expect.to_string(),
                 version: (r.expect + 1).to_string(),
-                data: &r.data,
+                write: if r.data.is_some() { "1" } else { "0" },
+                data: r.data.as_deref().unwrap_or(""),
                 phase: &r.phase,
                 history: flatten(&r.history),
                 indexed: if r.indexed { "1" } else { "0" },
             })
             .collect(),
         effects: plan.effects.iter().map(|e| flatten(e)).collect(),
-        timers: plan.timers.iter().map(|t| [t.due_ms.to_string(), t.member()]).collect(),
-        work_add: plan.work_add.iter().map(|(id, owner)| [id.as_str(), owner.as_str()]).collect(),
+        timers: plan
+            .timers
+            .iter()
+            .map(|t| [t.due_ms.to_string(), t.member(), t.payload()])
+            .collect(),
+        work_add: plan
+            .work_add
+            .iter()
+            .map(|(id, owner)| [id.as_str(), owner.as_str()])
+            .collect(),
         work_end: &plan.work_end,
     };
     let json = serde_json::to_string(&wire).map_err(|e| StoreError::Protocol {
@@ -227,7 +252,8 @@ pub async fn commit(conn: &mut ConnectionManager, keys: &Keys, plan: &CommitPlan
     inv.key(keys.events(shard))
         .key(keys.effects(shard))
         .key(keys.timers(shard))
-        .key(keys.work_index(shard));
+        .key(keys.work_index(shard))
+        .key(keys.timer_data(shard));
     for r in &plan.records {
         inv.key(&r.key).key(&r.history_key).key(&r.index_key);
     }
@@ -260,9 +286,16 @@ pub struct StoredRecord {
 }
 
 /// Loads the record at `key`; `None` when it does not exist yet (version 0).
-pub async fn load(conn: &mut ConnectionManager, key: &str) -> Result<Option<StoredRecord>, StoreError> {
-    let (v, data): (Option<String>, Option<String>) =
-        redis::cmd("HMGET").arg(key).arg("v").arg("data").query_async(conn).await?;
+pub async fn load(
+    conn: &mut ConnectionManager,
+    key: &str,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let (v, data): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("v")
+        .arg("data")
+        .query_async(conn)
+        .await?;
     match (v, data) {
         (None, _) => Ok(None),
         (Some(v), Some(data)) => {
@@ -309,6 +342,12 @@ pub async fn load_many(
 }
 
 /// Members of a repository index (record keys of its open PRs and issues).
-pub async fn index_members(conn: &mut ConnectionManager, index_key: &str) -> Result<Vec<String>, StoreError> {
-    Ok(redis::cmd("SMEMBERS").arg(index_key).query_async(conn).await?)
+pub async fn index_members(
+    conn: &mut ConnectionManager,
+    index_key: &str,
+) -> Result<Vec<String>, StoreError> {
+    Ok(redis::cmd("SMEMBERS")
+        .arg(index_key)
+        .query_async(conn)
+        .await?)
 }

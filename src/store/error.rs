@@ -31,9 +31,7 @@ impl StoreError {
     /// that will never decode).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Redis(e) => {
-                e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
-            }
+            StoreError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
             StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
         }
     }

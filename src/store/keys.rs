@@ -130,6 +130,13 @@ impl Keys {
         format!("{}:timers", self.tag(shard))
     }
 
+    /// Hash of a shard's timer payloads: timer member → `repo TAB event TAB body`
+    /// (the sorted set holds only members and due times, so rescheduling a timer id
+    /// replaces it).
+    pub fn timer_data(&self, shard: u16) -> String {
+        format!("{}:timer-data", self.tag(shard))
+    }
+
     /// Dead-letter stream of a shard (entries of its events and effects streams).
     pub fn dead_letters(&self, shard: u16) -> String {
         format!("{}:dead", self.tag(shard))

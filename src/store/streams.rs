@@ -13,7 +13,9 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
+use redis::streams::{
+    StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
+};
 use redis::{AsyncCommands, Script, Value};
 use tracing::instrument;
 
@@ -36,7 +38,8 @@ pub mod dead_letter_fields {
 }
 
 /// Moves a pending entry to the dead letters and acks it (see `lua/dead_letter.lua`).
-static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/dead_letter.lua")));
+static DEAD_LETTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dead_letter.lua")));
 
 /// Removes an idle consumer that holds nothing (see `lua/remove_consumer.lua`).
 static REMOVE_CONSUMER: LazyLock<Script> =
@@ -92,7 +95,11 @@ impl Entry {
 /// Creates `group` on `stream` (and the stream itself) if missing. The group starts at
 /// the beginning of the stream so that entries queued before the first worker started
 /// are processed too.
-pub async fn ensure_group(conn: &mut ConnectionManager, stream: &str, group: &str) -> Result<(), StoreError> {
+pub async fn ensure_group(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+) -> Result<(), StoreError> {
     let r: Result<(), redis::RedisError> = conn.xgroup_create_mkstream(stream, group, "0").await;
     match r {
         Ok(()) => Ok(()),
@@ -115,7 +122,9 @@ pub async fn read_group(
     count: usize,
     block: Duration,
 ) -> Result<Vec<Entry>, StoreError> {
-    let mut opts = StreamReadOptions::default().group(group, consumer).count(count);
+    let mut opts = StreamReadOptions::default()
+        .group(group, consumer)
+        .count(count);
     if from == ">" {
         opts = opts.block(block.as_millis().try_into().unwrap_or(usize::MAX));
     }
@@ -149,12 +158,25 @@ pub async fn autoclaim(
 ) -> Result<(String, Vec<Entry>), StoreError> {
     let idle_ms: u64 = min_idle.as_millis().try_into().unwrap_or(u64::MAX);
     let reply: StreamAutoClaimReply = conn
-        .xautoclaim_options(stream, group, consumer, idle_ms, cursor, StreamAutoClaimOptions::default().count(count))
+        .xautoclaim_options(
+            stream,
+            group,
+            consumer,
+            idle_ms,
+            cursor,
+            StreamAutoClaimOptions::default().count(count),
+        )
         .await?;
     if reply.claimed.is_empty() {
         return Ok((reply.next_stream_id, Vec::new()));
     }
-    let counts = delivery_counts(conn, stream, group, reply.claimed.iter().map(|s| s.id.as_str())).await?;
+    let counts = delivery_counts(
+        conn,
+        stream,
+        group,
+        reply.claimed.iter().map(|s| s.id.as_str()),
+    )
+    .await?;
     let entries = reply
         .claimed
         .into_iter()
@@ -175,7 +197,12 @@ async fn delivery_counts<'a>(
 ) -> Result<HashMap<String, u64>, StoreError> {
     let mut pipe = redis::pipe();
     for id in ids {
-        pipe.cmd("XPENDING").arg(stream).arg(group).arg(id).arg(id).arg(1);
+        pipe.cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .arg(id)
+            .arg(id)
+            .arg(1);
     }
     let replies: Vec<redis::streams::StreamPendingCountReply> = pipe.query_async(conn).await?;
     Ok(replies
@@ -212,7 +239,12 @@ pub async fn dead_letter(
 }
 
 /// Acknowledges entries without any other write (entries with nothing to commit).
-pub async fn ack(conn: &mut ConnectionManager, stream: &str, group: &str, ids: &[&str]) -> Result<(), StoreError> {
+pub async fn ack(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+    ids: &[&str],
+) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -221,8 +253,16 @@ pub async fn ack(conn: &mut ConnectionManager, stream: &str, group: &str, ids: &
 }
 
 /// Number of entries pending (delivered, not acked) in `group` of `stream`.
-pub async fn pending_count(conn: &mut ConnectionManager, stream: &str, group: &str) -> Result<u64, StoreError> {
-    let v: Value = redis::cmd("XPENDING").arg(stream).arg(group).query_async(conn).await?;
+pub async fn pending_count(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+) -> Result<u64, StoreError> {
+    let v: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query_async(conn)
+        .await?;
     match v {
         Value::Array(items) => match items.first() {
             Some(Value::Int(n)) => Ok((*n).max(0) as u64),
@@ -246,10 +286,15 @@ pub async fn prune_consumers(
     group: &str,
     idle: Duration,
 ) -> Result<usize, StoreError> {
-    let info: redis::streams::StreamInfoConsumersReply = conn.xinfo_consumers(stream, group).await?;
+    let info: redis::streams::StreamInfoConsumersReply =
+        conn.xinfo_consumers(stream, group).await?;
     let idle_ms = usize::try_from(idle.as_millis()).unwrap_or(usize::MAX);
     let mut removed = 0;
-    for c in info.consumers.iter().filter(|c| c.pending == 0 && c.idle >= idle_ms) {
+    for c in info
+        .consumers
+        .iter()
+        .filter(|c| c.pending == 0 && c.idle >= idle_ms)
+    {
         if remove_consumer_if_idle(conn, stream, group, &c.name).await? {
             removed += 1;
         }

@@ -29,6 +29,7 @@ pub async fn pop_due(
 ) -> Result<usize, StoreError> {
     let n: usize = POP_DUE
         .key(keys.timers(shard))
+        .key(keys.timer_data(shard))
         .key(keys.events(shard))
         .arg(now_ms)
         .arg(limit)
@@ -38,6 +39,13 @@ pub async fn pop_due(
 }
 
 /// Number of timers scheduled in a shard (due or not), for inspection and gauges.
-pub async fn count(conn: &mut ConnectionManager, keys: &Keys, shard: u16) -> Result<u64, StoreError> {
-    Ok(redis::cmd("ZCARD").arg(keys.timers(shard)).query_async(conn).await?)
+pub async fn count(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    shard: u16,
+) -> Result<u64, StoreError> {
+    Ok(redis::cmd("ZCARD")
+        .arg(keys.timers(shard))
+        .query_async(conn)
+        .await?)
 }

@@ -67,7 +67,11 @@ pub enum WorkState {
 
 /// Finds a work id in every shard's work index (one pipelined round trip).
 #[instrument(skip_all, fields(work_id))]
-pub async fn lookup(conn: &mut ConnectionManager, keys: &Keys, work_id: &str) -> Result<WorkState, StoreError> {
+pub async fn lookup(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    work_id: &str,
+) -> Result<WorkState, StoreError> {
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         pipe.hget(keys.work_index(shard), work_id);
@@ -90,7 +94,11 @@ pub async fn lookup(conn: &mut ConnectionManager, keys: &Keys, work_id: &str) ->
         }
         ended |= was_ended;
     }
-    Ok(if ended { WorkState::Ended } else { WorkState::Unknown })
+    Ok(if ended {
+        WorkState::Ended
+    } else {
+        WorkState::Unknown
+    })
 }
 
 /// What came of [`report`].

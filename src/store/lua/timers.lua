@@ -2,20 +2,26 @@
 -- one atomic call: whichever poller runs first gets a timer, and a popped timer is
 -- always queued (never lost between the pop and the XADD).
 --
--- KEYS[1] timers (zset, score = due unix ms)   KEYS[2] events stream
+-- KEYS[1] timers (zset: member -> due unix ms)   KEYS[2] timer payloads (hash)
+-- KEYS[3] events stream
 -- ARGV[1] now (unix ms)   ARGV[2] most timers to pop
--- Member format: <timer id> TAB <repo> TAB <event name> TAB <event JSON>. A member that
--- does not match is still queued, as an undecodable entry, so it reaches the dead
--- letters instead of vanishing.
+-- Payload format: <repo> TAB <event name> TAB <event JSON>. A timer whose payload is
+-- missing or malformed is still queued, as an undecodable entry, so it reaches the
+-- dead letters instead of vanishing.
 -- Reply: the number of timers popped.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do
+  local data = redis.call('HGET', KEYS[2], m)
   redis.call('ZREM', KEYS[1], m)
-  local id, repo, event, body = string.match(m, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-  if not id then
-    id, repo, event, body = 'malformed', '', 'timer_fired', m
+  redis.call('HDEL', KEYS[2], m)
+  local repo, event, body
+  if data then
+    repo, event, body = string.match(data, '^([^\t]*)\t([^\t]*)\t(.*)$')
   end
-  redis.call('XADD', KEYS[2], '*', 'kind', 'internal', 'delivery', 'timer:' .. id,
+  if not repo then
+    repo, event, body = '', 'timer-malformed', tostring(data)
+  end
+  redis.call('XADD', KEYS[3], '*', 'kind', 'internal', 'delivery', 'timer:' .. m .. ':' .. ARGV[1],
     'event', event, 'repo', repo, 'received', ARGV[1], 'body', body)
 end
 return #due
