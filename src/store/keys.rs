@@ -106,6 +106,16 @@ impl Keys {
         )
     }
 
+    /// History stream of one issue record (same entries as [`Keys::history`]).
+    pub fn issue_history(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:ihist:{}#{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase(),
+            number
+        )
+    }
+
     /// Set of the record keys of a repository's PRs and issues (for inspect/resync).
     pub fn repo_index(&self, repo: &str) -> String {
         format!(
