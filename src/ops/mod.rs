@@ -10,8 +10,8 @@ use crate::config::Config;
 pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Serve => crate::ingest::serve(config, crate::shutdown::on_signals()).await,
-        Command::Work(_) => anyhow::bail!("work: not built yet"),
-        Command::Run(_) => anyhow::bail!("run: not built yet"),
+        Command::Work(args) => crate::worker::work(config, args.consumer).await,
+        Command::Run(args) => crate::worker::run_all(config, args.consumer).await,
         Command::Send(args) => send::run(&args).await,
         Command::Replay(_) => anyhow::bail!("replay: not built yet"),
         Command::Inspect(_) => anyhow::bail!("inspect: not built yet"),

@@ -16,6 +16,7 @@
 //! committed exactly once.
 
 pub mod consumer;
+pub mod health;
 pub mod process;
 pub mod redis_server;
 pub mod results;
@@ -142,4 +143,45 @@ pub async fn run(config: Arc<Config>, metrics: Metrics, consumer: Option<String>
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// `shepherd work`: the worker plus its health/metrics endpoint, until SIGINT/SIGTERM.
+pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
+    let shutdown = crate::shutdown::on_signals();
+    let metrics = Metrics::new();
+    let config = Arc::new(config);
+    let worker = async {
+        let r = run(config.clone(), metrics.clone(), consumer, shutdown.clone()).await;
+        shutdown.cancel();
+        r
+    };
+    let (result, ()) = tokio::join!(worker, health::serve(&config, metrics.clone(), shutdown.clone()));
+    result
+}
+
+/// `shepherd run`: serve and work in one process, starting a local redis-server first
+/// when none answers at `SHEPHERD_REDIS_URL` (see [`redis_server`]).
+pub async fn run_all(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
+    config.require_webhook_secrets()?;
+    let shutdown = crate::shutdown::on_signals();
+    let supervised = redis_server::ensure(&config.redis_url, &config.data_dir).await?;
+    let metrics = Metrics::new();
+    let config = Arc::new(config);
+    let state = crate::ingest::AppState::new(config.clone(), metrics.clone())?;
+    let server = async {
+        let r = crate::ingest::serve_with(actix_web::web::Data::new(state), shutdown.clone(), results_api::configure).await;
+        shutdown.cancel();
+        r
+    };
+    let worker = async {
+        let r = run(config.clone(), metrics.clone(), consumer, shutdown.clone()).await;
+        shutdown.cancel();
+        r
+    };
+    let (served, worked) = tokio::join!(server, worker);
+    if let Some(redis) = supervised {
+        redis.stop().await;
+    }
+    worked?;
+    served
 }
