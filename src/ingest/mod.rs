@@ -131,7 +131,13 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.require_webhook_secrets()?;
     let state = AppState::new(Arc::new(config), Metrics::new())?;
-    serve_with(web::Data::new(state), shutdown, |_| {}).await
+    // The results API (agents report work results) lives on the same server.
+    serve_with(
+        web::Data::new(state),
+        shutdown,
+        crate::worker::results_api::configure,
+    )
+    .await
 }
 
 /// Runs the HTTP server on `SHEPHERD_LISTEN` with the ingest routes and whatever

@@ -33,6 +33,8 @@ pub struct Builder {
     env: Vec<(String, String)>,
     /// Redis URL.
     redis_url: String,
+    /// Key prefix shared with other instances (default: a fresh one).
+    prefix: Option<String>,
 }
 
 impl Builder {
@@ -52,10 +54,20 @@ impl Builder {
         self
     }
 
+    /// Uses `prefix` (e.g. another instance's, so a `work` process consumes what a
+    /// `serve` process queues).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = Some(prefix.to_owned());
+        self
+    }
+
     /// Starts the process and waits until `/healthz` answers 200.
     pub async fn start(self) -> Shepherd {
         let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("it{}-{n}", std::process::id());
+        let prefix = self
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("it{}-{n}", std::process::id()));
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
         // Settings from the developer's shell must not leak into a test.
@@ -96,6 +108,7 @@ impl Shepherd {
             args: vec!["serve".into()],
             env: Vec::new(),
             redis_url: redis.url(),
+            prefix: None,
         }
     }
 
@@ -136,6 +149,35 @@ impl Shepherd {
             async move { request.await.is_ok_and(|r| r.status().is_success()) }
         })
         .await;
+    }
+}
+
+impl Shepherd {
+    /// Kills the process with SIGKILL (a crash: nothing is finished or cleaned up).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM (a graceful stop request).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits up to `deadline` for the process to exit; panics when it does not.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
+        let end = std::time::Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < end, "shepherd did not exit within {deadline:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
