@@ -40,7 +40,11 @@ pub(crate) async fn pause(d: Duration, shutdown: &CancellationToken) -> bool {
 /// Reads and processes one shard's events until shutdown. Starts with this consumer's
 /// own pending entries (a restart under the same `--consumer` name), then new ones.
 #[instrument(skip_all, fields(shard, consumer = %ctx.consumer))]
-pub async fn consume_shard(ctx: Arc<Context>, shard: u16, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn consume_shard(
+    ctx: Arc<Context>,
+    shard: u16,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let stream = ctx.store.keys().events(shard);
     let mut conn = ctx.store.blocking_conn(BLOCK).await?;
     streams::ensure_group(&mut conn, &stream, WORKERS_GROUP).await?;
@@ -50,10 +54,23 @@ pub async fn consume_shard(ctx: Arc<Context>, shard: u16, shutdown: Cancellation
     let mut own_pending = true;
     while !shutdown.is_cancelled() {
         let cursor = if own_pending { from.as_str() } else { ">" };
-        let batch = match streams::read_group(&mut conn, &stream, WORKERS_GROUP, &ctx.consumer, cursor, BATCH, BLOCK).await {
+        let batch = match streams::read_group(
+            &mut conn,
+            &stream,
+            WORKERS_GROUP,
+            &ctx.consumer,
+            cursor,
+            BATCH,
+            BLOCK,
+        )
+        .await
+        {
             Ok(b) => b,
             Err(e) => {
-                ctx.metrics.redis_errors.with_label_values(&["xreadgroup"]).inc();
+                ctx.metrics
+                    .redis_errors
+                    .with_label_values(&["xreadgroup"])
+                    .inc();
                 tracing::warn!(error = %e, "reading the events stream failed; retrying");
                 if !pause(RETRY_PAUSE, &shutdown).await {
                     break;
@@ -80,7 +97,8 @@ pub async fn consume_shard(ctx: Arc<Context>, shard: u16, shutdown: Cancellation
 /// Reclaims entries of dead consumers from every shard, every half reclaim idle time
 /// (at least every second, at most every 30 s), and prunes long-gone consumers.
 pub async fn reclaim_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let every = (ctx.config.reclaim_idle / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    let every =
+        (ctx.config.reclaim_idle / 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
     let mut since_prune = Duration::ZERO;
     while pause(every, &shutdown).await {
         for shard in 0..ctx.config.shards {
@@ -88,7 +106,10 @@ pub async fn reclaim_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> any
                 break;
             }
             if let Err(e) = reclaim_shard(&ctx, shard, &shutdown).await {
-                ctx.metrics.redis_errors.with_label_values(&["xautoclaim"]).inc();
+                ctx.metrics
+                    .redis_errors
+                    .with_label_values(&["xautoclaim"])
+                    .inc();
                 tracing::warn!(shard, error = %e, "reclaiming pending entries failed");
             }
         }
@@ -104,7 +125,11 @@ pub async fn reclaim_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> any
 /// One full `XAUTOCLAIM` scan of a shard; claimed entries are processed at once (or
 /// dead-lettered when delivered too often).
 #[instrument(skip_all, fields(shard))]
-async fn reclaim_shard(ctx: &Context, shard: u16, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn reclaim_shard(
+    ctx: &Context,
+    shard: u16,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let stream = ctx.store.keys().events(shard);
     let mut conn = ctx.store.conn();
     let mut cursor = "0-0".to_owned();
@@ -120,7 +145,10 @@ async fn reclaim_shard(ctx: &Context, shard: u16, shutdown: &CancellationToken) 
         )
         .await?;
         if !claimed.is_empty() {
-            tracing::info!(count = claimed.len(), "reclaimed entries of a dead or slow consumer");
+            tracing::info!(
+                count = claimed.len(),
+                "reclaimed entries of a dead or slow consumer"
+            );
             process::process_batch(ctx, shard, claimed).await;
         }
         if next == "0-0" || shutdown.is_cancelled() {
@@ -149,7 +177,9 @@ pub async fn leave_groups(ctx: &Context) {
     let mut conn = ctx.store.conn();
     for shard in 0..ctx.config.shards {
         let stream = ctx.store.keys().events(shard);
-        if let Err(e) = streams::remove_consumer_if_idle(&mut conn, &stream, WORKERS_GROUP, &ctx.consumer).await {
+        if let Err(e) =
+            streams::remove_consumer_if_idle(&mut conn, &stream, WORKERS_GROUP, &ctx.consumer).await
+        {
             tracing::debug!(shard, error = %e, "leaving the consumer group failed");
         }
     }
@@ -173,13 +203,16 @@ async fn sample_gauges(ctx: &Context) {
     for shard in 0..ctx.config.shards {
         let label = format!("events:{shard}");
         if let Ok(n) = streams::pending_count(&mut conn, &keys.events(shard), WORKERS_GROUP).await {
-            g.with_label_values(&[label.as_str(), "pending"]).set(n as i64);
+            g.with_label_values(&[label.as_str(), "pending"])
+                .set(n as i64);
         }
         if let Ok(n) = streams::length(&mut conn, &keys.dead_letters(shard)).await {
-            g.with_label_values(&[format!("dead:{shard}").as_str(), "dead_letters"]).set(n as i64);
+            g.with_label_values(&[format!("dead:{shard}").as_str(), "dead_letters"])
+                .set(n as i64);
         }
         if let Ok(n) = crate::store::timers::count(&mut conn, keys, shard).await {
-            g.with_label_values(&[format!("timers:{shard}").as_str(), "timers"]).set(n as i64);
+            g.with_label_values(&[format!("timers:{shard}").as_str(), "timers"])
+                .set(n as i64);
         }
     }
 }

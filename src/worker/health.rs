@@ -15,7 +15,10 @@ pub async fn serve(config: &Config, metrics: Metrics, shutdown: CancellationToke
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
-            .route("/healthz", web::get().to(|| async { HttpResponse::Ok().body("ok\n") }))
+            .route(
+                "/healthz",
+                web::get().to(|| async { HttpResponse::Ok().body("ok\n") }),
+            )
             .route("/metrics", web::get().to(render))
     })
     .workers(1)

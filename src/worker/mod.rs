@@ -76,8 +76,9 @@ pub fn load_policy(config: &Config) -> anyhow::Result<PolicyFile> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading the policy file {}", path.display()))?;
-            PolicyFile::from_toml(&text)
-                .with_context(|| format!("SHEPHERD_CONFIG: invalid policy file {}", path.display()))?
+            PolicyFile::from_toml(&text).with_context(|| {
+                format!("SHEPHERD_CONFIG: invalid policy file {}", path.display())
+            })?
         }
     };
     let bot = match &config.bot_login {
@@ -94,7 +95,12 @@ pub fn load_policy(config: &Config) -> anyhow::Result<PolicyFile> {
 /// Runs `shepherd work` until `shutdown` is cancelled: one consumer per shard, the
 /// reclaimer, the timer poller, the results intake and the gauge sampler. Returns once
 /// every task has finished its in-flight work.
-pub async fn run(config: Arc<Config>, metrics: Metrics, consumer: Option<String>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    config: Arc<Config>,
+    metrics: Metrics,
+    consumer: Option<String>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let policy = Arc::new(load_policy(&config)?);
     let keys = Keys::new(config.key_prefix.clone(), config.shards);
     let store = Store::connect(&config.redis_url, keys)
@@ -120,7 +126,11 @@ pub async fn run(config: Arc<Config>, metrics: Metrics, consumer: Option<String>
     tracing::info!(consumer = %ctx.consumer, shards = ctx.config.shards, "worker started");
     let mut tasks = tokio::task::JoinSet::new();
     for shard in 0..ctx.config.shards {
-        tasks.spawn(consumer::consume_shard(ctx.clone(), shard, shutdown.clone()));
+        tasks.spawn(consumer::consume_shard(
+            ctx.clone(),
+            shard,
+            shutdown.clone(),
+        ));
     }
     tasks.spawn(consumer::reclaim_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));
@@ -155,7 +165,10 @@ pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()
         shutdown.cancel();
         r
     };
-    let (result, ()) = tokio::join!(worker, health::serve(&config, metrics.clone(), shutdown.clone()));
+    let (result, ()) = tokio::join!(
+        worker,
+        health::serve(&config, metrics.clone(), shutdown.clone())
+    );
     result
 }
 
@@ -169,7 +182,12 @@ pub async fn run_all(config: Config, consumer: Option<String>) -> anyhow::Result
     let config = Arc::new(config);
     let state = crate::ingest::AppState::new(config.clone(), metrics.clone())?;
     let server = async {
-        let r = crate::ingest::serve_with(actix_web::web::Data::new(state), shutdown.clone(), results_api::configure).await;
+        let r = crate::ingest::serve_with(
+            actix_web::web::Data::new(state),
+            shutdown.clone(),
+            results_api::configure,
+        )
+        .await;
         shutdown.cancel();
         r
     };

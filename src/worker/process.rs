@@ -19,9 +19,10 @@ use crate::core::ids::{RepoName, Scope};
 use crate::core::machine::{decide, decide_issue, step, step_issue};
 use crate::core::normalize::normalize;
 use crate::core::policy::Policy;
-use crate::core::record::{IssueRecord, PrRecord};
+use crate::core::record::{IssueRecord, PrRecord, WorkState};
 use crate::store::commit::{
-    self, CommitOutcome, CommitPlan, RecordWrite, StoredRecord, TimerWrite, effect_fields, history_fields,
+    self, CommitOutcome, CommitPlan, RecordWrite, StoredRecord, TimerWrite, effect_fields,
+    history_fields,
 };
 use crate::store::keys::WORKERS_GROUP;
 use crate::store::streams::{self, Entry};
@@ -69,7 +70,10 @@ pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
                 groups.entry(key).or_default().push(*job);
             }
             Decoded::Ignore(entry) => {
-                ctx.metrics.events_processed.with_label_values(&["other", "ignored"]).inc();
+                ctx.metrics
+                    .events_processed
+                    .with_label_values(&["other", "ignored"])
+                    .inc();
                 ignored.push(entry.id);
             }
             Decoded::Poison(entry, reason) => dead_letter(ctx, shard, &entry, &reason).await,
@@ -82,11 +86,14 @@ pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
             tracing::warn!(error = %e, "acking ignored entries failed; they will be redelivered");
         }
     }
-    let runs = order.into_iter().filter_map(|k| groups.remove(&k)).map(|jobs| async move {
-        for job in jobs {
-            apply(ctx, shard, job).await;
-        }
-    });
+    let runs = order
+        .into_iter()
+        .filter_map(|k| groups.remove(&k))
+        .map(|jobs| async move {
+            for job in jobs {
+                apply(ctx, shard, job).await;
+            }
+        });
     join_all(runs).await;
 }
 
@@ -94,7 +101,10 @@ pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
 fn decode(ctx: &Context, entry: Entry) -> Decoded {
     let max = u64::from(ctx.config.max_deliveries);
     if entry.deliveries > max {
-        let reason = format!("delivered {} times (SHEPHERD_MAX_DELIVERIES = {max})", entry.deliveries);
+        let reason = format!(
+            "delivered {} times (SHEPHERD_MAX_DELIVERIES = {max})",
+            entry.deliveries
+        );
         return Decoded::Poison(entry, reason);
     }
     let body = entry.bytes(fields::BODY).unwrap_or_default();
@@ -123,7 +133,10 @@ fn decode(ctx: &Context, entry: Entry) -> Decoded {
     if matches!(event.target(), Target::None) {
         return Decoded::Ignore(entry);
     }
-    let received_ms = entry.text(fields::RECEIVED).parse().unwrap_or_else(|_| streams::now_ms());
+    let received_ms = entry
+        .text(fields::RECEIVED)
+        .parse()
+        .unwrap_or_else(|_| streams::now_ms());
     Decoded::Apply(Box::new(Job {
         name: event.name(),
         event,
@@ -149,10 +162,25 @@ async fn dead_letter(ctx: &Context, shard: u16, entry: &Entry, reason: &str) {
     let (stream, dead) = (keys.events(shard), keys.dead_letters(shard));
     let event = entry.text(fields::EVENT);
     tracing::warn!(entry = %entry.id, event = %event, delivery = %entry.text(fields::DELIVERY), %reason, "dead-lettering a poison entry");
-    let r = streams::dead_letter(&mut ctx.store.conn(), &stream, &dead, WORKERS_GROUP, &entry.id, reason, entry.deliveries).await;
+    let r = streams::dead_letter(
+        &mut ctx.store.conn(),
+        &stream,
+        &dead,
+        WORKERS_GROUP,
+        &entry.id,
+        reason,
+        entry.deliveries,
+    )
+    .await;
     match r {
-        Ok(_) => ctx.metrics.events_processed.with_label_values(&["other", "dead_lettered"]).inc(),
-        Err(e) => tracing::warn!(entry = %entry.id, error = %e, "dead-lettering failed; the entry stays pending"),
+        Ok(_) => ctx
+            .metrics
+            .events_processed
+            .with_label_values(&["other", "dead_lettered"])
+            .inc(),
+        Err(e) => {
+            tracing::warn!(entry = %entry.id, error = %e, "dead-lettering failed; the entry stays pending")
+        }
     }
 }
 
@@ -167,7 +195,9 @@ enum ApplyError {
 impl From<StoreError> for ApplyError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Corrupt { key, reason } => ApplyError::Poison(format!("corrupt record {key}: {reason}")),
+            StoreError::Corrupt { key, reason } => {
+                ApplyError::Poison(format!("corrupt record {key}: {reason}"))
+            }
             other => ApplyError::Store(other),
         }
     }
@@ -183,23 +213,34 @@ async fn apply(ctx: &Context, shard: u16, job: Job) {
             let plan = match build_plan(ctx, shard, &job).await {
                 Ok(plan) => plan,
                 Err(ApplyError::Poison(reason)) => {
-                    processed.with_label_values(&[job.name.as_str(), "dead_lettered"]).inc();
+                    processed
+                        .with_label_values(&[job.name.as_str(), "dead_lettered"])
+                        .inc();
                     return dead_letter(ctx, shard, &job.entry, &reason).await;
                 }
                 Err(ApplyError::Store(e)) => {
-                    processed.with_label_values(&[job.name.as_str(), "error"]).inc();
+                    processed
+                        .with_label_values(&[job.name.as_str(), "error"])
+                        .inc();
                     return tracing::warn!(error = %e, "loading failed; the entry stays pending");
                 }
             };
             match commit::commit(&mut conn, ctx.store.keys(), &plan).await {
                 Ok(CommitOutcome::Committed) => {
-                    processed.with_label_values(&[job.name.as_str(), "committed"]).inc();
+                    processed
+                        .with_label_values(&[job.name.as_str(), "committed"])
+                        .inc();
                     let lag_ms = streams::now_ms().saturating_sub(job.received_ms);
-                    ctx.metrics.lag.with_label_values(&["committed"]).observe(lag_ms as f64 / 1000.0);
+                    ctx.metrics
+                        .lag
+                        .with_label_values(&["committed"])
+                        .observe(lag_ms as f64 / 1000.0);
                     return;
                 }
                 Ok(CommitOutcome::Stale) => {
-                    processed.with_label_values(&[job.name.as_str(), "duplicate"]).inc();
+                    processed
+                        .with_label_values(&[job.name.as_str(), "duplicate"])
+                        .inc();
                     return tracing::info!("entry already committed by another consumer");
                 }
                 Ok(CommitOutcome::Conflict { index, found }) => {
@@ -210,13 +251,20 @@ async fn apply(ctx: &Context, shard: u16, job: Job) {
                     tokio::time::sleep(Duration::from_micros(wait)).await;
                 }
                 Err(e) => {
-                    processed.with_label_values(&[job.name.as_str(), "error"]).inc();
+                    processed
+                        .with_label_values(&[job.name.as_str(), "error"])
+                        .inc();
                     return tracing::warn!(error = %e, "commit failed; the entry stays pending");
                 }
             }
         }
-        processed.with_label_values(&[job.name.as_str(), "error"]).inc();
-        tracing::warn!(attempts = MAX_ATTEMPTS, "too many version conflicts; the entry stays pending");
+        processed
+            .with_label_values(&[job.name.as_str(), "error"])
+            .inc();
+        tracing::warn!(
+            attempts = MAX_ATTEMPTS,
+            "too many version conflicts; the entry stays pending"
+        );
     }
     .instrument(span)
     .await;
@@ -229,7 +277,9 @@ async fn build_plan(ctx: &Context, shard: u16, job: &Job) -> Result<CommitPlan, 
         && ctx.store.keys().shard_of(repo.as_str()) != shard
     {
         // One Lua call must stay in one shard; ingest queues by the same hash.
-        return Err(ApplyError::Poison(format!("repository {repo} belongs to another shard")));
+        return Err(ApplyError::Poison(format!(
+            "repository {repo} belongs to another shard"
+        )));
     }
     let mut plan = CommitPlan {
         shard,
@@ -284,12 +334,23 @@ async fn apply_pr(
     let mut links = old.linked_issues();
     links.extend(t.record.linked_issues());
     let changed = !t.is_noop();
-    let phase = decide(&t.record, policy, now).phase.as_str();
+    let phase = name_of(&decide(&t.record, policy, now).phase);
     let indexed = t.record.is_open() || t.record.pr.is_none();
     let data = changed.then(|| t.record.to_json());
-    let old_work = old.work.as_ref().map(|w| w.item.id.to_string());
-    let new_work = t.record.work.as_ref().map(|w| w.item.id.to_string());
-    push_record(ctx, job, plan, Scope::Pr, repo, n, (old.version, data, phase, indexed), direct || changed, &t.note, &t.effects);
+    let old_work = active_work(&old.work);
+    let new_work = active_work(&t.record.work);
+    push_record(
+        ctx,
+        job,
+        plan,
+        Scope::Pr,
+        repo,
+        n,
+        (old.version, data, phase, indexed),
+        direct || changed,
+        &t.note,
+        &t.effects,
+    );
     track_work(plan, old_work, new_work);
     Ok(links)
 }
@@ -308,23 +369,40 @@ async fn apply_issue(
     let stored = commit::load(&mut ctx.store.conn(), &key).await?;
     let old = match stored {
         None => IssueRecord::new(repo.clone(), n),
-        Some(s) => IssueRecord::from_json(&s.data).map_err(|e| ApplyError::Poison(format!("corrupt record {key}: {e}")))?,
+        Some(s) => IssueRecord::from_json(&s.data)
+            .map_err(|e| ApplyError::Poison(format!("corrupt record {key}: {e}")))?,
     };
     let now = streams::now_ms() as i64;
     let t = step_issue(&old, &job.event, now, policy);
     let changed = !t.is_noop();
-    let phase = decide_issue(&t.record, policy, now).phase.as_str();
+    let phase = name_of(&decide_issue(&t.record, policy).phase);
     let indexed = t.record.issue.as_ref().is_none_or(|i| i.open);
     let data = changed.then(|| t.record.to_json());
-    let old_work = old.work.as_ref().map(|w| w.item.id.to_string());
-    let new_work = t.record.work.as_ref().map(|w| w.item.id.to_string());
-    push_record(ctx, job, plan, Scope::Issue, repo, n, (old.version, data, phase, indexed), direct || changed, &t.note, &t.effects);
+    let old_work = active_work(&old.work);
+    let new_work = active_work(&t.record.work);
+    push_record(
+        ctx,
+        job,
+        plan,
+        Scope::Issue,
+        repo,
+        n,
+        (old.version, data, phase, indexed),
+        direct || changed,
+        &t.note,
+        &t.effects,
+    );
     track_work(plan, old_work, new_work);
     Ok(())
 }
 
 /// Applies a repository-wide event to every open PR record of the repository.
-async fn apply_repo(ctx: &Context, job: &Job, repo: &RepoName, plan: &mut CommitPlan) -> Result<(), ApplyError> {
+async fn apply_repo(
+    ctx: &Context,
+    job: &Job,
+    repo: &RepoName,
+    plan: &mut CommitPlan,
+) -> Result<(), ApplyError> {
     let keys = ctx.store.keys();
     let mut conn = ctx.store.conn();
     let members = commit::index_members(&mut conn, &keys.repo_index(repo.as_str())).await?;
@@ -333,19 +411,32 @@ async fn apply_repo(ctx: &Context, job: &Job, repo: &RepoName, plan: &mut Commit
     let policy = ctx.policy.for_repo(repo);
     let now = streams::now_ms() as i64;
     for (key, stored) in pr_keys.iter().zip(stored) {
-        let Some(old) = decode_pr(key, stored.as_ref())? else { continue };
+        let Some(old) = decode_pr(key, stored.as_ref())? else {
+            continue;
+        };
         if !old.is_open() {
             continue;
         }
         let t = step(&old, &job.event, now, &policy);
         let changed = !t.is_noop();
-        let phase = decide(&t.record, &policy, now).phase.as_str();
+        let phase = name_of(&decide(&t.record, &policy, now).phase);
         let indexed = t.record.is_open();
         let data = changed.then(|| t.record.to_json());
-        let old_work = old.work.as_ref().map(|w| w.item.id.to_string());
-        let new_work = t.record.work.as_ref().map(|w| w.item.id.to_string());
+        let old_work = active_work(&old.work);
+        let new_work = active_work(&t.record.work);
         let n = old.number;
-        push_record(ctx, job, plan, Scope::Pr, repo, n, (old.version, data, phase, indexed), changed, &t.note, &t.effects);
+        push_record(
+            ctx,
+            job,
+            plan,
+            Scope::Pr,
+            repo,
+            n,
+            (old.version, data, phase, indexed),
+            changed,
+            &t.note,
+            &t.effects,
+        );
         track_work(plan, old_work, new_work);
     }
     Ok(())
@@ -361,6 +452,19 @@ fn decode_pr(key: &str, stored: Option<&StoredRecord>) -> Result<Option<PrRecord
     }
 }
 
+/// The id of a record's active work item.
+fn active_work(work: &WorkState) -> Option<String> {
+    work.active.as_ref().map(|w| w.item.id.to_string())
+}
+
+/// The serialized name of a unit enum value (phases, effect kinds).
+fn name_of<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// Records that the active work changed: the old id ends unless it is still active.
 fn track_work(plan: &mut CommitPlan, old: Option<String>, new: Option<String>) {
     if let Some(old) = old
@@ -373,10 +477,13 @@ fn track_work(plan: &mut CommitPlan, old: Option<String>, new: Option<String>) {
 
 /// The state a record is committed in: (expected version, data when changed, phase,
 /// whether it stays in the repository index).
-type RecordState = (u64, Option<String>, &'static str, bool);
+type RecordState = (u64, Option<String>, String, bool);
 
 /// Adds one stepped record, its history entry and its effects to the plan.
-#[expect(clippy::too_many_arguments, reason = "one call site per record kind; a struct would only rename them")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site per record kind; a struct would only rename them"
+)]
 fn push_record(
     ctx: &Context,
     job: &Job,
@@ -391,7 +498,10 @@ fn push_record(
 ) {
     let keys = ctx.store.keys();
     let (key, history_key) = match scope {
-        Scope::Pr => (keys.pr_record(repo.as_str(), number), keys.history(repo.as_str(), number)),
+        Scope::Pr => (
+            keys.pr_record(repo.as_str(), number),
+            keys.history(repo.as_str(), number),
+        ),
         Scope::Issue => (
             keys.issue_record(repo.as_str(), number),
             keys.issue_history(repo.as_str(), number),
@@ -399,7 +509,7 @@ fn push_record(
     };
     let version = if data.is_some() { expect + 1 } else { expect };
     let history = if with_history {
-        history_entry(job, note, phase, version, effects.len())
+        history_entry(job, note, &phase, version, effects.len())
     } else {
         Vec::new()
     };
@@ -412,17 +522,26 @@ fn push_record(
         index_key: keys.repo_index(repo.as_str()),
         expect,
         data,
-        phase: phase.to_owned(),
+        phase,
         history,
         indexed,
     });
 }
 
 /// The history entry of a transition.
-fn history_entry(job: &Job, note: &str, phase: &str, version: u64, effects: usize) -> Vec<(String, String)> {
+fn history_entry(
+    job: &Job,
+    note: &str,
+    phase: &str,
+    version: u64,
+    effects: usize,
+) -> Vec<(String, String)> {
     let mut h = vec![
         (history_fields::ENTRY.to_owned(), job.entry.id.clone()),
-        (history_fields::DELIVERY.to_owned(), job.entry.text(fields::DELIVERY)),
+        (
+            history_fields::DELIVERY.to_owned(),
+            job.entry.text(fields::DELIVERY),
+        ),
         (history_fields::EVENT.to_owned(), job.name.clone()),
         (history_fields::NOTE.to_owned(), note.to_owned()),
         (history_fields::PHASE.to_owned(), phase.to_owned()),
@@ -459,25 +578,32 @@ fn add_effect(job: &Job, plan: &mut CommitPlan, record_key: &str, version: u64, 
             return;
         }
         EffectKind::Dispatch(item) => {
-            let owner = WorkOwner::encode(effect.scope == Scope::Issue, effect.repo.as_str(), effect.number);
+            let owner = WorkOwner::encode(
+                effect.scope == Scope::Issue,
+                effect.repo.as_str(),
+                effect.number,
+            );
             plan.work_add.push((item.id.to_string(), owner));
             effect.kind.name()
         }
         other => other.name(),
     };
-    let kind = serde_json::to_value(kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
+    let kind = name_of(&kind);
     plan.effects.push(vec![
         (effect_fields::ID.to_owned(), effect.id.to_string()),
         (effect_fields::KIND.to_owned(), kind),
-        (effect_fields::EFFECT.to_owned(), serde_json::to_string(effect).unwrap_or_default()),
+        (
+            effect_fields::EFFECT.to_owned(),
+            serde_json::to_string(effect).unwrap_or_default(),
+        ),
         (effect_fields::RECORD.to_owned(), record_key.to_owned()),
         (effect_fields::REPO.to_owned(), effect.repo.to_string()),
         (effect_fields::NUMBER.to_owned(), effect.number.to_string()),
         (effect_fields::VERSION.to_owned(), version.to_string()),
         (effect_fields::CAUSE.to_owned(), job.entry.id.clone()),
-        (effect_fields::RECEIVED.to_owned(), job.received_ms.to_string()),
+        (
+            effect_fields::RECEIVED.to_owned(),
+            job.received_ms.to_string(),
+        ),
     ]);
 }

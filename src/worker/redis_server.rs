@@ -59,7 +59,8 @@ pub async fn ensure(url: &str, data_dir: &Path) -> anyhow::Result<Option<Supervi
     if answers(url).await {
         return Ok(None);
     }
-    let client = redis::Client::open(url).context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
+    let client =
+        redis::Client::open(url).context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
     let info = client.get_connection_info();
     let ConnectionAddr::Tcp(host, port) = info.addr() else {
         return Ok(None);
@@ -160,7 +161,10 @@ impl Spec {
             // The server closes the connection instead of answering: ignore the error.
             let _ = tokio::time::timeout(PROBE_TIMEOUT, ask).await;
         }
-        if tokio::time::timeout(STOP_DEADLINE, child.wait()).await.is_err() {
+        if tokio::time::timeout(STOP_DEADLINE, child.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("redis-server did not stop in time; killing it");
             let _ = child.kill().await;
         }

@@ -109,7 +109,17 @@ pub async fn intake_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyh
     let mut conn = ctx.store.conn();
     let mut since_reclaim = Duration::ZERO;
     while !shutdown.is_cancelled() {
-        let batch = match streams::read_group(&mut read, &stream, RESULTS_GROUP, &ctx.consumer, ">", BATCH, BLOCK).await {
+        let batch = match streams::read_group(
+            &mut read,
+            &stream,
+            RESULTS_GROUP,
+            &ctx.consumer,
+            ">",
+            BATCH,
+            BLOCK,
+        )
+        .await
+        {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the results stream failed; retrying");
@@ -125,7 +135,17 @@ pub async fn intake_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyh
         since_reclaim += BLOCK;
         if since_reclaim >= ctx.config.reclaim_idle {
             since_reclaim = Duration::ZERO;
-            match streams::autoclaim(&mut conn, &stream, RESULTS_GROUP, &ctx.consumer, ctx.config.reclaim_idle, "0-0", BATCH).await {
+            match streams::autoclaim(
+                &mut conn,
+                &stream,
+                RESULTS_GROUP,
+                &ctx.consumer,
+                ctx.config.reclaim_idle,
+                "0-0",
+                BATCH,
+            )
+            .await
+            {
                 Ok((_, claimed)) => {
                     for entry in claimed {
                         handle_entry(&ctx, &mut conn, entry).await;
@@ -170,10 +190,22 @@ async fn handle_entry(ctx: &Context, conn: &mut ConnectionManager, entry: stream
         Ok(None) => {}
         Ok(Some(reason)) => {
             tracing::warn!(entry = %entry.id, %reason, "result dead-lettered");
-            if let Err(e) = streams::dead_letter(conn, &stream, &dead, RESULTS_GROUP, &entry.id, &reason, entry.deliveries).await {
+            if let Err(e) = streams::dead_letter(
+                conn,
+                &stream,
+                &dead,
+                RESULTS_GROUP,
+                &entry.id,
+                &reason,
+                entry.deliveries,
+            )
+            .await
+            {
                 tracing::warn!(error = %e, "dead-lettering a result failed; it stays pending");
             }
         }
-        Err(e) => tracing::warn!(entry = %entry.id, error = %e, "result not processed; it stays pending"),
+        Err(e) => {
+            tracing::warn!(entry = %entry.id, error = %e, "result not processed; it stays pending")
+        }
     }
 }

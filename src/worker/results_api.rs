@@ -62,7 +62,10 @@ async fn report(
     let span = tracing::info_span!("work_result", work_id = %work_id);
     let _enter = span.enter();
     let Some(token) = state.config.agent_token.as_ref() else {
-        return error(StatusCode::NOT_FOUND, "the results API is off (SHEPHERD_AGENT_TOKEN is not set)");
+        return error(
+            StatusCode::NOT_FOUND,
+            "the results API is off (SHEPHERD_AGENT_TOKEN is not set)",
+        );
     };
     if !authorized(&req, token.expose_secret()) {
         return HttpResponse::Unauthorized()
@@ -84,12 +87,21 @@ async fn report(
         }
     };
     if report.id.as_deref().is_some_and(|id| id != work_id) {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, "the body's id differs from the id in the path");
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the body's id differs from the id in the path",
+        );
     }
     let mut conn = state.redis.clone();
     let submitted = tokio::time::timeout(
         state.config.redis_timeout * 2,
-        submit(&mut conn, &state.keys, &work_id, &report, state.config.retention),
+        submit(
+            &mut conn,
+            &state.keys,
+            &work_id,
+            &report,
+            state.config.retention,
+        ),
     )
     .await;
     match submitted {
@@ -99,9 +111,10 @@ async fn report(
         }
         Ok(Ok(Submitted::Unknown)) => error(StatusCode::NOT_FOUND, "unknown work id"),
         Ok(Ok(Submitted::Ended)) => error(StatusCode::CONFLICT, "the work is no longer active"),
-        Ok(Ok(Submitted::AlreadyReported)) => {
-            error(StatusCode::CONFLICT, "a result was already reported for this work")
-        }
+        Ok(Ok(Submitted::AlreadyReported)) => error(
+            StatusCode::CONFLICT,
+            "a result was already reported for this work",
+        ),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "queueing a work result failed");
             unavailable()

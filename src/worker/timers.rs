@@ -22,7 +22,15 @@ pub async fn poll_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow
     while pause(POLL_EVERY, &shutdown).await {
         for shard in 0..ctx.config.shards {
             loop {
-                match timers::pop_due(&mut conn, ctx.store.keys(), shard, streams::now_ms(), POP_LIMIT).await {
+                match timers::pop_due(
+                    &mut conn,
+                    ctx.store.keys(),
+                    shard,
+                    streams::now_ms(),
+                    POP_LIMIT,
+                )
+                .await
+                {
                     Ok(n) if n == POP_LIMIT => continue,
                     Ok(0) => break,
                     Ok(n) => {
@@ -30,7 +38,10 @@ pub async fn poll_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow
                         break;
                     }
                     Err(e) => {
-                        ctx.metrics.redis_errors.with_label_values(&["timers"]).inc();
+                        ctx.metrics
+                            .redis_errors
+                            .with_label_values(&["timers"])
+                            .inc();
                         tracing::warn!(shard, error = %e, "popping due timers failed");
                         break;
                     }

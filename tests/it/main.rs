@@ -5,5 +5,5 @@ mod deploy;
 mod fake_forgejo;
 mod forgejo_client;
 mod ingest;
-mod worker;
 mod support;
+mod worker;

@@ -175,7 +175,10 @@ impl Shepherd {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(std::time::Instant::now() < end, "shepherd did not exit within {deadline:?}");
+            assert!(
+                std::time::Instant::now() < end,
+                "shepherd did not exit within {deadline:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

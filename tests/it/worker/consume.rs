@@ -27,9 +27,24 @@ async fn poison_entries_are_dead_lettered_with_a_reason_and_acked() {
     let mut conn = redis.conn().await;
     let events = keys.events(0);
     let body = String::from_utf8(pr_sync(7, 1)).unwrap();
-    let good = xadd(&mut conn, &events, &webhook_fields("pull_request_sync", "d-good", &body)).await;
-    xadd(&mut conn, &events, &webhook_fields("pull_request_sync", "d-bad", "{not json")).await;
-    xadd(&mut conn, &events, &internal_fields("timer/ci-poll", "{\"type\":\"no-such-event\"}")).await;
+    let good = xadd(
+        &mut conn,
+        &events,
+        &webhook_fields("pull_request_sync", "d-good", &body),
+    )
+    .await;
+    xadd(
+        &mut conn,
+        &events,
+        &webhook_fields("pull_request_sync", "d-bad", "{not json"),
+    )
+    .await;
+    xadd(
+        &mut conn,
+        &events,
+        &internal_fields("timer/ci-poll", "{\"type\":\"no-such-event\"}"),
+    )
+    .await;
     xadd(&mut conn, &events, &[("kind", "martian"), ("body", "{}")]).await;
     let _w = worker(&redis, "poison", &[]).await;
     poll_until_named(WAIT, "three dead letters", || {
@@ -46,10 +61,24 @@ async fn poison_entries_are_dead_lettered_with_a_reason_and_acked() {
     .await;
     let dead = crate::support::redis::stream_entries(&mut conn, &keys.dead_letters(0)).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, f)| f["dl_reason"].as_str()).collect();
-    assert!(reasons.iter().any(|r| r.starts_with("undecodable webhook")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.starts_with("undecodable internal event")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("unknown entry kind")), "{reasons:?}");
-    assert!(dead.iter().any(|(_, f)| f.get("delivery").map(String::as_str) == Some("d-bad")));
+    assert!(
+        reasons.iter().any(|r| r.starts_with("undecodable webhook")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("undecodable internal event")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("unknown entry kind")),
+        "{reasons:?}"
+    );
+    assert!(
+        dead.iter()
+            .any(|(_, f)| f.get("delivery").map(String::as_str) == Some("d-bad"))
+    );
     let h = history(&mut conn, &keys.history(REPO, 7)).await;
     assert_eq!(h.len(), 1, "the good entry is committed: {h:?}");
     assert_eq!(h[0]["entry"], good);
@@ -69,11 +98,20 @@ async fn entries_of_a_dead_consumer_are_reclaimed_and_committed() {
     let mut ids = Vec::new();
     for n in 1..=5 {
         let body = String::from_utf8(pr_sync(n, 1)).unwrap();
-        ids.push(xadd(&mut conn, &events, &webhook_fields("pull_request_sync", &format!("d{n}"), &body)).await);
+        ids.push(
+            xadd(
+                &mut conn,
+                &events,
+                &webhook_fields("pull_request_sync", &format!("d{n}"), &body),
+            )
+            .await,
+        );
     }
     // A consumer reads them and dies without acking.
     let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg(&["GROUP", "workers", "ghost", "COUNT", "10", "STREAMS", &events, ">"])
+        .arg(&[
+            "GROUP", "workers", "ghost", "COUNT", "10", "STREAMS", &events, ">",
+        ])
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -105,14 +143,29 @@ async fn an_entry_delivered_too_often_is_dead_lettered() {
         .await
         .unwrap();
     let body = String::from_utf8(pr_sync(3, 1)).unwrap();
-    xadd(&mut conn, &events, &webhook_fields("pull_request_sync", "d3", &body)).await;
+    xadd(
+        &mut conn,
+        &events,
+        &webhook_fields("pull_request_sync", "d3", &body),
+    )
+    .await;
     let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg(&["GROUP", "workers", "ghost", "COUNT", "10", "STREAMS", &events, ">"])
+        .arg(&[
+            "GROUP", "workers", "ghost", "COUNT", "10", "STREAMS", &events, ">",
+        ])
         .query_async(&mut conn)
         .await
         .unwrap();
     // Max one delivery: the reclaim is the second, so the entry is poison.
-    let _w = worker(&redis, "toomany", &[("SHEPHERD_RECLAIM_IDLE_SECS", "1"), ("SHEPHERD_MAX_DELIVERIES", "1")]).await;
+    let _w = worker(
+        &redis,
+        "toomany",
+        &[
+            ("SHEPHERD_RECLAIM_IDLE_SECS", "1"),
+            ("SHEPHERD_MAX_DELIVERIES", "1"),
+        ],
+    )
+    .await;
     poll_until_named(WAIT, "the entry is dead-lettered", || {
         let mut c = conn.clone();
         let dead = keys.dead_letters(0);
@@ -120,7 +173,11 @@ async fn an_entry_delivered_too_often_is_dead_lettered() {
     })
     .await;
     let dead = crate::support::redis::stream_entries(&mut conn, &keys.dead_letters(0)).await;
-    assert!(dead[0].1["dl_reason"].starts_with("delivered 2 times"), "{:?}", dead[0].1);
+    assert!(
+        dead[0].1["dl_reason"].starts_with("delivered 2 times"),
+        "{:?}",
+        dead[0].1
+    );
     assert_eq!(pending(&mut conn, &events).await, 0);
     assert!(history(&mut conn, &keys.history(REPO, 3)).await.is_empty());
 }
@@ -135,7 +192,12 @@ async fn sigterm_finishes_in_flight_entries_and_exits_within_10s() {
     for i in 0..400u32 {
         let n = u64::from(i % 40) + 1;
         let body = String::from_utf8(pr_sync(n, i)).unwrap();
-        xadd(&mut conn, &events, &webhook_fields("pull_request_sync", &format!("t{i}"), &body)).await;
+        xadd(
+            &mut conn,
+            &events,
+            &webhook_fields("pull_request_sync", &format!("t{i}"), &body),
+        )
+        .await;
     }
     poll_until_named(WAIT, "the worker has committed something", || {
         let mut c = conn.clone();
@@ -148,7 +210,11 @@ async fn sigterm_finishes_in_flight_entries_and_exits_within_10s() {
     let status = w.wait_exit(Duration::from_secs(10)).await;
     assert!(status.success(), "graceful exit: {status}");
     assert!(asked.elapsed() < Duration::from_secs(10));
-    assert_eq!(pending(&mut conn, &events).await, 0, "every entry it read was committed and acked");
+    assert_eq!(
+        pending(&mut conn, &events).await,
+        0,
+        "every entry it read was committed and acked"
+    );
     let consumers: Vec<redis::Value> = redis::cmd("XINFO")
         .arg(&["CONSUMERS", &events, "workers"])
         .query_async(&mut conn)

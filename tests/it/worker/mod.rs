@@ -15,8 +15,11 @@ use crate::support::redis::{Entry, stream_entries};
 /// fixture's repository, with head sha and `updated_at` derived from `seq` (so each
 /// delivery is a newer observation) and no linked issue.
 pub fn pr_sync(number: u64, seq: u32) -> Vec<u8> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/webhooks/pull_request_sync.json"))
-        .expect("read the pull_request_sync fixture");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/webhooks/pull_request_sync.json"
+    ))
+    .expect("read the pull_request_sync fixture");
     let mut v: serde_json::Value = serde_json::from_str(&text).expect("fixture is JSON");
     v["number"] = number.into();
     let pr = &mut v["pull_request"];
@@ -45,7 +48,11 @@ pub fn internal_fields<'a>(event: &'a str, body: &'a str) -> Vec<(&'a str, &'a s
 }
 
 /// A webhook entry's fields as ingest writes them.
-pub fn webhook_fields<'a>(event_type: &'a str, delivery: &'a str, body: &'a str) -> Vec<(&'a str, &'a str)> {
+pub fn webhook_fields<'a>(
+    event_type: &'a str,
+    delivery: &'a str,
+    body: &'a str,
+) -> Vec<(&'a str, &'a str)> {
     vec![
         ("kind", "webhook"),
         ("delivery", delivery),
@@ -57,7 +64,11 @@ pub fn webhook_fields<'a>(event_type: &'a str, delivery: &'a str, body: &'a str)
 }
 
 /// XADDs an entry; returns its id.
-pub async fn xadd(conn: &mut redis::aio::MultiplexedConnection, stream: &str, fields: &[(&str, &str)]) -> String {
+pub async fn xadd(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    fields: &[(&str, &str)],
+) -> String {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(stream).arg("*");
     for (k, v) in fields {
@@ -84,6 +95,13 @@ pub async fn pending(conn: &mut redis::aio::MultiplexedConnection, stream: &str)
 }
 
 /// The history entries of a PR, each as its field map.
-pub async fn history(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<HashMap<String, String>> {
-    stream_entries(conn, key).await.into_iter().map(|(_, f): Entry| f).collect()
+pub async fn history(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Vec<HashMap<String, String>> {
+    stream_entries(conn, key)
+        .await
+        .into_iter()
+        .map(|(_, f): Entry| f)
+        .collect()
 }

@@ -23,7 +23,9 @@ async fn activate(redis: &RedisServer, keys: &Keys, work_id: &str, number: u64) 
         work_add: vec![(work_id.to_owned(), WorkOwner::encode(false, REPO, number))],
         ..CommitPlan::default()
     };
-    commit::commit(&mut store.conn(), keys, &plan).await.unwrap();
+    commit::commit(&mut store.conn(), keys, &plan)
+        .await
+        .unwrap();
 }
 
 /// Ends `work_id` (what committing the transition that ends it does).
@@ -34,7 +36,9 @@ async fn end(redis: &RedisServer, keys: &Keys, work_id: &str) {
         ended_ttl_secs: 60,
         ..CommitPlan::default()
     };
-    commit::commit(&mut store.conn(), keys, &plan).await.unwrap();
+    commit::commit(&mut store.conn(), keys, &plan)
+        .await
+        .unwrap();
 }
 
 /// The work id format of the core for PR `number` of the fixture repository.
@@ -45,7 +49,10 @@ fn work_id(number: u64, seq: u64) -> String {
 #[tokio::test]
 async fn results_api_answers_401_404_409_422_and_202() {
     let redis = RedisServer::start();
-    let serve = Shepherd::builder(&redis).env("SHEPHERD_AGENT_TOKEN", TOKEN).start().await;
+    let serve = Shepherd::builder(&redis)
+        .env("SHEPHERD_AGENT_TOKEN", TOKEN)
+        .start()
+        .await;
     let keys = serve.keys();
     let active = work_id(12, 1);
     activate(&redis, &keys, &active, 12).await;
@@ -60,17 +67,38 @@ async fn results_api_answers_401_404_409_422_and_202() {
         }
         async move { r.send().await.expect("an answer") }
     };
-    let ok = json!({"outcome": "failed", "signature": "ci:test", "summary": "tests still fail"}).to_string();
+    let ok = json!({"outcome": "failed", "signature": "ci:test", "summary": "tests still fail"})
+        .to_string();
     let status = |r: reqwest::Response| r.status().as_u16();
-    assert_eq!(status(post(&active, None, ok.clone()).await), 401, "no token");
-    assert_eq!(status(post(&active, Some("wrong"), ok.clone()).await), 401, "wrong token");
-    assert_eq!(status(post("nobody:nothing:pr:1:1", Some(TOKEN), ok.clone()).await), 404, "unknown id");
+    assert_eq!(
+        status(post(&active, None, ok.clone()).await),
+        401,
+        "no token"
+    );
+    assert_eq!(
+        status(post(&active, Some("wrong"), ok.clone()).await),
+        401,
+        "wrong token"
+    );
+    assert_eq!(
+        status(post("nobody:nothing:pr:1:1", Some(TOKEN), ok.clone()).await),
+        404,
+        "unknown id"
+    );
     let bad_json = post(&active, Some(TOKEN), "{nope".into()).await;
     assert_eq!(bad_json.status().as_u16(), 422);
-    let bad_outcome = post(&active, Some(TOKEN), json!({"outcome": "maybe"}).to_string()).await;
+    let bad_outcome = post(
+        &active,
+        Some(TOKEN),
+        json!({"outcome": "maybe"}).to_string(),
+    )
+    .await;
     assert_eq!(bad_outcome.status().as_u16(), 422);
     let message = bad_outcome.text().await.unwrap();
-    assert!(message.contains("outcome"), "the message names the field: {message}");
+    assert!(
+        message.contains("outcome"),
+        "the message names the field: {message}"
+    );
     let accepted = post(&active, Some(TOKEN), ok.clone()).await;
     assert_eq!(accepted.status().as_u16(), 202);
     let again = post(&active, Some(TOKEN), ok.clone()).await;
@@ -104,7 +132,11 @@ async fn results_stream_entries_become_work_result_events() {
     let keys = Keys::new(prefix, 1);
     let active = work_id(4, 1);
     activate(&redis, &keys, &active, 4).await;
-    let _w = Shepherd::builder(&redis).args(["work"]).prefix(prefix).start().await;
+    let _w = Shepherd::builder(&redis)
+        .args(["work"])
+        .prefix(prefix)
+        .start()
+        .await;
     let mut conn = redis.conn().await;
     let report = |v: serde_json::Value| v.to_string();
     for result in [
@@ -115,20 +147,30 @@ async fn results_stream_entries_become_work_result_events() {
     ] {
         super::xadd(&mut conn, &keys.results(), &[("result", result.as_str())]).await;
     }
-    poll_until_named(Duration::from_secs(20), "the result is queued and the rest dead-lettered", || {
-        let mut c = conn.clone();
-        let (events, dead) = (keys.events(0), keys.dead_letters(0));
-        async move {
-            let queued = stream_entries(&mut c, &events).await;
-            let dead = stream_entries(&mut c, &dead).await;
-            queued.len() == 1 && dead.len() == 2
-        }
-    })
+    poll_until_named(
+        Duration::from_secs(20),
+        "the result is queued and the rest dead-lettered",
+        || {
+            let mut c = conn.clone();
+            let (events, dead) = (keys.events(0), keys.dead_letters(0));
+            async move {
+                let queued = stream_entries(&mut c, &events).await;
+                let dead = stream_entries(&mut c, &dead).await;
+                queued.len() == 1 && dead.len() == 2
+            }
+        },
+    )
     .await;
     let queued = stream_entries(&mut conn, &keys.events(0)).await;
     assert_eq!(queued[0].1["delivery"], format!("result:{active}"));
     let dead = stream_entries(&mut conn, &keys.dead_letters(0)).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, f)| f["dl_reason"].as_str()).collect();
-    assert!(reasons.iter().any(|r| r.starts_with("unknown work id")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.starts_with("undecodable result")), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.starts_with("unknown work id")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with("undecodable result")),
+        "{reasons:?}"
+    );
 }

@@ -38,7 +38,7 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     let serve = Shepherd::serve(&redis).await;
     let prefix = serve.prefix().to_owned();
     let keys = serve.keys();
-    let mut workers = vec![
+    let mut workers = [
         start_worker(&redis, &prefix).await,
         start_worker(&redis, &prefix).await,
         start_worker(&redis, &prefix).await,
@@ -52,10 +52,11 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
             plan.push((n, delivery, request));
         }
     }
-    let expected: HashMap<u64, HashSet<String>> = plan.iter().fold(HashMap::new(), |mut m, (n, d, _)| {
-        m.entry(*n).or_default().insert(d.clone());
-        m
-    });
+    let expected: HashMap<u64, HashSet<String>> =
+        plan.iter().fold(HashMap::new(), |mut m, (n, d, _)| {
+            m.entry(*n).or_default().insert(d.clone());
+            m
+        });
     let client = reqwest::Client::new();
     let url = serve.webhook_url();
     let total = plan.len();
@@ -83,21 +84,25 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     let sent_at = started.elapsed();
     let mut conn = redis.conn().await;
     let events = keys.events(0);
-    poll_until_named(Duration::from_secs(45), "every delivery is in its PR's history", || {
-        let mut c = conn.clone();
-        let keys = keys.clone();
-        let expected = &expected;
-        async move {
-            for (n, ds) in expected {
-                let h = history(&mut c, &keys.history(REPO, *n)).await;
-                let seen: HashSet<&str> = h.iter().map(|f| f["delivery"].as_str()).collect();
-                if !ds.iter().all(|d| seen.contains(d.as_str())) {
-                    return false;
+    poll_until_named(
+        Duration::from_secs(45),
+        "every delivery is in its PR's history",
+        || {
+            let mut c = conn.clone();
+            let keys = keys.clone();
+            let expected = &expected;
+            async move {
+                for (n, ds) in expected {
+                    let h = history(&mut c, &keys.history(REPO, *n)).await;
+                    let seen: HashSet<&str> = h.iter().map(|f| f["delivery"].as_str()).collect();
+                    if !ds.iter().all(|d| seen.contains(d.as_str())) {
+                        return false;
+                    }
                 }
+                true
             }
-            true
-        }
-    })
+        },
+    )
     .await;
     let mut duplicates = Vec::new();
     let mut committed = 0;
@@ -114,7 +119,10 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
             }
         }
     }
-    assert!(duplicates.is_empty(), "deliveries not committed exactly once: {duplicates:?}");
+    assert!(
+        duplicates.is_empty(),
+        "deliveries not committed exactly once: {duplicates:?}"
+    );
     assert_eq!(committed, total);
     poll_until_named(Duration::from_secs(10), "nothing pending", || {
         let mut c = conn.clone();
@@ -122,7 +130,11 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
         async move { pending(&mut c, &events).await == 0 }
     })
     .await;
-    assert_eq!(xlen(&mut conn, &keys.dead_letters(0)).await, 0, "nothing dead-lettered");
+    assert_eq!(
+        xlen(&mut conn, &keys.dead_letters(0)).await,
+        0,
+        "nothing dead-lettered"
+    );
     eprintln!(
         "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed after {:?}",
         started.elapsed()

@@ -13,24 +13,39 @@ use crate::support::redis::{RedisServer, stream_entries, xlen};
 
 /// A store with a unique prefix on `redis`.
 async fn store(redis: &RedisServer, prefix: &str) -> Store {
-    Store::connect(&redis.url(), Keys::new(prefix, 1)).await.expect("connect")
+    Store::connect(&redis.url(), Keys::new(prefix, 1))
+        .await
+        .expect("connect")
 }
 
 /// Queues an internal entry on shard 0 and reads it as `consumer`; returns its id.
 async fn pending_entry(store: &Store, consumer: &str) -> String {
     let mut conn = store.conn();
     let stream = store.keys().events(0);
-    streams::ensure_group(&mut conn, &stream, WORKERS_GROUP).await.unwrap();
+    streams::ensure_group(&mut conn, &stream, WORKERS_GROUP)
+        .await
+        .unwrap();
     let _: String = redis::cmd("XADD")
         .arg(&stream)
         .arg("*")
-        .arg(&["kind", "internal", "delivery", "d", "event", "e", "repo", "o/r", "received", "0", "body", "{}"])
+        .arg(&[
+            "kind", "internal", "delivery", "d", "event", "e", "repo", "o/r", "received", "0",
+            "body", "{}",
+        ])
         .query_async(&mut conn)
         .await
         .unwrap();
-    let read = streams::read_group(&mut conn, &stream, WORKERS_GROUP, consumer, ">", 1, Duration::from_millis(10))
-        .await
-        .unwrap();
+    let read = streams::read_group(
+        &mut conn,
+        &stream,
+        WORKERS_GROUP,
+        consumer,
+        ">",
+        1,
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
     read[0].id.clone()
 }
 
@@ -49,7 +64,10 @@ fn plan_for(keys: &Keys, entry: &str, expect: u64, data: &str) -> CommitPlan {
             history: vec![("entry".into(), entry.to_owned())],
             indexed: true,
         }],
-        effects: vec![vec![("id".into(), format!("fx-{entry}")), ("kind".into(), "comment".into())]],
+        effects: vec![vec![
+            ("id".into(), format!("fx-{entry}")),
+            ("kind".into(), "comment".into()),
+        ]],
         ended_ttl_secs: 60,
         ..CommitPlan::default()
     }
@@ -64,20 +82,57 @@ async fn concurrent_commits_on_one_version_one_wins_the_other_retries() {
     let b = pending_entry(&store, "c2").await;
     let (pa, pb) = (plan_for(&keys, &a, 0, "A"), plan_for(&keys, &b, 0, "B"));
     let (mut c1, mut c2) = (store.conn(), store.conn());
-    let (ra, rb) = tokio::join!(commit::commit(&mut c1, &keys, &pa), commit::commit(&mut c2, &keys, &pb));
+    let (ra, rb) = tokio::join!(
+        commit::commit(&mut c1, &keys, &pa),
+        commit::commit(&mut c2, &keys, &pb)
+    );
     let outcomes = [ra.unwrap(), rb.unwrap()];
-    assert_eq!(outcomes.iter().filter(|o| **o == CommitOutcome::Committed).count(), 1, "{outcomes:?}");
-    assert!(outcomes.contains(&CommitOutcome::Conflict { index: 0, found: 1 }), "{outcomes:?}");
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == CommitOutcome::Committed)
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.contains(&CommitOutcome::Conflict { index: 0, found: 1 }),
+        "{outcomes:?}"
+    );
     // The loser reloads (version 1) and commits on top.
-    let loser = if outcomes[0] == CommitOutcome::Committed { &b } else { &a };
+    let loser = if outcomes[0] == CommitOutcome::Committed {
+        &b
+    } else {
+        &a
+    };
     let retry = plan_for(&keys, loser, 1, "AB");
-    assert_eq!(commit::commit(&mut c1, &keys, &retry).await.unwrap(), CommitOutcome::Committed);
-    let stored = commit::load(&mut c1, &keys.pr_record("o/r", 1)).await.unwrap().unwrap();
+    assert_eq!(
+        commit::commit(&mut c1, &keys, &retry).await.unwrap(),
+        CommitOutcome::Committed
+    );
+    let stored = commit::load(&mut c1, &keys.pr_record("o/r", 1))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((stored.version, stored.data.as_str()), (2, "AB"));
     let mut conn = redis.conn().await;
-    assert_eq!(xlen(&mut conn, &keys.history("o/r", 1)).await, 2, "one history entry per commit");
-    assert_eq!(xlen(&mut conn, &keys.effects(0)).await, 2, "effects only of the commits that won");
-    assert_eq!(streams::pending_count(&mut c1, &keys.events(0), WORKERS_GROUP).await.unwrap(), 0, "both acked");
+    assert_eq!(
+        xlen(&mut conn, &keys.history("o/r", 1)).await,
+        2,
+        "one history entry per commit"
+    );
+    assert_eq!(
+        xlen(&mut conn, &keys.effects(0)).await,
+        2,
+        "effects only of the commits that won"
+    );
+    assert_eq!(
+        streams::pending_count(&mut c1, &keys.events(0), WORKERS_GROUP)
+            .await
+            .unwrap(),
+        0,
+        "both acked"
+    );
 }
 
 #[tokio::test]
@@ -88,17 +143,32 @@ async fn an_entry_committed_by_one_consumer_is_stale_for_another() {
     let id = pending_entry(&store, "slow").await;
     let mut conn = store.conn();
     // Another consumer reclaims it (idle 0) and commits it first.
-    let (_, claimed) = streams::autoclaim(&mut conn, &keys.events(0), WORKERS_GROUP, "fast", Duration::ZERO, "0-0", 10)
-        .await
-        .unwrap();
+    let (_, claimed) = streams::autoclaim(
+        &mut conn,
+        &keys.events(0),
+        WORKERS_GROUP,
+        "fast",
+        Duration::ZERO,
+        "0-0",
+        10,
+    )
+    .await
+    .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].deliveries, 2, "the claim counts as a delivery");
-    let first = commit::commit(&mut conn, &keys, &plan_for(&keys, &id, 0, "fast")).await.unwrap();
+    let first = commit::commit(&mut conn, &keys, &plan_for(&keys, &id, 0, "fast"))
+        .await
+        .unwrap();
     assert_eq!(first, CommitOutcome::Committed);
     // The slow consumer's commit of the same entry (even on the right version) is refused.
-    let second = commit::commit(&mut conn, &keys, &plan_for(&keys, &id, 1, "slow")).await.unwrap();
+    let second = commit::commit(&mut conn, &keys, &plan_for(&keys, &id, 1, "slow"))
+        .await
+        .unwrap();
     assert_eq!(second, CommitOutcome::Stale);
-    let stored = commit::load(&mut conn, &keys.pr_record("o/r", 1)).await.unwrap().unwrap();
+    let stored = commit::load(&mut conn, &keys.pr_record("o/r", 1))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.data, "fast");
     let mut raw = redis.conn().await;
     assert_eq!(xlen(&mut raw, &keys.history("o/r", 1)).await, 1);
@@ -125,10 +195,16 @@ async fn timers_pop_exactly_once_with_two_pollers() {
             .collect(),
         ..CommitPlan::default()
     };
-    assert_eq!(commit::commit(&mut conn, &keys, &plan).await.unwrap(), CommitOutcome::Committed);
+    assert_eq!(
+        commit::commit(&mut conn, &keys, &plan).await.unwrap(),
+        CommitOutcome::Committed
+    );
     // Rescheduling the same timer id replaces it (one member per record and id).
     assert_eq!(timers::count(&mut conn, &keys, 0).await.unwrap(), N as u64);
-    assert_eq!(commit::commit(&mut conn, &keys, &plan).await.unwrap(), CommitOutcome::Committed);
+    assert_eq!(
+        commit::commit(&mut conn, &keys, &plan).await.unwrap(),
+        CommitOutcome::Committed
+    );
     assert_eq!(timers::count(&mut conn, &keys, 0).await.unwrap(), N as u64);
     let poller = |mut c: redis::aio::ConnectionManager, keys: Keys| async move {
         let mut total = 0;
@@ -140,7 +216,10 @@ async fn timers_pop_exactly_once_with_two_pollers() {
             total += n;
         }
     };
-    let (a, b) = tokio::join!(poller(store.conn(), keys.clone()), poller(store.conn(), keys.clone()));
+    let (a, b) = tokio::join!(
+        poller(store.conn(), keys.clone()),
+        poller(store.conn(), keys.clone())
+    );
     assert_eq!(a + b, N, "every timer popped once ({a} + {b})");
     let mut raw = redis.conn().await;
     let entries = stream_entries(&mut raw, &keys.events(0)).await;
@@ -151,12 +230,27 @@ async fn timers_pop_exactly_once_with_two_pollers() {
     assert_eq!(first["kind"], "internal");
     assert_eq!(first["event"], "timer/ci-poll");
     assert_eq!(first["repo"], "o/r");
-    assert!(first["body"].ends_with("}\tafter a tab"), "{}", first["body"]);
+    assert!(
+        first["body"].ends_with("}\tafter a tab"),
+        "{}",
+        first["body"]
+    );
     assert_eq!(timers::count(&mut conn, &keys, 0).await.unwrap(), 0);
     // Not yet due: nothing pops.
-    let later = CommitPlan { timers: vec![TimerWrite { due_ms: 50_000, ..plan.timers[0].clone() }], ..CommitPlan::default() };
+    let later = CommitPlan {
+        timers: vec![TimerWrite {
+            due_ms: 50_000,
+            ..plan.timers[0].clone()
+        }],
+        ..CommitPlan::default()
+    };
     commit::commit(&mut conn, &keys, &later).await.unwrap();
-    assert_eq!(timers::pop_due(&mut conn, &keys, 0, 10_000, 10).await.unwrap(), 0);
+    assert_eq!(
+        timers::pop_due(&mut conn, &keys, 0, 10_000, 10)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -166,11 +260,24 @@ async fn dead_letter_keeps_the_reason_and_the_fields_and_acks() {
     let keys = store.keys().clone();
     let id = pending_entry(&store, "c").await;
     let mut conn = store.conn();
-    let moved = streams::dead_letter(&mut conn, &keys.events(0), &keys.dead_letters(0), WORKERS_GROUP, &id, "undecodable", 3)
-        .await
-        .unwrap();
+    let moved = streams::dead_letter(
+        &mut conn,
+        &keys.events(0),
+        &keys.dead_letters(0),
+        WORKERS_GROUP,
+        &id,
+        "undecodable",
+        3,
+    )
+    .await
+    .unwrap();
     assert!(moved);
-    assert_eq!(streams::pending_count(&mut conn, &keys.events(0), WORKERS_GROUP).await.unwrap(), 0);
+    assert_eq!(
+        streams::pending_count(&mut conn, &keys.events(0), WORKERS_GROUP)
+            .await
+            .unwrap(),
+        0
+    );
     let mut raw = redis.conn().await;
     let dead = stream_entries(&mut raw, &keys.dead_letters(0)).await;
     assert_eq!(dead.len(), 1);
@@ -180,9 +287,17 @@ async fn dead_letter_keeps_the_reason_and_the_fields_and_acks() {
     assert_eq!(f["dl_deliveries"], "3");
     assert_eq!(f["delivery"], "d", "original fields are kept");
     // A second attempt finds nothing pending and writes nothing.
-    let again = streams::dead_letter(&mut conn, &keys.events(0), &keys.dead_letters(0), WORKERS_GROUP, &id, "x", 4)
-        .await
-        .unwrap();
+    let again = streams::dead_letter(
+        &mut conn,
+        &keys.events(0),
+        &keys.dead_letters(0),
+        WORKERS_GROUP,
+        &id,
+        "x",
+        4,
+    )
+    .await
+    .unwrap();
     assert!(!again);
     assert_eq!(xlen(&mut raw, &keys.dead_letters(0)).await, 1);
 }
