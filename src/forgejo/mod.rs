@@ -5,6 +5,7 @@
 //! endpoints.rs  PRs, reviews, combined status / statuses, comments, permission, version
 //! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
+//! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
 //! error.rs      ForgejoError: is_retryable(), retry_after()
 //! types.rs      the response fields Shepherd reads; the merge request body
@@ -16,6 +17,7 @@
 
 mod breaker;
 mod client;
+mod convert;
 mod endpoints;
 mod error;
 mod labels;

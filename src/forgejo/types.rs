@@ -329,6 +329,8 @@ pub struct Issue {
     pub labels: Vec<Label>,
     /// Set when the issue is a pull request.
     pub pull_request: Option<IssuePullRef>,
+    /// Last update.
+    pub updated_at: Option<DateTime<FixedOffset>>,
 }
 
 /// The `pull_request` summary inside an issue.

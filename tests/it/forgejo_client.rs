@@ -836,3 +836,65 @@ async fn issues_are_read_and_prs_show_as_issues() {
     assert!(as_issue.pull_request.is_some_and(|p| !p.merged && !p.draft));
     assert!(c.get_issue(REPO, 404).await.unwrap_err().is_not_found());
 }
+
+#[tokio::test]
+async fn answers_become_core_observations() {
+    use shepherd::core::event::{CiState, PrState};
+    use shepherd::core::{ids::RepoName, normalize, payload};
+
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Add widgets").label("kind/feature"),
+    );
+    let sha = fake.head_sha(REPO, n);
+    fake.set_status(REPO, &sha, "ci/build", "failure", "red");
+    fake.set_status(REPO, &sha, "ci/lint", "success", "");
+    fake.add_review(REPO, n, "bob", "APPROVED");
+    let issue = fake.create_issue(REPO, "dana", "Gears", "");
+    let c = client(&fake);
+    let repo: RepoName = REPO.parse().unwrap();
+
+    let pr: payload::PullRequest = c.get_pull(REPO, n).await.unwrap().into();
+    let snap = normalize::pr_snapshot(&repo, &pr);
+    assert_eq!(
+        (snap.number, snap.state, snap.draft),
+        (n, PrState::Open, false)
+    );
+    assert_eq!(snap.head_sha.map(|s| s.to_string()), Some(sha.clone()));
+    assert_eq!(snap.author.map(|a| a.to_string()).as_deref(), Some("alice"));
+    assert!(snap.labels.contains("kind/feature") && snap.mergeable == Some(true));
+    assert!(snap.updated_ms > 0, "the time survives the conversion");
+
+    let status: payload::CombinedStatus = c.combined_status(REPO, &sha).await.unwrap().into();
+    let contexts = normalize::ci_contexts(&status);
+    assert_eq!(contexts.len(), 2);
+    let build = contexts.iter().find(|x| x.context == "ci/build").unwrap();
+    assert_eq!(
+        (build.state, build.description.as_str()),
+        (CiState::Failure, "red")
+    );
+    let none: payload::CombinedStatus = c
+        .combined_status(REPO, &"ab".repeat(20))
+        .await
+        .unwrap()
+        .into();
+    assert!(normalize::ci_contexts(&none).is_empty() && none.statuses.is_none());
+
+    let reviews: Vec<payload::PullReview> = c
+        .list_reviews(REPO, n)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let review = normalize::review(&reviews[0]).expect("a reviewer");
+    assert_eq!(
+        (review.reviewer.to_string().as_str(), review.official),
+        ("bob", true)
+    );
+
+    let issue: payload::Issue = c.get_issue(REPO, issue).await.unwrap().into();
+    let snap = normalize::issue_snapshot(&repo, &issue);
+    assert!(snap.open && snap.title == "Gears");
+}
