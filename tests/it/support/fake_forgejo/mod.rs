@@ -397,7 +397,8 @@ impl FakeForgejo {
                 .issues
                 .get_mut(&n)
                 .expect("no such issue")
-                .title = title.into()
+                .title = title.into();
+            m.touch(repo, n);
         });
     }
 
@@ -414,6 +415,7 @@ impl FakeForgejo {
             if !issue.labels.contains(&id) {
                 issue.labels.push(id);
             }
+            m.touch(repo, n);
         });
     }
 
@@ -432,6 +434,7 @@ impl FakeForgejo {
                 .expect("no such issue")
                 .labels
                 .retain(|l| !ids.contains(l));
+            m.touch(repo, n);
         });
     }
 

@@ -487,7 +487,16 @@ impl Model {
             created_at: t.clone(),
             updated_at: t,
         });
+        self.touch(repo, number);
         id
+    }
+
+    /// Marks issue or PR `number` as just changed (`updated_at`), as Forgejo does on
+    /// label, title and comment changes.
+    pub fn touch(&mut self, repo: &str, number: u64) {
+        if let Some(issue) = self.repo_mut(repo).issues.get_mut(&number) {
+            issue.updated_at = now();
+        }
     }
 
     /// Closes an issue or PR (without merging).

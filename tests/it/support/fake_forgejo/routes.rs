@@ -155,17 +155,27 @@ async fn answer(
         None => {}
     }
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let reply = route(
-        &mut lock(&shared.model),
-        &shared.bot_login,
-        method,
-        &segs,
-        query,
-        body,
-    );
+    let reply = {
+        let mut model = lock(&shared.model);
+        let reply = route(&mut model, &shared.bot_login, method, &segs, query, body);
+        if method != "GET" && (200..300).contains(&reply.status) {
+            touch_target(&mut model, &segs);
+        }
+        reply
+    };
     match override_status {
         Some(status) => Reply::error(status, ""),
         None => reply,
+    }
+}
+
+/// A successful write to `/repos/{o}/{r}/issues|pulls/{n}/…` changes the issue's
+/// `updated_at`.
+fn touch_target(model: &mut Model, segs: &[&str]) {
+    if let ["repos", owner, name, "issues" | "pulls", n, ..] = segs
+        && let Ok(n) = n.parse::<u64>()
+    {
+        model.touch(&format!("{owner}/{name}"), n);
     }
 }
 
