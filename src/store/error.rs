@@ -35,4 +35,12 @@ impl StoreError {
             StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
         }
     }
+
+    /// True when Redis says the consumer group (or its stream) does not exist.
+    pub fn is_missing_group(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => e.code() == Some("NOGROUP"),
+            StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
+        }
+    }
 }

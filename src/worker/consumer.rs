@@ -47,12 +47,25 @@ pub async fn consume_shard(
 ) -> anyhow::Result<()> {
     let stream = ctx.store.keys().events(shard);
     let mut conn = ctx.store.blocking_conn(BLOCK).await?;
-    streams::ensure_group(&mut conn, &stream, WORKERS_GROUP).await?;
+    let mut group_ready = false;
     // Own pending entries first, paging by id so that an entry that keeps failing is
     // left to the reclaimer instead of being re-read forever.
     let mut from = "0-0".to_owned();
     let mut own_pending = true;
     while !shutdown.is_cancelled() {
+        if !group_ready {
+            // (Re)create the group: at start, and after the stream was deleted.
+            match streams::ensure_group(&mut conn, &stream, WORKERS_GROUP).await {
+                Ok(()) => group_ready = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "creating the consumer group failed; retrying");
+                    if !pause(RETRY_PAUSE, &shutdown).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
         let cursor = if own_pending { from.as_str() } else { ">" };
         let batch = match streams::read_group(
             &mut conn,
@@ -72,6 +85,7 @@ pub async fn consume_shard(
                     .with_label_values(&["xreadgroup"])
                     .inc();
                 tracing::warn!(error = %e, "reading the events stream failed; retrying");
+                group_ready = !e.is_missing_group();
                 if !pause(RETRY_PAUSE, &shutdown).await {
                     break;
                 }

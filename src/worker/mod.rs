@@ -46,6 +46,8 @@ pub struct Context {
     pub policy: Arc<PolicyFile>,
     /// This process's consumer name in every group.
     pub consumer: String,
+    /// Repositories already added to `Keys::repos` by this process.
+    pub known_repos: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Worst-case time to process one events-stream entry: a few commit attempts, each a
@@ -122,6 +124,7 @@ pub async fn run(
         metrics,
         policy,
         consumer,
+        known_repos: Default::default(),
     });
     tracing::info!(consumer = %ctx.consumer, shards = ctx.config.shards, "worker started");
     let mut tasks = tokio::task::JoinSet::new();

@@ -63,6 +63,9 @@ pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
     for entry in entries {
         match decode(ctx, entry) {
             Decoded::Apply(job) => {
+                if let Some(repo) = target_repo(&job.event) {
+                    remember_repo(ctx, repo).await;
+                }
                 let key = route_key(ctx, &job.event);
                 if !groups.contains_key(&key) {
                     order.push(key.clone());
@@ -143,6 +146,34 @@ fn decode(ctx: &Context, entry: Entry) -> Decoded {
         entry,
         received_ms,
     }))
+}
+
+/// Adds a repository to the set of known repositories (`resync --all`, periodic
+/// resync) the first time this process sees it. Outside the commit script: the set has
+/// no shard tag, and losing an addition only delays a resync until the next event.
+async fn remember_repo(ctx: &Context, repo: RepoName) {
+    let known = ctx
+        .known_repos
+        .lock()
+        .map(|k| k.contains(repo.as_str()))
+        .unwrap_or(false);
+    if known {
+        return;
+    }
+    let mut conn = ctx.store.conn();
+    let added: Result<i64, _> = redis::cmd("SADD")
+        .arg(ctx.store.keys().repos())
+        .arg(repo.as_str())
+        .query_async(&mut conn)
+        .await;
+    match added {
+        Ok(_) => {
+            if let Ok(mut k) = ctx.known_repos.lock() {
+                k.insert(repo.as_str().to_owned());
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "remembering a repository failed"),
+    }
 }
 
 /// Entries with the same key touch the same records and run in order.

@@ -112,6 +112,17 @@ impl Shepherd {
         }
     }
 
+    /// Options for a `shepherd` told to use `url` (where nothing may be running yet:
+    /// `shepherd run` starts its own redis-server there).
+    pub fn builder_url(url: &str) -> Builder {
+        Builder {
+            args: vec!["serve".into()],
+            env: Vec::new(),
+            redis_url: url.to_owned(),
+            prefix: None,
+        }
+    }
+
     /// `shepherd serve` with the default test secret.
     pub async fn serve(redis: &RedisServer) -> Self {
         Self::builder(redis).start().await

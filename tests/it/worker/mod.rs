@@ -4,6 +4,7 @@
 
 mod consume;
 mod results;
+mod run;
 mod scale;
 mod store;
 
