@@ -898,3 +898,57 @@ async fn answers_become_core_observations() {
     let snap = normalize::issue_snapshot(&repo, &issue);
     assert!(snap.open && snap.title == "Gears");
 }
+
+#[tokio::test]
+async fn the_bots_own_writes_fill_the_outbox_with_forgejos_echoes() {
+    let fake = FakeForgejo::start().await;
+    let issue = fake.create_issue(REPO, "dana", "Gears", "");
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Gears").body(&format!("Fixes #{issue}")),
+    );
+    let c = client(&fake);
+    let bot = fake.bot_login().to_owned();
+
+    c.add_labels(REPO, n, &["auto/claimed-implementer"])
+        .await
+        .unwrap();
+    c.remove_label(REPO, n, "auto/claimed-implementer")
+        .await
+        .unwrap();
+    c.add_labels(REPO, issue, &["auto/implement"])
+        .await
+        .unwrap();
+    c.create_comment(REPO, n, "hello").await.unwrap();
+    c.get_pull(REPO, n).await.unwrap();
+    let sha = fake.head_sha(REPO, n);
+    fake.inject(Fault::on("POST", "/repos/*/merge").apply_then(500).times(1));
+    let o = c.merge(REPO, n, &merge_request(&sha)).await.unwrap();
+    assert!(matches!(o, MergeOutcome::Ambiguous { .. }));
+
+    let out = fake.take_outbox();
+    let seen: Vec<(&str, &str)> = out
+        .iter()
+        .map(|w| (w.event_type, w.payload["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("pull_request_label", "label_updated"),
+            ("pull_request_label", "label_cleared"),
+            ("issue_label", "label_updated"),
+            ("pull_request_comment", "created"),
+            ("pull_request", "closed"),
+            ("issues", "closed"),
+        ],
+        "a merge answered 500 still sends its webhooks"
+    );
+    assert!(
+        out.iter()
+            .all(|w| w.payload["sender"]["login"] == bot.as_str())
+    );
+    assert_eq!(out[4].payload["pull_request"]["merged"], true);
+    assert_eq!(out[5].payload["number"], issue);
+    assert!(!out[5].payload["commit_id"].as_str().unwrap().is_empty());
+    assert!(fake.take_outbox().is_empty(), "taking drains it");
+}

@@ -62,6 +62,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
     issue.closed_at = Some(now());
     issue.updated_at = now();
     let pr_body = issue.body.clone();
+    let mut closed_issues = Vec::new();
     if is_default {
         for n in closing_refs(&pr_body) {
             if let Some(linked) = r.issues.get_mut(&n)
@@ -70,6 +71,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
             {
                 linked.state = "closed".into();
                 linked.closed_at = Some(now());
+                closed_issues.push(n);
             }
         }
     }
@@ -86,6 +88,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
         head_commit_id: pinned.map(str::to_owned),
         merged_sha: pull.head_sha.clone(),
         body: body.clone(),
+        closed_issues,
     });
     if delete && undeletable {
         return Reply::error(

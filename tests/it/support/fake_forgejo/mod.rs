@@ -17,6 +17,7 @@
 pub mod faults;
 mod merge;
 pub mod model;
+mod outbox;
 pub mod payloads;
 mod render;
 mod routes;
@@ -130,6 +131,7 @@ impl FakeForgejo {
             calls: Mutex::new(Vec::new()),
             token: token.to_owned(),
             bot_login: bot_login.to_owned(),
+            outbox: Mutex::new(Vec::new()),
         });
         lock(&shared.model).user_id(bot_login);
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -243,6 +245,12 @@ impl FakeForgejo {
     /// Forgets the call log.
     pub fn clear_calls(&self) {
         lock(&self.shared.calls).clear();
+    }
+
+    /// Takes the webhooks Forgejo would have delivered for the bot's own writes
+    /// (labels, comments, merges), oldest first, for the test to send on.
+    pub fn take_outbox(&self) -> Vec<Webhook> {
+        std::mem::take(&mut lock(&self.shared.outbox))
     }
 
     /// Every merge carried out.

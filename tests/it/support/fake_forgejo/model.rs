@@ -188,6 +188,8 @@ pub struct MergeRecord {
     pub merged_sha: String,
     /// The request body as sent.
     pub body: Value,
+    /// Issues the merge closed (`Closes #N` in the PR body).
+    pub closed_issues: Vec<u64>,
 }
 
 /// One repository.

@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 use super::faults::{Call, Fault, FaultAction, take_fault};
 use super::merge::merge;
 use super::model::Model;
+use super::outbox::emitted;
+use super::payloads::Webhook;
 use super::render;
 
 /// State shared between the server and the test's handle.
@@ -25,6 +27,8 @@ pub struct Shared {
     pub token: String,
     /// Login of the token's user (the bot).
     pub bot_login: String,
+    /// Webhooks Forgejo would have sent for the bot's writes, oldest first.
+    pub outbox: Mutex<Vec<Webhook>>,
 }
 
 /// Locks a mutex, ignoring poisoning (a panicking test must not hide the model).
@@ -161,6 +165,8 @@ async fn answer(
         if method != "GET" && (200..300).contains(&reply.status) {
             touch_target(&mut model, &segs);
         }
+        let hooks = emitted(&model, &shared.bot_login, method, &segs, &reply);
+        lock(&shared.outbox).extend(hooks);
         reply
     };
     match override_status {
