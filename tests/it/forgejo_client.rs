@@ -952,3 +952,38 @@ async fn the_bots_own_writes_fill_the_outbox_with_forgejos_echoes() {
     assert!(!out[5].payload["commit_id"].as_str().unwrap().is_empty());
     assert!(fake.take_outbox().is_empty(), "taking drains it");
 }
+
+#[tokio::test]
+async fn malformed_and_unexpected_answers() {
+    let fake = FakeForgejo::start().await;
+    let (n, sha) = ready_pr(&fake);
+    let c = client(&fake);
+    let pull = format!("/repos/{REPO}/pulls/{n}");
+    fake.inject(
+        Fault::on("GET", &pull)
+            .json(200, serde_json::json!({"number": n, "head": {"sha": 7}}))
+            .times(1),
+    );
+    let e = c.get_pull(REPO, n).await.unwrap_err();
+    let ForgejoError::Decode { json_path, .. } = &e else {
+        panic!("expected a decode error, got {e}")
+    };
+    assert_eq!(json_path, "head.sha");
+    assert!(!e.is_retryable());
+
+    // Nulls where Forgejo sometimes sends them are fine.
+    let nulls = serde_json::json!({"number": n, "body": null, "labels": null, "user": null, "head": null, "state": "open"});
+    fake.inject(Fault::on("GET", &pull).json(200, nulls).times(1));
+    let pr = c.get_pull(REPO, n).await.expect("nulls default");
+    assert!(pr.labels.is_empty() && pr.body.is_empty() && pr.head.sha.is_empty());
+
+    // 201 would mean auto-merge was scheduled: not a merge, so ambiguous.
+    fake.inject(
+        Fault::on("POST", &format!("{pull}/merge"))
+            .json(201, serde_json::json!({}))
+            .times(1),
+    );
+    let o = c.merge(REPO, n, &merge_request(&sha)).await.unwrap();
+    assert!(matches!(o, MergeOutcome::Ambiguous { .. }), "{o:?}");
+    assert!(fake.merges().is_empty());
+}

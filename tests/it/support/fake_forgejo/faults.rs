@@ -21,6 +21,14 @@ pub enum FaultAction {
         /// `message` of the error body.
         message: String,
     },
+    /// Answer this status with this JSON body, without touching the model (odd or
+    /// malformed answers).
+    RespondJson {
+        /// HTTP status.
+        status: u16,
+        /// The body.
+        body: Value,
+    },
     /// Wait, then handle the request normally (a slow server: the effect happens even
     /// if the client has given up).
     Delay(Duration),
@@ -88,6 +96,12 @@ impl Fault {
             retry_after: None,
             message: message.to_owned(),
         };
+        self
+    }
+
+    /// Answer `status` with `body` (e.g. a 200 whose JSON has the wrong shape).
+    pub fn json(mut self, status: u16, body: Value) -> Self {
+        self.action = FaultAction::RespondJson { status, body };
         self
     }
 

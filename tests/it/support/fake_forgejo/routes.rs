@@ -150,6 +150,7 @@ async fn answer(
             r.retry_after = retry_after;
             return r;
         }
+        Some(FaultAction::RespondJson { status, body }) => return Reply::json(status, body),
         Some(FaultAction::Stall(d)) => {
             tokio::time::sleep(d).await;
             return Reply::error(504, "stalled");
