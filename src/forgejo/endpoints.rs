@@ -161,6 +161,55 @@ impl ForgejoClient {
         }))
     }
 
+    /// Posts `body` unless a comment carrying `marker` (by `author`, when given)
+    /// already exists: the idempotent form of a one-off comment, safe to retry after a
+    /// crash between posting and recording it.
+    pub async fn comment_once(
+        &self,
+        repo: &str,
+        number: u64,
+        marker: &str,
+        body: &str,
+        author: Option<&str>,
+    ) -> Result<(Comment, CommentWrite), ForgejoError> {
+        match self
+            .find_comment_with_marker(repo, number, marker, author)
+            .await?
+        {
+            Some(existing) => Ok((existing, CommentWrite::Unchanged)),
+            None => Ok((
+                self.create_comment(repo, number, body).await?,
+                CommentWrite::Created,
+            )),
+        }
+    }
+
+    /// The sticky comment: edits the comment carrying `marker` (by `author`, when
+    /// given) to `body`, or creates it; nothing is written when the text is unchanged.
+    pub async fn upsert_comment(
+        &self,
+        repo: &str,
+        number: u64,
+        marker: &str,
+        body: &str,
+        author: Option<&str>,
+    ) -> Result<(Comment, CommentWrite), ForgejoError> {
+        match self
+            .find_comment_with_marker(repo, number, marker, author)
+            .await?
+        {
+            Some(existing) if existing.body == body => Ok((existing, CommentWrite::Unchanged)),
+            Some(existing) => Ok((
+                self.edit_comment(repo, existing.id, body).await?,
+                CommentWrite::Edited,
+            )),
+            None => Ok((
+                self.create_comment(repo, number, body).await?,
+                CommentWrite::Created,
+            )),
+        }
+    }
+
     /// `GET /repos/{o}/{r}/collaborators/{user}/permission`.
     #[instrument(skip_all, fields(repo = %repo, user = %user))]
     pub async fn collaborator_permission(
@@ -174,6 +223,17 @@ impl ForgejoClient {
         let path = format!("{}/collaborators/{user}/permission", repo_path(repo)?);
         self.get_json(&path, &[]).await
     }
+}
+
+/// What [`ForgejoClient::upsert_comment`] and [`ForgejoClient::comment_once`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommentWrite {
+    /// A new comment was posted.
+    Created,
+    /// The existing comment was edited.
+    Edited,
+    /// Nothing was written: the comment already says that.
+    Unchanged,
 }
 
 /// Checks that a sha or ref is safe as one path segment.

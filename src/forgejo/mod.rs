@@ -26,7 +26,7 @@ mod types;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};
-pub use endpoints::combine_states;
+pub use endpoints::{CommentWrite, combine_states};
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use types::{

@@ -987,3 +987,73 @@ async fn malformed_and_unexpected_answers() {
     assert!(matches!(o, MergeOutcome::Ambiguous { .. }), "{o:?}");
     assert!(fake.merges().is_empty());
 }
+
+#[tokio::test]
+async fn sticky_and_one_off_comments_are_idempotent() {
+    use shepherd::forgejo::CommentWrite;
+
+    let fake = FakeForgejo::start().await;
+    let (n, _) = ready_pr(&fake);
+    let c = client(&fake);
+    let bot = fake.bot_login().to_owned();
+    let marker = "<!-- SHEPHERD-STATE";
+    // Someone quoting the marker does not hijack the sticky comment.
+    fake.add_comment(REPO, n, "mallory", "<!-- SHEPHERD-STATE: {} -->");
+
+    let (first, w) = c
+        .upsert_comment(
+            REPO,
+            n,
+            marker,
+            "phase: ci\n<!-- SHEPHERD-STATE: {\"p\":1} -->",
+            Some(&bot),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w, CommentWrite::Created);
+    let (same, w) = c
+        .upsert_comment(
+            REPO,
+            n,
+            marker,
+            "phase: ci\n<!-- SHEPHERD-STATE: {\"p\":1} -->",
+            Some(&bot),
+        )
+        .await
+        .unwrap();
+    assert_eq!((w, same.id), (CommentWrite::Unchanged, first.id));
+    let (edited, w) = c
+        .upsert_comment(
+            REPO,
+            n,
+            marker,
+            "phase: review\n<!-- SHEPHERD-STATE: {\"p\":2} -->",
+            Some(&bot),
+        )
+        .await
+        .unwrap();
+    assert_eq!((w, edited.id), (CommentWrite::Edited, first.id));
+    assert_eq!(
+        fake.calls("POST", &format!("/repos/{REPO}/issues/{n}/comments"))
+            .len(),
+        1
+    );
+    assert_eq!(fake.calls("PATCH", "/repos/*/issues/comments/*").len(), 1);
+
+    let once = "<!-- shepherd:effect:abc -->";
+    let (_, w) = c
+        .comment_once(REPO, n, once, &format!("Needs a human\n{once}"), Some(&bot))
+        .await
+        .unwrap();
+    assert_eq!(w, CommentWrite::Created);
+    let (_, w) = c
+        .comment_once(REPO, n, once, &format!("Needs a human\n{once}"), Some(&bot))
+        .await
+        .unwrap();
+    assert_eq!(
+        w,
+        CommentWrite::Unchanged,
+        "a retry finds the comment by its marker"
+    );
+    assert_eq!(fake.comments_on(REPO, n).len(), 3);
+}
