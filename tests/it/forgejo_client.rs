@@ -499,6 +499,13 @@ async fn merge_refusals_are_classified() {
         reason("Does not have enough approvals"),
         "dismissed approvals do not count"
     );
+    fake.set_permission(REPO, "stranger", "read");
+    fake.add_review(REPO, n, "stranger", "APPROVED");
+    assert_eq!(
+        refusal(c.merge(REPO, n, &merge_request(&sha)).await.unwrap()),
+        reason("Does not have enough approvals"),
+        "a reader's approval is not official"
+    );
     fake.add_review(REPO, n, "bob", "APPROVED");
     fake.add_review(REPO, n, "carol", "REQUEST_CHANGES");
     assert_eq!(

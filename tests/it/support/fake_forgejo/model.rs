@@ -415,8 +415,9 @@ impl Model {
         }
     }
 
-    /// Records a review on the PR's current head; an official review makes the same
-    /// reviewer's earlier reviews unofficial, as Forgejo does.
+    /// Records a review on the PR's current head. Approvals and change requests by
+    /// writers are official, and an official review makes the same reviewer's earlier
+    /// reviews unofficial, as Forgejo does.
     pub fn add_review(&mut self, repo: &str, number: u64, user: &str, state: &str) -> i64 {
         let id = self.id();
         self.user_id(user);
@@ -427,7 +428,13 @@ impl Model {
             .expect("not a PR")
             .head_sha
             .clone();
-        let official = matches!(state, "APPROVED" | "REQUEST_CHANGES");
+        // Only approvals and change requests can be official, and only from writers
+        // (users without an explicit permission count as writers here).
+        let writer = r
+            .permissions
+            .get(&user.to_lowercase())
+            .is_none_or(|p| matches!(p.as_str(), "write" | "admin" | "owner"));
+        let official = writer && matches!(state, "APPROVED" | "REQUEST_CHANGES");
         if official {
             for old in r.reviews.iter_mut() {
                 if old.number == number && old.user == user {
