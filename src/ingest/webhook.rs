@@ -13,9 +13,9 @@ use futures_util::StreamExt;
 use serde_json::json;
 use tracing::instrument;
 
-use crate::ingest::AppState;
 use crate::ingest::delivery::{Delivery, DeliveryError, EVENT_HEADERS};
 use crate::ingest::signature::{self, SignatureError};
+use crate::ingest::{AppState, WorkerRedis};
 use crate::store::enqueue::{Enqueued, StoreError};
 
 /// `Retry-After` seconds sent with a 503.
@@ -203,12 +203,13 @@ async fn ingest(
     span.record("delivery", delivery.id());
     span.record("event", delivery.event());
     span.record("repo", delivery.repo());
-    let outcome = enqueue(state, &delivery).await?;
+    // This worker thread's own connection when the app has one, else the shared one.
+    let mut conn = req
+        .app_data::<web::Data<WorkerRedis>>()
+        .map_or_else(|| state.redis.clone(), |local| local.0.clone());
+    let outcome = enqueue(state, &mut conn, &delivery).await?;
     if matches!(outcome, Enqueued::New(_))
-        && let Err(e) = state
-            .enqueuer
-            .record_repo(&mut state.redis.clone(), delivery.repo())
-            .await
+        && let Err(e) = state.enqueuer.record_repo(&mut conn, delivery.repo()).await
     {
         // The delivery is durably queued; the repo set is only an index for resync.
         state
@@ -227,16 +228,17 @@ async fn ingest(
 
 /// Takes an in-flight permit (bounded, waiting at most the Redis timeout), then runs
 /// the atomic dedup+append.
-async fn enqueue(state: &AppState, delivery: &Delivery) -> Result<Enqueued, IngestError> {
+async fn enqueue(
+    state: &AppState,
+    conn: &mut redis::aio::ConnectionManager,
+    delivery: &Delivery,
+) -> Result<Enqueued, IngestError> {
     let timeout: Duration = state.config.redis_timeout;
     let _permit = tokio::time::timeout(timeout, state.in_flight.acquire())
         .await
         .map_err(|_| IngestError::Overloaded)?
         .map_err(|_| IngestError::Overloaded)?;
-    Ok(state
-        .enqueuer
-        .enqueue(&mut state.redis.clone(), delivery)
-        .await?)
+    Ok(state.enqueuer.enqueue(conn, delivery).await?)
 }
 
 /// Reads the whole body, refusing early on a `Content-Length` over the limit and
@@ -251,15 +253,27 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(IngestError::TooLarge(limit));
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(8192).min(limit));
+    // The first chunk is kept as is: a body that arrives in one piece is never copied.
+    let mut first: Option<bytes::Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut total = 0usize;
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|_| IngestError::BodyRead)?;
-        if buf.len() + chunk.len() > limit {
+        total += chunk.len();
+        if total > limit {
             return Err(IngestError::TooLarge(limit));
         }
-        buf.extend_from_slice(&chunk);
+        match first.take() {
+            None if buf.is_empty() => first = Some(chunk),
+            None => buf.extend_from_slice(&chunk),
+            Some(head) => {
+                buf.reserve(declared.unwrap_or(total * 2).min(limit));
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(&chunk);
+            }
+        }
     }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 /// A header as UTF-8 text, when present and valid.
