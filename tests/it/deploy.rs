@@ -450,19 +450,13 @@ fn compose_services_run_real_subcommands_with_redis_durable() {
             service["environment"]["SHEPHERD_REDIS_URL"],
             "redis://redis:6379"
         );
-        let health = &service["healthcheck"];
-        if let Some(test) = string_list(&health["test"]) {
-            let probe = &test[1];
-            assert!(
-                installed.contains(probe),
-                "{name}'s health check runs {probe}, which the image does not install"
-            );
-        } else {
-            assert_eq!(
-                health["disable"], true,
-                "{name}: a health check or an explicit none"
-            );
-        }
+        let test = string_list(&service["healthcheck"]["test"])
+            .unwrap_or_else(|| panic!("{name} has a health check"));
+        let probe = &test[1];
+        assert!(
+            installed.contains(probe),
+            "{name}'s health check runs {probe}, which the image does not install"
+        );
     }
     assert!(
         roles.contains("serve") && roles.contains("work"),
@@ -527,10 +521,22 @@ fn k8s_workloads_run_real_subcommands_with_probes_and_budgets() {
     assert_eq!(serve["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(serve["livenessProbe"]["httpGet"]["path"], "/healthz");
     let (worker, work) = roles.get("work").expect("a worker Deployment runs work");
+    assert_eq!(work["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert!(
-        work["readinessProbe"]["httpGet"].is_null() && work["livenessProbe"]["httpGet"].is_null(),
-        "`shepherd work` serves no HTTP: no HTTP probe on it"
+        work["readinessProbe"].is_null(),
+        "no Service sends a worker traffic: readiness would mean nothing"
     );
+    for (role, container) in [("serve", serve), ("work", work)] {
+        let listen = container["env"]
+            .as_sequence()
+            .and_then(|env| env.iter().find(|e| e["name"] == "SHEPHERD_LISTEN"))
+            .unwrap_or_else(|| panic!("{role}: SHEPHERD_LISTEN must be set for probes"));
+        assert_eq!(
+            listen["value"], "0.0.0.0:8080",
+            "{role}: reachable by the kubelet"
+        );
+        assert_eq!(container["ports"][0]["containerPort"], 8080, "{role}");
+    }
     // The Service targets the ingest pods, and the Ingress routes to the Service.
     let service = of_kind("Service")[0];
     let (ingest, _) = roles.get("serve").unwrap();
@@ -855,4 +861,64 @@ async fn image_health_probe_speaks_to_the_real_server() {
     )
     .await;
     assert!(probe("/healthz").await.unwrap(), "alive without Redis");
+}
+
+#[tokio::test]
+async fn image_health_probe_speaks_to_a_real_worker() {
+    let redis = RedisServer::start();
+    // The builder waits until /healthz answers; the probe script must agree.
+    let work = Shepherd::builder(&redis).args(["work"]).start().await;
+    let port = port_of(&work);
+    let alive = tokio::task::spawn_blocking(move || healthcheck(port, Some("/healthz")));
+    assert!(
+        alive.await.unwrap(),
+        "compose's and the image's check of `shepherd work`"
+    );
+}
+
+/// The fixed part of every key name built in src/store/keys.rs, after its prefix or
+/// hash tag: `:events`, `:seen:`, `:lock:merge:`, …
+fn key_name_parts() -> BTreeSet<String> {
+    let source = read("src/store/keys.rs");
+    let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut parts = BTreeSet::new();
+    for (at, _) in code.match_indices("format!(") {
+        let rest = code[at + "format!(".len()..].trim_start();
+        let Some(literal) = rest.strip_prefix('"') else {
+            continue;
+        };
+        let literal = &literal[..literal.find('"').expect("closing quote")];
+        // `{}:events` → `:events`; `{}:seen:{}` → `:seen:`; the tag itself has none.
+        let after_prefix = literal.strip_prefix("{}").unwrap_or(literal);
+        let part = &after_prefix[..after_prefix.find('{').unwrap_or(after_prefix.len())];
+        if part.len() > 1 && part.starts_with(':') {
+            parts.insert(part.to_owned());
+        }
+    }
+    parts
+}
+
+#[test]
+fn architecture_lists_every_redis_key() {
+    let parts = key_name_parts();
+    assert!(
+        parts.contains(":events") && parts.contains(":seen:"),
+        "{parts:?}"
+    );
+    let doc = read("docs/architecture.md");
+    for part in parts {
+        let mentioned = doc.match_indices(&part).any(|(at, _)| {
+            // `:work` must not count as mentioned by `:work-ended:`.
+            part.ends_with(':')
+                || doc[at + part.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == ':'))
+        });
+        assert!(
+            mentioned,
+            "docs/architecture.md (§ Redis keys) does not describe the key `…{part}` of \
+             src/store/keys.rs"
+        );
+    }
 }
