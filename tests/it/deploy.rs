@@ -369,6 +369,30 @@ fn build_context_holds_everything_the_build_reads() {
             );
         }
     }
+    // The manifest must not need anything else the build stage lacks: a build script,
+    // workspace members or path dependencies would each need their own COPY.
+    let manifest: toml::Table = toml::from_str(&read("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        !root().join("build.rs").exists() && manifest["package"].get("build").is_none(),
+        "a build script exists: COPY it in docker/Dockerfile and admit it in .dockerignore"
+    );
+    assert!(
+        manifest.get("workspace").is_none(),
+        "Cargo.toml became a workspace: docker/Dockerfile must COPY every member"
+    );
+    for section in ["dependencies", "build-dependencies"] {
+        for (name, spec) in manifest
+            .get(section)
+            .and_then(|d| d.as_table())
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                spec.get("path").is_none(),
+                "{name} is a path dependency: docker/Dockerfile must COPY it"
+            );
+        }
+    }
     // Only src/ is copied: code the release build compiles must not include files from
     // elsewhere in the repository. Test modules (`#[cfg(test)]`, at the end of a file
     // by convention) are not compiled into the image and may.
