@@ -337,7 +337,11 @@ fn dockerfile_copies(dockerfile: &str) -> Vec<(String, String)> {
         .filter_map(|l| l.strip_prefix("COPY "))
         .filter(|l| !l.starts_with("--from"))
         .map(|l| {
-            let parts: Vec<&str> = l.split_whitespace().collect();
+            // Flags such as --chmod are not paths.
+            let parts: Vec<&str> = l
+                .split_whitespace()
+                .filter(|p| !p.starts_with("--"))
+                .collect();
             let (dest, sources) = parts.split_last().expect("COPY has a destination");
             (sources.join(" "), (*dest).to_owned())
         })
