@@ -19,6 +19,8 @@ pub enum Command {
     Resume,
     /// Refresh the sticky status comment.
     Status,
+    /// On an issue: ask for `issue-impl` (like adding the trigger label).
+    Implement,
 }
 
 /// The word that starts a command.
@@ -67,6 +69,7 @@ fn parse_line(line: &str) -> Option<Command> {
         "pause" => Some(Command::Pause),
         "resume" => Some(Command::Resume),
         "status" => Some(Command::Status),
+        "implement" => Some(Command::Implement),
         _ => None,
     }
 }

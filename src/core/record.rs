@@ -293,6 +293,9 @@ pub struct IssueRecord {
     pub work: WorkState,
     /// The PR that implements it (done: no more `issue-impl`).
     pub done_by_pr: Option<u64>,
+    /// A trusted `/shepherd implement` asked for `issue-impl` (as the label does).
+    #[serde(default)]
+    pub requested: bool,
 }
 
 impl PrRecord {
@@ -362,6 +365,7 @@ impl IssueRecord {
             issue: None,
             work: WorkState::default(),
             done_by_pr: None,
+            requested: false,
         }
     }
 

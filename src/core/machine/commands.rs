@@ -29,6 +29,8 @@ pub(crate) struct CommandEffects {
     pub refresh_status: bool,
     /// A retry was requested (clear a merge back-off too).
     pub retry: bool,
+    /// `issue-impl` was requested (issues only; ignored on PRs).
+    pub implement: bool,
 }
 
 /// Whether a user may give commands.
@@ -167,5 +169,6 @@ fn execute(
             work::resume(ws);
         }
         Command::Status => out.refresh_status = true,
+        Command::Implement => out.implement = true,
     }
 }

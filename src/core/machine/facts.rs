@@ -250,7 +250,7 @@ fn or_now(t: i64, now: i64) -> i64 {
 
 /// Human activity at `t`: moves the stale-check timer.
 fn touch(r: &mut PrRecord, t: i64, policy: &Policy, fx: &mut Fx) {
-    if t <= r.last_activity_ms {
+    if t <= r.last_activity_ms || !r.is_open() {
         return;
     }
     r.last_activity_ms = t;

@@ -98,7 +98,7 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
         );
         return (IssuePhase::Implementing, why, None);
     }
-    if !issue.labels.contains(&policy.label_implement) {
+    if !issue.labels.contains(&policy.label_implement) && !r.requested {
         return (
             IssuePhase::Idle,
             format!("no `{}` label", policy.label_implement),
@@ -241,7 +241,7 @@ fn apply(
             }
             if human {
                 let ctx = commands::CommandCtx { number: r.number };
-                commands::on_comment(
+                let out = commands::on_comment(
                     &mut r.work,
                     &ctx,
                     *comment_id,
@@ -251,6 +251,7 @@ fn apply(
                     policy,
                     fx,
                 );
+                r.requested |= out.implement;
             }
             true
         }
@@ -284,7 +285,7 @@ fn apply(
                 return false;
             }
             let ctx = commands::CommandCtx { number: r.number };
-            commands::on_permission(
+            let out = commands::on_permission(
                 &mut r.work,
                 &ctx,
                 login,
@@ -294,6 +295,7 @@ fn apply(
                 policy,
                 fx,
             );
+            r.requested |= out.implement;
             true
         }
         Event::WorkResult {

@@ -138,17 +138,20 @@ pub fn ci_view(r: &PrRecord, policy: &Policy) -> CiView {
     }
 }
 
-/// The ci-fix signature: the sorted failing contexts with their descriptions (digits
-/// masked, so "Failing after 1m2s" and "Failing after 58s" are the same problem).
+/// The ci-fix signature: the sorted failing contexts with their descriptions (digit
+/// runs masked, so "Failing after 1m2s" and "Failing after 58s" are the same problem).
 pub(crate) fn ci_signature(failing: &[CiContext]) -> String {
     let mut parts: Vec<String> = failing
         .iter()
         .map(|c| {
-            let desc: String = c
-                .description
-                .chars()
-                .map(|ch| if ch.is_ascii_digit() { '#' } else { ch })
-                .collect();
+            let mut desc = String::new();
+            for ch in c.description.chars() {
+                match (ch.is_ascii_digit(), desc.ends_with('#')) {
+                    (true, true) => {}
+                    (true, false) => desc.push('#'),
+                    (false, _) => desc.push(ch),
+                }
+            }
             format!("{}: {}", c.context, desc)
         })
         .collect();
