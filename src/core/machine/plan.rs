@@ -138,20 +138,21 @@ pub fn ci_view(r: &PrRecord, policy: &Policy) -> CiView {
     }
 }
 
-/// The ci-fix signature: the sorted failing contexts with their descriptions (digit
-/// runs masked, so "Failing after 1m2s" and "Failing after 58s" are the same problem).
+/// The ci-fix signature: the sorted failing contexts with their descriptions (words
+/// with digits masked, so "Failing after 1m2s" and "Failing after 58s" are the same problem).
 pub(crate) fn ci_signature(failing: &[CiContext]) -> String {
     let mut parts: Vec<String> = failing
         .iter()
         .map(|c| {
-            let mut desc = String::new();
-            for ch in c.description.chars() {
-                match (ch.is_ascii_digit(), desc.ends_with('#')) {
-                    (true, true) => {}
-                    (true, false) => desc.push('#'),
-                    (false, _) => desc.push(ch),
-                }
-            }
+            let desc: Vec<&str> = c
+                .description
+                .split_whitespace()
+                .map(|w| match w.chars().any(|ch| ch.is_ascii_digit()) {
+                    true => "#",
+                    false => w,
+                })
+                .collect();
+            let desc = desc.join(" ");
             format!("{}: {}", c.context, desc)
         })
         .collect();
