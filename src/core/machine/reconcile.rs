@@ -12,10 +12,6 @@ use super::facts::{VERIFY_TIMEOUT_MS, ci_poll_delay_ms};
 use super::plan::{self, CiView, Plan, Want};
 use super::{Fx, work};
 
-/// How much older than the verification request a reviews read may be (clock skew
-/// between workers).
-const REVIEWS_SKEW_MS: i64 = 5_000;
-
 /// Emits what it takes to move from what is in flight to what `plan` wants.
 /// `allow_dispatch` is false for events the bot caused (they never start work).
 pub(crate) fn reconcile(
@@ -85,8 +81,10 @@ fn wind_down(r: &mut PrRecord, now: i64, fx: &mut Fx) {
 fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Policy, fx: &mut Fx) {
     let verified = match &r.merge {
         MergeState::Verifying { sha: s, since_ms } if s == sha => {
+            // Only a read taken after the request verifies (a redelivered older read
+            // does not); a lost read is retried by the merge-retry watchdog.
             let read = r.reviews.as_ref().map_or(i64::MIN, |v| v.at_ms);
-            if read + REVIEWS_SKEW_MS < *since_ms {
+            if read <= *since_ms {
                 return;
             }
             true
