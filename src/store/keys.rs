@@ -135,6 +135,19 @@ impl Keys {
         format!("{}:done:{}", self.tag(shard), effect_id)
     }
 
+    /// Sorted set of effects waiting for another try after a transient failure
+    /// (score: when, in unix milliseconds; member: the entry's fields as JSON).
+    pub fn effect_retries(&self, shard: u16) -> String {
+        format!("{}:effect-retries", self.tag(shard))
+    }
+
+    /// Marker of a Dispatch or CancelWork effect already appended to the dispatch
+    /// stream. Its hash tag is the dispatch stream's own name, so the marker and the
+    /// stream share a Redis Cluster slot and one script can write both.
+    pub fn dispatch_sent(&self, effect_id: &str) -> String {
+        format!("{{{}}}:sent:{}", self.dispatch(), effect_id)
+    }
+
     /// Sorted set of due timers of a shard (score: due time in unix milliseconds).
     pub fn timers(&self, shard: u16) -> String {
         format!("{}:timers", self.tag(shard))

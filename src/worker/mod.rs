@@ -16,6 +16,8 @@
 //! committed exactly once.
 
 pub mod consumer;
+pub mod dispatch;
+pub mod executor;
 pub mod health;
 pub mod process;
 pub mod redis_server;
@@ -139,6 +141,7 @@ pub async fn run(
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(results::intake_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(consumer::gauge_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(executor::run_executor(ctx.clone(), shutdown.clone()));
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {
         let err = match done {

@@ -1,0 +1,229 @@
+//! Running one effect against Forgejo and the dispatch sinks, idempotently:
+//!
+//! - labels by name (added through the label cache, which creates a missing label
+//!   once; removed by id) — adding or removing twice changes nothing;
+//! - the sticky status comment, found again by its `SHEPHERD-STATE` block and edited
+//!   in place (created when absent);
+//! - a comment, found by the hidden marker of its effect id before it is posted;
+//! - observations, read from the API and returned as events for the machine;
+//! - dispatches, appended once per effect id (see [`crate::worker::dispatch`]);
+//! - merges (see [`super::merge`]).
+
+use std::time::Duration;
+
+use crate::core::effect::{Effect, EffectKind, ObserveWhat};
+use crate::core::event::{Event, Permission};
+use crate::core::texts;
+use crate::forgejo::ForgejoError;
+use crate::worker::dispatch::{CancelNotice, SinkError};
+
+use super::Executor;
+use super::observe;
+
+/// Why an effect did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Worth another try later (timeout, connection, 429, 5xx, open circuit).
+    #[error("{message}")]
+    Transient {
+        /// What happened.
+        message: String,
+        /// The server's `Retry-After` or the breaker's cool-down.
+        retry_after: Option<Duration>,
+    },
+    /// Will not succeed by trying again.
+    #[error("{0}")]
+    Permanent(String),
+    /// Redis failed: the entry stays pending and is redelivered.
+    #[error("redis: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+impl From<ForgejoError> for Failure {
+    fn from(e: ForgejoError) -> Self {
+        if e.is_retryable() {
+            Failure::Transient {
+                retry_after: e.retry_after(),
+                message: e.to_string(),
+            }
+        } else {
+            Failure::Permanent(e.to_string())
+        }
+    }
+}
+
+impl From<SinkError> for Failure {
+    fn from(e: SinkError) -> Self {
+        match e {
+            SinkError::Store(s) => Failure::Store(s),
+            SinkError::Transient {
+                message,
+                retry_after,
+            } => Failure::Transient {
+                message,
+                retry_after,
+            },
+            SinkError::Refused(m) => Failure::Permanent(m),
+        }
+    }
+}
+
+impl Executor {
+    /// Runs `effect`; returns the events it produced for the machine.
+    pub(super) async fn act(&self, effect: &Effect) -> Result<Vec<Event>, Failure> {
+        let repo = effect.repo.as_str();
+        let n = effect.number;
+        match &effect.kind {
+            EffectKind::AddLabels { labels } => {
+                let names: Vec<&str> = labels.iter().map(String::as_str).collect();
+                if !names.is_empty() {
+                    self.forgejo.add_labels(repo, n, &names).await?;
+                }
+                Ok(Vec::new())
+            }
+            EffectKind::RemoveLabels { labels } => {
+                for name in labels {
+                    self.forgejo.remove_label(repo, n, name).await?;
+                }
+                Ok(Vec::new())
+            }
+            EffectKind::UpsertComment { body } => {
+                self.upsert_status(repo, n, body).await?;
+                Ok(Vec::new())
+            }
+            EffectKind::Comment { number, body } => {
+                self.comment_once(effect, *number, body).await?;
+                Ok(Vec::new())
+            }
+            EffectKind::Observe(what) => self.observe(effect, what).await,
+            EffectKind::Dispatch(item) => {
+                let mut conn = self.ctx.store.conn();
+                self.sinks
+                    .send_work(&mut conn, effect.id.as_str(), item)
+                    .await?;
+                Ok(Vec::new())
+            }
+            EffectKind::CancelWork { work_id } => {
+                let notice = CancelNotice {
+                    id: work_id.clone(),
+                    kind: "cancel".into(),
+                    repo: effect.repo.clone(),
+                    number: n,
+                };
+                let mut conn = self.ctx.store.conn();
+                self.sinks
+                    .send_cancel(&mut conn, effect.id.as_str(), &notice)
+                    .await?;
+                Ok(Vec::new())
+            }
+            EffectKind::Merge {
+                head_sha,
+                style,
+                delete_branch,
+                title,
+                message,
+            } => {
+                let request = super::merge::MergeAsk {
+                    head_sha,
+                    style: *style,
+                    delete_branch: *delete_branch,
+                    title: title.clone(),
+                    message: message.clone(),
+                };
+                self.merge(effect, request).await
+            }
+            // The commit script turns these into timers; one here has nothing to do.
+            EffectKind::Schedule(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// Edits the sticky status comment in place, or creates it when there is none.
+    async fn upsert_status(&self, repo: &str, n: u64, body: &str) -> Result<(), ForgejoError> {
+        let bot = self.ctx.config.bot_login.as_deref();
+        let existing = self
+            .forgejo
+            .find_comment_with_marker(repo, n, texts::STATE_MARKER, bot)
+            .await?;
+        match existing {
+            Some(c) if c.body == body => Ok(()),
+            Some(c) => self.forgejo.edit_comment(repo, c.id, body).await.map(drop),
+            None => self.forgejo.create_comment(repo, n, body).await.map(drop),
+        }
+    }
+
+    /// Posts a comment unless one carrying this effect's marker exists already (a try
+    /// that crashed after posting).
+    async fn comment_once(
+        &self,
+        effect: &Effect,
+        number: u64,
+        body: &str,
+    ) -> Result<(), ForgejoError> {
+        let repo = effect.repo.as_str();
+        let marker = texts::effect_marker(&effect.id);
+        let bot = self.ctx.config.bot_login.as_deref();
+        if self
+            .forgejo
+            .find_comment_with_marker(repo, number, &marker, bot)
+            .await?
+            .is_some()
+        {
+            tracing::info!(number, "comment already posted by an earlier try");
+            return Ok(());
+        }
+        let body = match body.contains(&marker) {
+            true => body.to_owned(),
+            false => format!("{body}\n\n{marker}"),
+        };
+        self.forgejo.create_comment(repo, number, &body).await?;
+        Ok(())
+    }
+
+    /// Reads what `what` names and returns it as an observation event.
+    async fn observe(&self, effect: &Effect, what: &ObserveWhat) -> Result<Vec<Event>, Failure> {
+        let repo = effect.repo.as_str();
+        let n = effect.number;
+        let now = crate::store::streams::now_ms() as i64;
+        let event = match what {
+            ObserveWhat::Pr => Event::ObservedPr {
+                pr: observe::pr_snapshot(&effect.repo, &self.forgejo.get_pull(repo, n).await?)?,
+            },
+            ObserveWhat::Reviews => Event::ObservedReviews {
+                repo: effect.repo.clone(),
+                number: n,
+                reviews: observe::reviews(&self.forgejo.list_reviews(repo, n).await?)?,
+                at_ms: now,
+            },
+            ObserveWhat::CombinedStatus { sha } => Event::ObservedStatus {
+                repo: effect.repo.clone(),
+                number: n,
+                sha: sha.clone(),
+                contexts: observe::contexts(
+                    &self.forgejo.combined_status(repo, sha.as_str()).await?,
+                )?,
+                at_ms: now,
+            },
+            ObserveWhat::Permission { login } => {
+                let permission = match self
+                    .forgejo
+                    .collaborator_permission(repo, login.as_str())
+                    .await
+                {
+                    Ok(p) => observe::permission(&p.permission),
+                    // Not a collaborator (or not even a user): no write access.
+                    Err(e) if matches!(e.status(), Some(403 | 404)) => Permission::Read,
+                    Err(e) => return Err(e.into()),
+                };
+                Event::ObservedPermission {
+                    repo: effect.repo.clone(),
+                    scope: effect.scope,
+                    number: n,
+                    login: login.clone(),
+                    permission,
+                    at_ms: now,
+                }
+            }
+        };
+        Ok(vec![event])
+    }
+}

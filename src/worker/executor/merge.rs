@@ -1,0 +1,213 @@
+//! The merge procedure of DESIGN §2.4.
+//!
+//! 1. Re-read the PR: already merged → `Merged` (a redelivered merge effect never
+//!    merges twice); closed or the head moved past the pinned sha → `HeadMoved`.
+//! 2. Take the merge lock of the target branch (`SET NX PX`); busy → `TryAgain`.
+//! 3. Re-check readiness against the API: the combined status of the head and the
+//!    reviews are read and folded, with the PR, into a fresh record by the core's own
+//!    `step`, and the core's `merge_blockers` must be empty. Otherwise the fresh reads
+//!    go back to the machine (a `ResyncObserved` event) with `TryAgain`.
+//! 4. `POST …/merge` with `Do`, `head_commit_id` and `delete_branch_after_merge` —
+//!    never `force_merge`.
+//! 5. A 405/409/404 or an ambiguous answer (timeout, 5xx) is never retried blindly:
+//!    the PR is re-read; merged means `Merged`, anything else is reported as the
+//!    outcome (`Conflict`, `HeadMoved`, `TryAgain`, `FailedPermanent`).
+
+use crate::core::effect::Effect;
+use crate::core::event::{EffectOutcome, Event, MergeOutcome};
+use crate::core::ids::Sha;
+use crate::core::machine::{merge_blockers, step};
+use crate::core::policy::MergeStyle;
+use crate::core::record::PrRecord;
+use crate::forgejo::{self, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
+use crate::store::{effects, streams};
+
+use super::Executor;
+use super::act::Failure;
+use super::observe;
+
+/// How long a merge lock is held at most (a crashed executor's lock expires).
+const LOCK_TTL: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The parameters of a `Merge` effect.
+pub(super) struct MergeAsk<'a> {
+    /// The pinned head.
+    pub head_sha: &'a Sha,
+    /// `Do`.
+    pub style: MergeStyle,
+    /// `delete_branch_after_merge`.
+    pub delete_branch: bool,
+    /// `MergeTitleField`.
+    pub title: Option<String>,
+    /// `MergeMessageField`.
+    pub message: Option<String>,
+}
+
+impl Executor {
+    /// Runs a `Merge` effect; the events end with the outcome for the machine.
+    pub(super) async fn merge(
+        &self,
+        effect: &Effect,
+        ask: MergeAsk<'_>,
+    ) -> Result<Vec<Event>, Failure> {
+        let repo = effect.repo.as_str();
+        let pr = self.forgejo.get_pull(repo, effect.number).await?;
+        if let Some(outcome) = settled(&pr, ask.head_sha) {
+            return Ok(vec![outcome_event(effect, outcome)]);
+        }
+        let lock = self.ctx.store.keys().merge_lock(repo, &pr.base.ref_name);
+        let token = effect.id.to_string();
+        let mut conn = self.ctx.store.conn();
+        if !effects::lock_merge(&mut conn, &lock, &token, LOCK_TTL).await? {
+            tracing::info!(branch = %pr.base.ref_name, "merge lock busy");
+            return Ok(vec![outcome_event(effect, MergeOutcome::TryAgain)]);
+        }
+        let result = self.merge_locked(effect, &ask, &pr).await;
+        if let Err(e) = effects::unlock_merge(&mut conn, &lock, &token).await {
+            tracing::warn!(error = %e, "releasing the merge lock failed; it expires");
+        }
+        result
+    }
+
+    /// Steps 3–5, under the lock.
+    async fn merge_locked(
+        &self,
+        effect: &Effect,
+        ask: &MergeAsk<'_>,
+        pr: &PullRequest,
+    ) -> Result<Vec<Event>, Failure> {
+        let repo = effect.repo.as_str();
+        let head = ask.head_sha.as_str();
+        let status = self.forgejo.combined_status(repo, head).await?;
+        let reviews = self.forgejo.list_reviews(repo, effect.number).await?;
+        let observed = Event::ResyncObserved {
+            pr: observe::pr_snapshot(&effect.repo, pr)?,
+            contexts: observe::contexts(&status)?,
+            reviews: observe::reviews(&reviews)?,
+            at_ms: streams::now_ms() as i64,
+        };
+        let blockers = self.blockers(effect, &observed);
+        if !blockers.is_empty() {
+            tracing::info!(?blockers, "not ready on re-check; merge not attempted");
+            return Ok(vec![
+                observed,
+                outcome_event(effect, MergeOutcome::TryAgain),
+            ]);
+        }
+        let request = MergeRequest {
+            style: style(ask.style),
+            head_commit_id: head.to_owned(),
+            delete_branch_after_merge: ask.delete_branch,
+            title: ask.title.clone(),
+            message: ask.message.clone(),
+        };
+        let answer = self.forgejo.merge(repo, effect.number, &request).await?;
+        tracing::info!(?answer, "merge answered");
+        let outcome = match answer {
+            forgejo::MergeOutcome::Merged
+            | forgejo::MergeOutcome::MergedBranchNotDeleted { .. } => MergeOutcome::Merged,
+            forgejo::MergeOutcome::NotAllowed { refusal, message } => match refusal {
+                MergeRefusal::NotMergeable => MergeOutcome::TryAgain,
+                MergeRefusal::AlreadyMerged | MergeRefusal::WorkInProgress => {
+                    self.reread(effect, ask.head_sha, MergeOutcome::TryAgain)
+                        .await?
+                }
+                MergeRefusal::Protection(_)
+                | MergeRefusal::UserNotAllowed
+                | MergeRefusal::StyleNotAllowed
+                | MergeRefusal::Other => MergeOutcome::FailedPermanent { message },
+            },
+            forgejo::MergeOutcome::Conflict { kind, .. } => match kind {
+                MergeConflictKind::HeadOutOfDate => MergeOutcome::HeadMoved,
+                MergeConflictKind::Conflict => MergeOutcome::Conflict,
+                MergeConflictKind::AlreadyMerged | MergeConflictKind::Other => {
+                    self.reread(effect, ask.head_sha, MergeOutcome::TryAgain)
+                        .await?
+                }
+            },
+            forgejo::MergeOutcome::NotFound { .. } | forgejo::MergeOutcome::Ambiguous { .. } => {
+                self.reread(effect, ask.head_sha, MergeOutcome::TryAgain)
+                    .await?
+            }
+        };
+        Ok(vec![outcome_event(effect, outcome)])
+    }
+
+    /// Re-reads the PR after an unclear answer: what it shows, or `otherwise`.
+    async fn reread(
+        &self,
+        effect: &Effect,
+        head: &Sha,
+        otherwise: MergeOutcome,
+    ) -> Result<MergeOutcome, Failure> {
+        let pr = self
+            .forgejo
+            .get_pull(effect.repo.as_str(), effect.number)
+            .await?;
+        Ok(settled(&pr, head).unwrap_or(otherwise))
+    }
+
+    /// The §2.4 conditions that fail on the fresh reads, by the core's own rules.
+    fn blockers(&self, effect: &Effect, observed: &Event) -> Vec<String> {
+        let policy = self.ctx.policy.for_repo(&effect.repo);
+        let now = streams::now_ms() as i64;
+        let fresh = PrRecord::new(effect.repo.clone(), effect.number);
+        let t = step(&fresh, observed, now, &policy);
+        merge_blockers(&t.record, &policy, now)
+    }
+}
+
+/// The outcome a PR read already decides: merged, closed, or a moved head.
+fn settled(pr: &PullRequest, head: &Sha) -> Option<MergeOutcome> {
+    if pr.merged {
+        return Some(MergeOutcome::Merged);
+    }
+    let moved = !pr.head.sha.eq_ignore_ascii_case(head.as_str());
+    (!pr.is_open() || moved).then_some(MergeOutcome::HeadMoved)
+}
+
+/// The `EffectOutcome` event of a merge.
+pub(super) fn outcome_event(effect: &Effect, outcome: MergeOutcome) -> Event {
+    Event::EffectOutcome {
+        repo: effect.repo.clone(),
+        scope: effect.scope,
+        number: effect.number,
+        effect_id: effect.id.clone(),
+        outcome: EffectOutcome::Merge(outcome),
+    }
+}
+
+/// The client's spelling of a policy merge style.
+fn style(s: MergeStyle) -> forgejo::MergeStyle {
+    match s {
+        MergeStyle::Merge => forgejo::MergeStyle::Merge,
+        MergeStyle::Rebase => forgejo::MergeStyle::Rebase,
+        MergeStyle::RebaseMerge => forgejo::MergeStyle::RebaseMerge,
+        MergeStyle::Squash => forgejo::MergeStyle::Squash,
+        MergeStyle::FastForwardOnly => forgejo::MergeStyle::FastForwardOnly,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_settles_merged_closed_and_moved() {
+        let head: Sha = "abcd1234".parse().unwrap();
+        let mut pr = PullRequest {
+            state: "open".into(),
+            ..PullRequest::default()
+        };
+        pr.head.sha = "ABCD1234".into();
+        assert_eq!(settled(&pr, &head), None);
+        pr.head.sha = "ffff0000".into();
+        assert_eq!(settled(&pr, &head), Some(MergeOutcome::HeadMoved));
+        pr.merged = true;
+        assert_eq!(settled(&pr, &head), Some(MergeOutcome::Merged));
+        pr.merged = false;
+        pr.head.sha = "abcd1234".into();
+        pr.state = "closed".into();
+        assert_eq!(settled(&pr, &head), Some(MergeOutcome::HeadMoved));
+    }
+}

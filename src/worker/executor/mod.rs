@@ -1,0 +1,444 @@
+//! The executor: carries out the effects the workers commit, against Forgejo's REST
+//! API and the dispatch sinks, and feeds what it learns back to the machine.
+//!
+//! ```text
+//! effects(shard) ──XREADGROUP "executors"──▶ handle ─▶ done marker set? → ack only
+//!        ▲                                     │  act (act.rs, merge.rs)
+//!        │                                     ├─ ok        → finish: events + done marker + XACK (one Lua call)
+//!        │                                     ├─ transient → park in effect-retries (ZADD + XACK), backoff + jitter
+//!        │                                     └─ permanent / budget spent → finish with an EffectOutcome event
+//!        ├── retry mover: due retries back onto the stream (atomic)
+//!        └── reclaimer: XAUTOCLAIM entries of dead executors
+//! ```
+//!
+//! Every effect is idempotent on its own (labels by name, comments found by marker,
+//! dispatches appended once per effect id, merges re-read first), so an executor that
+//! dies anywhere — even between a Forgejo call and the done marker — leaves nothing
+//! that a redelivery would do twice. Transient failures are retried here and never
+//! reach the machine as failed agent attempts; only a spent budget is reported.
+
+mod act;
+mod merge;
+mod observe;
+pub mod retry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, instrument};
+
+use self::act::Failure;
+use self::retry::{Next, RetryPolicy};
+use super::Context;
+use super::consumer::pause;
+use super::dispatch::Sinks;
+use crate::core::effect::{Effect, EffectKind};
+use crate::core::event::{EffectOutcome, Event, MergeOutcome};
+use crate::forgejo::ForgejoClient;
+use crate::store::commit::effect_fields;
+use crate::store::effects::{self, FIRST_TRY, InternalEvent};
+use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::streams::{self, Entry};
+
+/// Entries per `XREADGROUP`.
+const BATCH: usize = 64;
+/// Longest a read blocks (bounds how long shutdown waits).
+const BLOCK: Duration = Duration::from_millis(1000);
+/// Pause after a failed read.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// How often due retries are moved back onto the streams.
+const RETRY_POLL: Duration = Duration::from_millis(200);
+/// Retries moved per script call.
+const RETRY_POP_LIMIT: usize = 256;
+
+/// Everything the executor tasks share.
+pub struct Executor {
+    /// The worker context (store, config, metrics, policy, consumer name).
+    ctx: Arc<Context>,
+    /// The Forgejo client (one circuit breaker per host, label caches).
+    forgejo: ForgejoClient,
+    /// Dispatch sinks.
+    sinks: Sinks,
+    /// Budget of transient failures.
+    retry: RetryPolicy,
+}
+
+/// Runs the executor until `shutdown`: one reader per effects-stream shard, the retry
+/// mover and the reclaimer. Without `SHEPHERD_FORGEJO_URL`/`_TOKEN` it logs that
+/// effects wait and returns (the effects stay queued for an executor that can run).
+pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if ctx.config.forgejo_url.is_none() || ctx.config.forgejo_token.is_none() {
+        tracing::warn!(
+            "executor disabled: SHEPHERD_FORGEJO_URL and SHEPHERD_FORGEJO_TOKEN are not both \
+             set; effects stay queued"
+        );
+        return Ok(());
+    }
+    let forgejo = ForgejoClient::from_config(&ctx.config, Some(ctx.metrics.clone()))?;
+    let sinks = Sinks::new(&ctx.config, ctx.store.keys().clone())?;
+    let exec = Arc::new(Executor {
+        ctx,
+        forgejo,
+        sinks,
+        retry: RetryPolicy::default(),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for shard in 0..exec.ctx.config.shards {
+        tasks.spawn(exec.clone().consume_shard(shard, shutdown.clone()));
+    }
+    tasks.spawn(exec.clone().retry_loop(shutdown.clone()));
+    tasks.spawn(exec.clone().reclaim_loop(shutdown.clone()));
+    let mut first_error = None;
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shutdown.cancel();
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                shutdown.cancel();
+                first_error.get_or_insert(anyhow::anyhow!("executor task panicked: {e}"));
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+impl Executor {
+    /// Reads and runs one shard's effects until shutdown: this consumer's own pending
+    /// entries first (a restart under the same name), then new ones.
+    #[instrument(skip_all, fields(shard, consumer = %self.ctx.consumer))]
+    async fn consume_shard(
+        self: Arc<Self>,
+        shard: u16,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let stream = self.ctx.store.keys().effects(shard);
+        let mut conn = self.ctx.store.blocking_conn(BLOCK).await?;
+        streams::ensure_group(&mut conn, &stream, EXECUTORS_GROUP).await?;
+        let mut from = Some("0-0".to_owned());
+        while !shutdown.is_cancelled() {
+            let cursor = from.as_deref().unwrap_or(">");
+            let batch = match streams::read_group(
+                &mut conn,
+                &stream,
+                EXECUTORS_GROUP,
+                &self.ctx.consumer,
+                cursor,
+                BATCH,
+                BLOCK,
+            )
+            .await
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    self.ctx
+                        .metrics
+                        .redis_errors
+                        .with_label_values(&["executor"])
+                        .inc();
+                    tracing::warn!(error = %e, "reading the effects stream failed; retrying");
+                    if !pause(RETRY_PAUSE, &shutdown).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if from.is_some() {
+                from = batch.last().map(|e| e.id.clone());
+            }
+            self.run_batch(shard, batch).await;
+        }
+        Ok(())
+    }
+
+    /// Runs a batch: effects of one record in stream order, records concurrently.
+    async fn run_batch(&self, shard: u16, batch: Vec<Entry>) {
+        let mut groups: HashMap<String, Vec<Entry>> = HashMap::new();
+        for entry in batch {
+            groups
+                .entry(entry.text(effect_fields::RECORD))
+                .or_default()
+                .push(entry);
+        }
+        let runs = groups.into_values().map(|entries| async move {
+            for entry in entries {
+                self.handle(shard, entry).await;
+            }
+        });
+        join_all(runs).await;
+    }
+
+    /// Moves due retries of every shard back onto the effects streams until shutdown.
+    async fn retry_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let mut conn = self.ctx.store.conn();
+        let keys = self.ctx.store.keys();
+        while pause(RETRY_POLL, &shutdown).await {
+            for shard in 0..self.ctx.config.shards {
+                let now = streams::now_ms();
+                match effects::pop_due_retries(&mut conn, keys, shard, now, RETRY_POP_LIMIT).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(shard, moved = n, "effect retries due"),
+                    Err(e) => {
+                        self.ctx
+                            .metrics
+                            .redis_errors
+                            .with_label_values(&["effect_retries"])
+                            .inc();
+                        tracing::warn!(shard, error = %e, "moving due effect retries failed");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims and runs effects left pending by dead executors.
+    async fn reclaim_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let every = (self.ctx.config.reclaim_idle / 2)
+            .clamp(Duration::from_secs(1), Duration::from_secs(30));
+        while pause(every, &shutdown).await {
+            for shard in 0..self.ctx.config.shards {
+                if let Err(e) = self.reclaim_shard(shard, &shutdown).await {
+                    self.ctx
+                        .metrics
+                        .redis_errors
+                        .with_label_values(&["xautoclaim"])
+                        .inc();
+                    tracing::warn!(shard, error = %e, "reclaiming pending effects failed");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reclaim_shard(&self, shard: u16, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        let stream = self.ctx.store.keys().effects(shard);
+        let mut conn = self.ctx.store.conn();
+        let mut cursor = "0-0".to_owned();
+        loop {
+            let (next, claimed) = streams::autoclaim(
+                &mut conn,
+                &stream,
+                EXECUTORS_GROUP,
+                &self.ctx.consumer,
+                self.ctx.config.reclaim_idle,
+                &cursor,
+                BATCH,
+            )
+            .await?;
+            if !claimed.is_empty() {
+                tracing::info!(
+                    count = claimed.len(),
+                    "reclaimed effects of a dead or slow executor"
+                );
+                self.run_batch(shard, claimed).await;
+            }
+            if next == "0-0" || shutdown.is_cancelled() {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// Runs one entry to its end: done, parked for a retry, reported as failed,
+    /// dead-lettered, or left pending after a Redis failure.
+    async fn handle(&self, shard: u16, entry: Entry) {
+        let effect_id = entry.text(effect_fields::ID);
+        let kind = entry.text(effect_fields::KIND);
+        let span =
+            tracing::info_span!("effect", effect = %effect_id, kind = %kind, entry = %entry.id);
+        async {
+            let outcome = match self.handle_inner(shard, &entry).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    self.ctx
+                        .metrics
+                        .redis_errors
+                        .with_label_values(&["executor"])
+                        .inc();
+                    tracing::warn!(error = %e, "redis failed; the effect stays pending");
+                    "error"
+                }
+            };
+            self.ctx
+                .metrics
+                .effects
+                .with_label_values(&[kind.as_str(), outcome])
+                .inc();
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// [`Executor::handle`]; returns the metric outcome.
+    async fn handle_inner(
+        &self,
+        shard: u16,
+        entry: &Entry,
+    ) -> Result<&'static str, crate::store::StoreError> {
+        let max = u64::from(self.ctx.config.max_deliveries);
+        let decoded = entry
+            .bytes(effect_fields::EFFECT)
+            .map(serde_json::from_slice::<Effect>);
+        let effect = match decoded {
+            _ if entry.deliveries > max => {
+                let reason = format!(
+                    "delivered {} times (SHEPHERD_MAX_DELIVERIES = {max})",
+                    entry.deliveries
+                );
+                return self.dead_letter(shard, entry, &reason).await;
+            }
+            Some(Ok(effect)) => effect,
+            Some(Err(e)) => {
+                return self
+                    .dead_letter(shard, entry, &format!("undecodable effect: {e}"))
+                    .await;
+            }
+            None => return self.dead_letter(shard, entry, "no effect field").await,
+        };
+        let mut conn = self.ctx.store.conn();
+        let keys = self.ctx.store.keys();
+        if effects::is_done(&mut conn, keys, shard, effect.id.as_str()).await? {
+            streams::ack(
+                &mut conn,
+                &keys.effects(shard),
+                EXECUTORS_GROUP,
+                &[&entry.id],
+            )
+            .await?;
+            return Ok("duplicate");
+        }
+        let now = streams::now_ms();
+        let first_try = entry.text(FIRST_TRY).parse().unwrap_or(now);
+        let tries = entry.text(effects::ATTEMPT).parse::<u32>().unwrap_or(0) + 1;
+        let (events, label) = match self.act(&effect).await {
+            Ok(events) => (events, "done"),
+            Err(Failure::Store(e)) => return Err(e),
+            Err(Failure::Permanent(message)) => {
+                tracing::warn!(%message, "effect failed permanently");
+                (vec![failure_event(&effect, message, false)], "failed")
+            }
+            Err(Failure::Transient {
+                message,
+                retry_after,
+            }) => {
+                let elapsed = Duration::from_millis(now.saturating_sub(first_try));
+                match self.retry.next_random(tries, elapsed, retry_after) {
+                    Next::RetryIn(delay) => {
+                        tracing::info!(%message, tries, delay_ms = delay.as_millis() as u64, "transient failure; retrying later");
+                        let fields = retry_fields(entry, tries, first_try);
+                        let due = now + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                        effects::park_for_retry(&mut conn, keys, shard, &entry.id, &fields, due)
+                            .await?;
+                        return Ok("retried");
+                    }
+                    Next::GiveUp => {
+                        tracing::warn!(%message, tries, "retry budget spent; reporting the failure");
+                        (vec![failure_event(&effect, message, true)], "failed")
+                    }
+                }
+            }
+        };
+        let received = entry.text(effect_fields::RECEIVED).parse().unwrap_or(now);
+        let internal: Vec<InternalEvent> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                InternalEvent::new(effect.id.as_str(), i, effect.repo.as_str(), e, received)
+            })
+            .collect();
+        let ttl = self.ctx.config.retention;
+        effects::finish(
+            &mut conn,
+            keys,
+            shard,
+            &entry.id,
+            effect.id.as_str(),
+            &internal,
+            ttl,
+        )
+        .await?;
+        let lag = streams::now_ms().saturating_sub(received);
+        self.ctx
+            .metrics
+            .lag
+            .with_label_values(&["executed"])
+            .observe(lag as f64 / 1000.0);
+        Ok(label)
+    }
+
+    /// Dead-letters a poison entry of the effects stream.
+    async fn dead_letter(
+        &self,
+        shard: u16,
+        entry: &Entry,
+        reason: &str,
+    ) -> Result<&'static str, crate::store::StoreError> {
+        tracing::warn!(%reason, "dead-lettering a poison effect");
+        let keys = self.ctx.store.keys();
+        streams::dead_letter(
+            &mut self.ctx.store.conn(),
+            &keys.effects(shard),
+            &keys.dead_letters(shard),
+            EXECUTORS_GROUP,
+            &entry.id,
+            reason,
+            entry.deliveries,
+        )
+        .await?;
+        Ok("dead_lettered")
+    }
+}
+
+/// The entry's fields for its next try: everything but the retry bookkeeping, then the
+/// updated bookkeeping.
+fn retry_fields(entry: &Entry, tries: u32, first_try: u64) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = entry
+        .fields
+        .iter()
+        .filter(|(k, _)| k.as_str() != effects::ATTEMPT && k.as_str() != FIRST_TRY)
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    fields.sort();
+    fields.push((effects::ATTEMPT.to_owned(), tries.to_string()));
+    fields.push((FIRST_TRY.to_owned(), first_try.to_string()));
+    fields
+}
+
+/// The event that tells the machine an effect failed for good. A merge whose budget
+/// ran out (Forgejo down) is "try again later"; one refused for good a permanent
+/// failure; a dispatch names its work item so the claim ends.
+fn failure_event(effect: &Effect, message: String, budget_spent: bool) -> Event {
+    let outcome = match &effect.kind {
+        EffectKind::Merge { .. } if budget_spent => EffectOutcome::Merge(MergeOutcome::TryAgain),
+        EffectKind::Merge { .. } => EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }),
+        EffectKind::Dispatch(item) => EffectOutcome::Failed {
+            kind: effect.kind.name(),
+            work_id: Some(item.id.clone()),
+            message,
+        },
+        EffectKind::CancelWork { .. }
+        | EffectKind::AddLabels { .. }
+        | EffectKind::RemoveLabels { .. }
+        | EffectKind::UpsertComment { .. }
+        | EffectKind::Comment { .. }
+        | EffectKind::Observe(_)
+        | EffectKind::Schedule(_) => EffectOutcome::Failed {
+            kind: effect.kind.name(),
+            work_id: None,
+            message,
+        },
+    };
+    Event::EffectOutcome {
+        repo: effect.repo.clone(),
+        scope: effect.scope,
+        number: effect.number,
+        effect_id: effect.id.clone(),
+        outcome,
+    }
+}
