@@ -5,5 +5,6 @@ mod deploy;
 mod fake_forgejo;
 mod forgejo_client;
 mod ingest;
+mod scenarios;
 mod support;
 mod worker;

@@ -3,6 +3,7 @@
 
 pub mod fake_forgejo;
 pub mod redis;
+pub mod scenario;
 pub mod shepherd;
 pub mod webhook;
 

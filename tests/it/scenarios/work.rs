@@ -1,0 +1,1 @@
+//! Scenarios about work: (3), (6), (7), (8).

@@ -1,0 +1,304 @@
+//! End-to-end scenario harness: a real redis-server, the fake Forgejo, and the real
+//! `shepherd run` binary (ingest + worker + executor in one process) pointed at both,
+//! with a policy file of short timers. Test actions change the fake's model and send
+//! the matching signed webhook through the real ingest; assertions read the fake's
+//! call log and model and the dispatch stream. Everything waits by polling with a
+//! deadline, never by sleeping.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::fake_forgejo::{FakeForgejo, Webhook};
+use super::redis::{RedisServer, stream_entries};
+use super::shepherd::Shepherd;
+use super::{poll_until_named, webhook};
+
+/// The agents' bearer token in scenarios.
+pub const AGENT_TOKEN: &str = "scenario-agent-token";
+/// How long one condition may take to come true.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Policy settings every scenario starts from: fast CI polls and retries.
+pub const FAST_POLICY: &str = "\
+ci_poll_initial_secs = 1
+ci_poll_max_secs = 1
+mergeability_delay_secs = 1
+merge_retry_secs = 1
+";
+
+/// One running scenario.
+pub struct Scenario {
+    /// The fake Forgejo.
+    pub fake: FakeForgejo,
+    /// The `shepherd run` process.
+    pub shepherd: Shepherd,
+    /// Redis (kept alive for the scenario).
+    pub redis: RedisServer,
+    /// A connection for assertions.
+    conn: redis::aio::MultiplexedConnection,
+    /// HTTP client for webhooks and the results API.
+    http: reqwest::Client,
+    /// The policy file (deleted on drop).
+    _policy: tempfile::NamedTempFile,
+}
+
+impl Scenario {
+    /// Starts everything with [`FAST_POLICY`] plus `extra` lines under `[defaults]`.
+    pub async fn start(extra: &str) -> Self {
+        let redis = RedisServer::start();
+        let fake = FakeForgejo::start().await;
+        let mut policy = tempfile::NamedTempFile::new().expect("policy file");
+        write!(policy, "[defaults]\n{FAST_POLICY}{extra}\n").expect("write policy");
+        let shepherd = Shepherd::builder(&redis)
+            .args(["run"])
+            .env("SHEPHERD_FORGEJO_URL", fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
+            .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
+            .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
+            .env("SHEPHERD_CONFIG", policy.path().display().to_string())
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15")
+            .start()
+            .await;
+        let conn = redis.conn().await;
+        Self {
+            fake,
+            shepherd,
+            redis,
+            conn,
+            http: reqwest::Client::new(),
+            _policy: policy,
+        }
+    }
+
+    /// Signs `hook` with a fresh delivery id and posts it to the ingest (202 expected);
+    /// returns the delivery id.
+    pub async fn send(&self, hook: &Webhook) -> String {
+        let delivery = webhook::new_delivery();
+        let status = self.send_as(hook, &delivery).await;
+        assert_eq!(status, 202, "webhook {} accepted", hook.event_type);
+        delivery
+    }
+
+    /// Posts `hook` with delivery id `delivery`; returns the HTTP status.
+    pub async fn send_as(&self, hook: &Webhook, delivery: &str) -> u16 {
+        let request = webhook::signed(&hook.body(), hook.event_type, delivery);
+        webhook::post(&self.http, &self.shepherd.webhook_url(), &request)
+            .await
+            .status()
+            .as_u16()
+    }
+
+    /// The entries of `<prefix>:dispatch`, in order, as (field, JSON).
+    pub async fn dispatch_entries(&self) -> Vec<(String, Value)> {
+        let key = self.shepherd.keys().dispatch();
+        let mut conn = self.conn.clone();
+        stream_entries(&mut conn, &key)
+            .await
+            .into_iter()
+            .flat_map(|(_, fields): (String, HashMap<String, String>)| fields.into_iter())
+            .map(|(k, v)| {
+                let json = serde_json::from_str(&v).expect("dispatch entries are JSON");
+                (k, json)
+            })
+            .collect()
+    }
+
+    /// The work items dispatched so far.
+    pub async fn work_items(&self) -> Vec<Value> {
+        self.dispatch_entries()
+            .await
+            .into_iter()
+            .filter(|(k, _)| k == "work")
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// The cancel notices dispatched so far.
+    pub async fn cancels(&self) -> Vec<Value> {
+        self.dispatch_entries()
+            .await
+            .into_iter()
+            .filter(|(k, _)| k == "cancel")
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// Waits until at least `n` work items were dispatched; returns them all.
+    pub async fn wait_work_items(&self, n: usize) -> Vec<Value> {
+        let what = format!("{n} work item(s) dispatched");
+        poll_until_named(DEADLINE, &what, || async {
+            self.work_items().await.len() >= n
+        })
+        .await;
+        self.work_items().await
+    }
+
+    /// Waits until `cond` holds on the fake Forgejo.
+    pub async fn wait_fake(&self, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
+        poll_until_named(DEADLINE, what, || async { cond(&self.fake) }).await;
+    }
+
+    /// Reports a work result through the results API; returns the HTTP status.
+    pub async fn report(&self, work_id: &str, outcome: &str, signature: Option<&str>) -> u16 {
+        let mut body = serde_json::json!({ "outcome": outcome });
+        if let Some(s) = signature {
+            body["signature"] = s.into();
+        }
+        self.http
+            .post(self.shepherd.url(&format!("/api/v1/work/{work_id}/result")))
+            .bearer_auth(AGENT_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("results API answers")
+            .status()
+            .as_u16()
+    }
+
+    /// The stored phase of PR `n`'s record (`""` when there is no record).
+    pub async fn phase(&self, repo: &str, n: u64) -> String {
+        let key = self.shepherd.keys().pr_record(repo, n);
+        let mut conn = self.conn.clone();
+        let phase: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("phase")
+            .query_async(&mut conn)
+            .await
+            .expect("HGET phase");
+        phase.unwrap_or_default()
+    }
+
+    /// Waits until PR `n`'s record is in `phase`.
+    pub async fn wait_phase(&self, repo: &str, n: u64, phase: &str) {
+        let what = format!("{repo}#{n} is in phase {phase}");
+        poll_until_named(DEADLINE, &what, || async {
+            self.phase(repo, n).await == phase
+        })
+        .await;
+    }
+
+    /// Waits until nothing is in flight: both consumer groups have read and acked
+    /// everything, and no effect waits for a retry (checked twice in a row, so an
+    /// effect that queues an observation is seen through).
+    pub async fn wait_idle(&self) {
+        let end = std::time::Instant::now() + DEADLINE;
+        let mut calm = 0;
+        while calm < 3 {
+            calm = if self.is_idle().await { calm + 1 } else { 0 };
+            assert!(
+                std::time::Instant::now() < end,
+                "timed out waiting until events and effects are all processed"
+            );
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
+    fn is_idle(&self) -> impl std::future::Future<Output = bool> + use<> {
+        let keys = self.shepherd.keys();
+        let mut conn = self.conn.clone();
+        async move {
+            for (stream, group) in [(keys.events(0), "workers"), (keys.effects(0), "executors")] {
+                if !group_drained(&mut conn, &stream, group).await {
+                    return false;
+                }
+            }
+            let retries: u64 = redis::cmd("ZCARD")
+                .arg(keys.effect_retries(0))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(0);
+            retries == 0
+        }
+    }
+
+    /// Comments on issue or PR `n` whose body contains `text`.
+    pub fn comments_containing(&self, repo: &str, n: u64, text: &str) -> usize {
+        self.fake
+            .comments_on(repo, n)
+            .iter()
+            .filter(|c| c.body.contains(text))
+            .count()
+    }
+
+    /// Asserts that no comment body was posted twice on `n` and that the sticky status
+    /// comment exists at most once.
+    pub fn assert_no_duplicate_comments(&self, repo: &str, n: u64) {
+        let comments = self.fake.comments_on(repo, n);
+        let mut seen = std::collections::HashSet::new();
+        for c in &comments {
+            assert!(seen.insert(c.body.clone()), "duplicate comment on #{n}: {}", c.body);
+        }
+        let sticky = comments
+            .iter()
+            .filter(|c| c.body.contains("<!-- SHEPHERD-STATE: "))
+            .count();
+        assert!(sticky <= 1, "{sticky} status comments on #{n}");
+    }
+
+    /// Asserts that every work item id was dispatched once.
+    pub async fn assert_no_duplicate_dispatch(&self) {
+        let items = self.work_items().await;
+        let mut ids = std::collections::HashSet::new();
+        for item in &items {
+            let id = item["id"].as_str().expect("work id").to_owned();
+            assert!(ids.insert(id.clone()), "work item {id} dispatched twice");
+        }
+    }
+}
+
+/// Whether `group` on `stream` has nothing pending and nothing unread.
+async fn group_drained(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    group: &str,
+) -> bool {
+    let info: redis::Value = match redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await
+    {
+        Ok(v) => v,
+        // No stream yet: nothing to process.
+        Err(_) => return true,
+    };
+    let redis::Value::Array(groups) = info else {
+        return true;
+    };
+    for g in groups {
+        let map = flat_map(g);
+        if map.get("name").map(String::as_str) != Some(group) {
+            continue;
+        }
+        let pending = map.get("pending").map(String::as_str) == Some("0");
+        let lag = map.get("lag").map(String::as_str) == Some("0");
+        return pending && lag;
+    }
+    // The group does not exist yet: its consumer has not started reading.
+    false
+}
+
+/// A RESP map or flat key/value array as text pairs.
+fn flat_map(v: redis::Value) -> HashMap<String, String> {
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(i) => i.to_string(),
+        redis::Value::Nil => "nil".into(),
+        other => format!("{other:?}"),
+    };
+    match v {
+        redis::Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|c| match c {
+                [k, v] => Some((text(k), text(v))),
+                _ => None,
+            })
+            .collect(),
+        redis::Value::Map(pairs) => pairs.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        _ => HashMap::new(),
+    }
+}
