@@ -186,12 +186,12 @@ impl Executor {
         let now = crate::store::streams::now_ms() as i64;
         let event = match what {
             ObserveWhat::Pr => Event::ObservedPr {
-                pr: observe::pr_snapshot(&effect.repo, &self.forgejo.get_pull(repo, n).await?)?,
+                pr: observe::pr_snapshot(&effect.repo, &self.forgejo.get_pull(repo, n).await?),
             },
             ObserveWhat::Reviews => Event::ObservedReviews {
                 repo: effect.repo.clone(),
                 number: n,
-                reviews: observe::reviews(&self.forgejo.list_reviews(repo, n).await?)?,
+                reviews: observe::reviews(&self.forgejo.list_reviews(repo, n).await?),
                 at_ms: now,
             },
             ObserveWhat::CombinedStatus { sha } => Event::ObservedStatus {
@@ -200,7 +200,7 @@ impl Executor {
                 sha: sha.clone(),
                 contexts: observe::contexts(
                     &self.forgejo.combined_status(repo, sha.as_str()).await?,
-                )?,
+                ),
                 at_ms: now,
             },
             ObserveWhat::Permission { login } => {

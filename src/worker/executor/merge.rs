@@ -81,9 +81,9 @@ impl Executor {
         let status = self.forgejo.combined_status(repo, head).await?;
         let reviews = self.forgejo.list_reviews(repo, effect.number).await?;
         let observed = Event::ResyncObserved {
-            pr: observe::pr_snapshot(&effect.repo, pr)?,
-            contexts: observe::contexts(&status)?,
-            reviews: observe::reviews(&reviews)?,
+            pr: observe::pr_snapshot(&effect.repo, pr),
+            contexts: observe::contexts(&status),
+            reviews: observe::reviews(&reviews),
             at_ms: streams::now_ms() as i64,
         };
         let blockers = self.blockers(effect, &observed);

@@ -1,6 +1,5 @@
-//! Turning the Forgejo client's responses into the core's observation types. The
-//! client's structs serialize with Forgejo's own field names, so each one is passed
-//! through the core's payload type of the same shape and the core's normalizers —
+//! Turning the Forgejo client's responses into the core's observation types, through
+//! the client's `From` conversions into `core::payload` and the core's normalizers:
 //! one interpretation of a PR, a review or a status, whether it came by webhook or by
 //! API read.
 
@@ -9,38 +8,22 @@ use crate::core::ids::RepoName;
 use crate::core::{normalize, payload};
 use crate::forgejo;
 
-use super::act::Failure;
-
-/// Re-reads `value` (a client struct) as the core payload type `T`.
-fn convert<T: serde::de::DeserializeOwned>(
-    what: &str,
-    value: &impl serde::Serialize,
-) -> Result<T, Failure> {
-    serde_json::to_value(value)
-        .and_then(serde_json::from_value)
-        .map_err(|e| Failure::Permanent(format!("cannot read the {what}: {e}")))
-}
-
 /// A PR as the machine sees it.
-pub fn pr_snapshot(repo: &RepoName, pr: &forgejo::PullRequest) -> Result<PrSnapshot, Failure> {
-    let p: payload::PullRequest = convert("pull request", pr)?;
-    Ok(normalize::pr_snapshot(repo, &p))
+pub fn pr_snapshot(repo: &RepoName, pr: &forgejo::PullRequest) -> PrSnapshot {
+    let p: payload::PullRequest = pr.clone().into();
+    normalize::pr_snapshot(repo, &p)
 }
 
 /// Reviews as the machine sees them (reviews without a reviewer are dropped).
-pub fn reviews(list: &[forgejo::Review]) -> Result<Vec<Review>, Failure> {
-    let mut out = Vec::with_capacity(list.len());
-    for r in list {
-        let p: payload::PullReview = convert("review", r)?;
-        out.extend(normalize::review(&p));
-    }
-    Ok(out)
+pub fn reviews(list: &[forgejo::Review]) -> Vec<Review> {
+    list.iter()
+        .filter_map(|r| normalize::review(&payload::PullReview::from(r.clone())))
+        .collect()
 }
 
 /// The latest status per context (empty when there is none).
-pub fn contexts(c: &forgejo::CombinedStatus) -> Result<Vec<CiContext>, Failure> {
-    let p: payload::CombinedStatus = convert("combined status", c)?;
-    Ok(normalize::ci_contexts(&p))
+pub fn contexts(c: &forgejo::CombinedStatus) -> Vec<CiContext> {
+    normalize::ci_contexts(&payload::CombinedStatus::from(c.clone()))
 }
 
 /// Forgejo's permission text as a level.
@@ -67,7 +50,7 @@ mod tests {
         }))
         .unwrap();
         let repo: RepoName = "o/r".parse().unwrap();
-        let s = pr_snapshot(&repo, &pr).unwrap();
+        let s = pr_snapshot(&repo, &pr);
         assert_eq!(s.head_sha.unwrap().as_str(), "abcdef12");
         assert!(s.draft);
         assert_eq!(s.base_ref, "main");
@@ -80,7 +63,7 @@ mod tests {
             "statuses": [{"id": 1, "status": "failure", "context": "ci", "description": "red"}]
         }))
         .unwrap();
-        let cs = contexts(&status).unwrap();
+        let cs = contexts(&status);
         assert_eq!(cs.len(), 1);
         assert_eq!(cs[0].state, crate::core::event::CiState::Failure);
 
@@ -89,7 +72,7 @@ mod tests {
             "official": true
         }))
         .unwrap();
-        let rs = reviews(&[review]).unwrap();
+        let rs = reviews(&[review]);
         assert_eq!(rs[0].commit_id, "abcd");
         assert!(rs[0].official);
         assert_eq!(permission("owner"), Permission::Admin);

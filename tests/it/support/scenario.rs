@@ -229,7 +229,11 @@ impl Scenario {
         let comments = self.fake.comments_on(repo, n);
         let mut seen = std::collections::HashSet::new();
         for c in &comments {
-            assert!(seen.insert(c.body.clone()), "duplicate comment on #{n}: {}", c.body);
+            assert!(
+                seen.insert(c.body.clone()),
+                "duplicate comment on #{n}: {}",
+                c.body
+            );
         }
         let sticky = comments
             .iter()
