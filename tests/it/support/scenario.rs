@@ -36,7 +36,7 @@ pub struct Scenario {
     /// The `shepherd run` process.
     pub shepherd: Shepherd,
     /// Redis (kept alive for the scenario).
-    pub redis: RedisServer,
+    _redis: RedisServer,
     /// A connection for assertions.
     conn: redis::aio::MultiplexedConnection,
     /// HTTP client for webhooks and the results API.
@@ -66,7 +66,7 @@ impl Scenario {
         Self {
             fake,
             shepherd,
-            redis,
+            _redis: redis,
             conn,
             http: reqwest::Client::new(),
             _policy: policy,
@@ -223,10 +223,11 @@ impl Scenario {
             .count()
     }
 
-    /// Asserts that no comment body was posted twice on `n` and that the sticky status
-    /// comment exists at most once.
+    /// Asserts that the bot posted no comment body twice on `n` and that the sticky
+    /// status comment exists at most once.
     pub fn assert_no_duplicate_comments(&self, repo: &str, n: u64) {
-        let comments = self.fake.comments_on(repo, n);
+        let mut comments = self.fake.comments_on(repo, n);
+        comments.retain(|c| c.user == self.fake.bot_login());
         let mut seen = std::collections::HashSet::new();
         for c in &comments {
             assert!(
