@@ -140,15 +140,10 @@ impl Executor {
     /// Edits the sticky status comment in place, or creates it when there is none.
     async fn upsert_status(&self, repo: &str, n: u64, body: &str) -> Result<(), ForgejoError> {
         let bot = self.ctx.config.bot_login.as_deref();
-        let existing = self
-            .forgejo
-            .find_comment_with_marker(repo, n, texts::STATE_MARKER, bot)
-            .await?;
-        match existing {
-            Some(c) if c.body == body => Ok(()),
-            Some(c) => self.forgejo.edit_comment(repo, c.id, body).await.map(drop),
-            None => self.forgejo.create_comment(repo, n, body).await.map(drop),
-        }
+        self.forgejo
+            .upsert_comment(repo, n, texts::STATE_MARKER, body, bot)
+            .await
+            .map(drop)
     }
 
     /// Posts a comment unless one carrying this effect's marker exists already (a try
@@ -159,23 +154,17 @@ impl Executor {
         number: u64,
         body: &str,
     ) -> Result<(), ForgejoError> {
-        let repo = effect.repo.as_str();
         let marker = texts::effect_marker(&effect.id);
-        let bot = self.ctx.config.bot_login.as_deref();
-        if self
-            .forgejo
-            .find_comment_with_marker(repo, number, &marker, bot)
-            .await?
-            .is_some()
-        {
-            tracing::info!(number, "comment already posted by an earlier try");
-            return Ok(());
-        }
         let body = match body.contains(&marker) {
             true => body.to_owned(),
             false => format!("{body}\n\n{marker}"),
         };
-        self.forgejo.create_comment(repo, number, &body).await?;
+        let bot = self.ctx.config.bot_login.as_deref();
+        let (_, write) = self
+            .forgejo
+            .comment_once(effect.repo.as_str(), number, &marker, &body, bot)
+            .await?;
+        tracing::debug!(number, ?write, "comment");
         Ok(())
     }
 

@@ -107,7 +107,7 @@ mod tests {
         let p = RetryPolicy::default();
         assert_eq!(p.next(10, Duration::ZERO, None, 0.0), Next::GiveUp);
         assert_eq!(
-            p.next(2, Duration::from_secs(599), None, 0.5),
+            p.next(2, Duration::from_millis(599_500), None, 0.5),
             Next::GiveUp,
             "no time left"
         );
