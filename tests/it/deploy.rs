@@ -738,22 +738,17 @@ impl Drop for RedisChild {
     }
 }
 
-#[test]
-fn redis_conf_loads_with_aof_and_fsync_always() {
-    let dir = tempfile::tempdir().expect("temp dir");
+/// Starts `redis-server docker/redis.conf` with the port, bind address, data directory
+/// and foreground mode overridden on the command line, as an operator would, and
+/// connects to it. Errors carry redis-server's own output.
+fn start_redis_with_conf(dir: &Path) -> Result<(RedisChild, redis::Connection), String> {
     let port = free_port();
     let child = Command::new("redis-server")
         .arg(root().join("docker/redis.conf"))
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--daemonize",
-            "no",
-        ])
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--daemonize", "no"])
         .arg("--dir")
-        .arg(dir.path())
+        .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -766,19 +761,41 @@ fn redis_conf_loads_with_aof_and_fsync_always() {
     let mut con = loop {
         if let Some(status) = child.0.try_wait().unwrap() {
             let mut out = String::new();
-            child
-                .0
-                .stdout
-                .take()
-                .unwrap()
-                .read_to_string(&mut out)
-                .unwrap();
-            panic!("redis-server refused docker/redis.conf ({status}):\n{out}");
+            let _ = child.0.stdout.take().unwrap().read_to_string(&mut out);
+            return Err(format!(
+                "redis-server refused docker/redis.conf ({status}):\n{out}"
+            ));
         }
         match client.get_connection_with_timeout(Duration::from_millis(200)) {
             Ok(con) => break con,
-            Err(e) if Instant::now() > deadline => panic!("redis-server never answered: {e}"),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("redis-server never answered: {e}"));
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    // The server that answered is ours (not another test's on a recycled port).
+    let served_dir = PathBuf::from(config_get(&mut con, "dir"));
+    if served_dir.canonicalize().ok() != dir.canonicalize().ok() {
+        return Err(format!(
+            "Address already in use: port {port} answered from {}",
+            served_dir.display()
+        ));
+    }
+    Ok((child, con))
+}
+
+#[test]
+fn redis_conf_loads_with_aof_and_fsync_always() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A free port can be taken between the probe and redis-server's bind: try a few.
+    let mut attempt = 0;
+    let (child, mut con) = loop {
+        attempt += 1;
+        match start_redis_with_conf(dir.path()) {
+            Ok(started) => break started,
+            Err(e) if attempt < 5 && e.contains("Address already in use") => continue,
+            Err(e) => panic!("{e}"),
         }
     };
     assert_eq!(config_get(&mut con, "appendonly"), "yes");
