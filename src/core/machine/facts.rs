@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use super::super::effect::{EffectKind, EffectKindName, ObserveWhat, Timer, TimerKind};
 use super::super::event::{
-    CiContext, EffectOutcome, Event, MergeOutcome, PrSnapshot, PrState, Review, ReviewState,
+    CiContext, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, Review,
+    ReviewState,
 };
 use super::super::ids::{Login, RepoName, Scope, Sha};
 use super::super::policy::Policy;
@@ -35,12 +36,18 @@ pub(crate) fn apply(
 ) -> bool {
     let human = !from_bot;
     match event {
-        Event::PullRequest { pr, .. } => {
+        Event::PullRequest { action, pr, .. } => {
             if !is_this(r, &pr.repo, pr.number) {
                 return false;
             }
             apply_snapshot(r, pr, now, policy, human, fx);
-            if human {
+            // New code is activity whoever pushed it (agents push as the bot); the
+            // bot's label and comment echoes are not.
+            let code = matches!(
+                action,
+                PrAction::Opened | PrAction::Reopened | PrAction::Synchronized
+            );
+            if human || code {
                 touch(r, or_now(pr.updated_ms, now), policy, fx);
             }
             true
@@ -131,6 +138,7 @@ pub(crate) fn apply(
                 return false;
             }
             apply_snapshot(r, pr, now, policy, true, fx);
+            first_sight(r, pr, now, policy, fx);
             true
         }
         Event::ObservedReviews {
@@ -219,6 +227,7 @@ pub(crate) fn apply(
                 return false;
             }
             apply_snapshot(r, pr, now, policy, true, fx);
+            first_sight(r, pr, now, policy, fx);
             if let Some(head) = pr.head_sha.clone() {
                 apply_ci(r, &head, contexts, *at_ms);
             }
@@ -260,6 +269,14 @@ fn touch(r: &mut PrRecord, t: i64, policy: &Policy, fx: &mut Fx) {
         kind: TimerKind::StaleCheck,
         id: "stale".into(),
     }));
+}
+
+/// A record first seen through an API read (resync) starts its activity clock at the
+/// PR's last change.
+fn first_sight(r: &mut PrRecord, pr: &PrSnapshot, now: i64, policy: &Policy, fx: &mut Fx) {
+    if r.last_activity_ms == 0 {
+        touch(r, or_now(pr.updated_ms, now), policy, fx);
+    }
 }
 
 /// Re-read the PR after Forgejo's asynchronous conflict check had time to run.

@@ -195,6 +195,7 @@ fn agent_push_ends_the_claim_without_cancel() {
         fx,
         lines(&[
             "timer mergeability +10s",
+            "timer stale-check +86400s",
             "timer ci-poll +5s",
             "-auto/claimed-implementer",
             "status awaiting-ci"
@@ -894,4 +895,39 @@ fn events_for_other_records_are_noops() {
     assert!(step(&h.r, &other, h.now, &h.p).is_noop());
     let foreign: WorkId = "acme:widgets:pr:8:1".parse().unwrap();
     assert!(step(&h.r, &result(&foreign, WorkOutcome::Failed), h.now, &h.p).is_noop());
+}
+
+#[test]
+fn bot_opened_pr_without_human_activity_still_gets_a_stale_check() {
+    let mut h = H::opened_bot();
+    h.later(5);
+    h.step(status('a', &[PASS], h.now));
+    h.now = T0 + 86_400_000;
+    let fx = h.step(timer(TimerKind::StaleCheck, h.now));
+    assert_eq!(fx[0], "dispatch stale-check tier=0 attempt=1 head=aaa");
+}
+
+#[test]
+fn pause_stops_dispatch_and_merge_until_resume() {
+    let mut h = ready_bot();
+    h.p.trusted_users = vec!["alice".into()];
+    assert_eq!(
+        h.step(comment(1, "/shepherd pause", "alice")),
+        lines(&["timer stale-check +86400s", "status paused"])
+    );
+    h.later(1);
+    assert_eq!(
+        h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now)),
+        Vec::<String>::new()
+    );
+    let fx = h.step(comment(2, "/shepherd resume", "alice"));
+    assert_eq!(
+        fx,
+        lines(&[
+            "timer stale-check +86400s",
+            "observe reviews",
+            "timer merge-retry +60s",
+            "status ready-to-merge"
+        ])
+    );
 }

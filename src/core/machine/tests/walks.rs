@@ -54,6 +54,7 @@ fn bot_pr_ci_failure_escalation_fix_approval_merge() {
         fx,
         lines(&[
             "timer mergeability +10s",
+            "timer stale-check +86400s",
             "timer ci-poll +5s",
             "-auto/claimed-implementer",
             "status awaiting-ci"
