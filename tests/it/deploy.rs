@@ -398,9 +398,13 @@ fn build_context_holds_everything_the_build_reads() {
         }
     }
     // Only src/ is copied: code the release build compiles must not include files from
-    // elsewhere in the repository. Test modules (`#[cfg(test)]`, at the end of a file
-    // by convention) are not compiled into the image and may.
+    // elsewhere in the repository. Test code (after `#[cfg(test)]` in a file, or a whole
+    // file declared as a `#[cfg(test)]` module) is not compiled into the image and may.
+    let test_only = test_only_files();
     for path in files_under("src") {
+        if test_only.contains(&path) {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let text = text.split("#[cfg(test)]").next().unwrap_or_default();
         for macro_name in ["include_str!(\"", "include_bytes!(\""] {
@@ -417,6 +421,37 @@ fn build_context_holds_everything_the_build_reads() {
             }
         }
     }
+}
+
+/// Files under src/ that are whole `#[cfg(test)]` modules: `#[cfg(test)] mod name;`
+/// (name.rs or name/mod.rs beside the declaring file, or in its own directory) and
+/// `#[cfg(test)] #[path = "file.rs"] mod …;`.
+fn test_only_files() -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for path in files_under("src") {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let dir = path.parent().unwrap();
+        let own_dir = dir.join(path.file_stem().unwrap());
+        for (at, _) in text.match_indices("#[cfg(test)]") {
+            // The item the attribute applies to, up to `;` (a module in its own file)
+            // or `{` (an inline module or a function: no file to skip).
+            let rest = &text[at..];
+            let end = rest.find([';', '{']).unwrap_or(rest.len());
+            if rest[end..].starts_with('{') {
+                continue;
+            }
+            let item = &rest[..end];
+            if let Some(p) = item.split("#[path = \"").nth(1) {
+                out.insert(dir.join(&p[..p.find('"').expect("closing quote")]));
+            } else if let Some(name) = item.split("mod ").nth(1).map(str::trim) {
+                for base in [dir, own_dir.as_path()] {
+                    out.insert(base.join(format!("{name}.rs")));
+                    out.insert(base.join(name).join("mod.rs"));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The command line of a compose service or container as strings.
