@@ -69,8 +69,9 @@ impl From<SinkError> for Failure {
 }
 
 impl Executor {
-    /// Runs `effect`; returns the events it produced for the machine.
-    pub(super) async fn act(&self, effect: &Effect) -> Result<Vec<Event>, Failure> {
+    /// Runs `effect`, queued at `queued_ms` (its stream entry's time); returns the
+    /// events it produced for the machine.
+    pub(super) async fn act(&self, effect: &Effect, queued_ms: u64) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let n = effect.number;
         match &effect.kind {
@@ -95,7 +96,7 @@ impl Executor {
                 self.comment_once(effect, *number, body).await?;
                 Ok(Vec::new())
             }
-            EffectKind::Observe(what) => self.observe(effect, what).await,
+            EffectKind::Observe(what) => self.observe(effect, what, queued_ms).await,
             EffectKind::Dispatch(item) => {
                 let mut conn = self.ctx.store.conn();
                 self.sinks
@@ -129,6 +130,7 @@ impl Executor {
                     delete_branch: *delete_branch,
                     title: title.clone(),
                     message: message.clone(),
+                    queued_ms,
                 };
                 self.merge(effect, request).await
             }
@@ -168,11 +170,19 @@ impl Executor {
         Ok(())
     }
 
-    /// Reads what `what` names and returns it as an observation event.
-    async fn observe(&self, effect: &Effect, what: &ObserveWhat) -> Result<Vec<Event>, Failure> {
+    /// Reads what `what` names and returns it as an observation event. Its time is
+    /// taken when the answer is in, and is never earlier than just after `queued_ms`:
+    /// the machine trusts only reads taken after it asked (a read in the very
+    /// millisecond of the request still counts as after it).
+    async fn observe(
+        &self,
+        effect: &Effect,
+        what: &ObserveWhat,
+        queued_ms: u64,
+    ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let n = effect.number;
-        let now = crate::store::streams::now_ms() as i64;
+        let at = || read_time(queued_ms);
         let event = match what {
             ObserveWhat::Pr => Event::ObservedPr {
                 pr: observe::pr_snapshot(&effect.repo, &self.forgejo.get_pull(repo, n).await?),
@@ -181,7 +191,7 @@ impl Executor {
                 repo: effect.repo.clone(),
                 number: n,
                 reviews: observe::reviews(&self.forgejo.list_reviews(repo, n).await?),
-                at_ms: now,
+                at_ms: at(),
             },
             ObserveWhat::CombinedStatus { sha } => Event::ObservedStatus {
                 repo: effect.repo.clone(),
@@ -190,7 +200,7 @@ impl Executor {
                 contexts: observe::contexts(
                     &self.forgejo.combined_status(repo, sha.as_str()).await?,
                 ),
-                at_ms: now,
+                at_ms: at(),
             },
             ObserveWhat::Permission { login } => {
                 let permission = match self
@@ -209,10 +219,16 @@ impl Executor {
                     number: n,
                     login: login.clone(),
                     permission,
-                    at_ms: now,
+                    at_ms: at(),
                 }
             }
         };
         Ok(vec![event])
     }
+}
+
+/// The time of a read that finished now, for an effect queued at `queued_ms`.
+pub(super) fn read_time(queued_ms: u64) -> i64 {
+    let now = crate::store::streams::now_ms().max(queued_ms + 1);
+    i64::try_from(now).unwrap_or(i64::MAX)
 }

@@ -41,6 +41,8 @@ pub(super) struct MergeAsk<'a> {
     pub title: Option<String>,
     /// `MergeMessageField`.
     pub message: Option<String>,
+    /// When the effect was queued (unix ms): fresh reads are dated after it.
+    pub queued_ms: u64,
 }
 
 impl Executor {
@@ -84,7 +86,7 @@ impl Executor {
             pr: observe::pr_snapshot(&effect.repo, pr),
             contexts: observe::contexts(&status),
             reviews: observe::reviews(&reviews),
-            at_ms: streams::now_ms() as i64,
+            at_ms: super::act::read_time(ask.queued_ms),
         };
         let blockers = self.blockers(effect, &observed);
         if !blockers.is_empty() {

@@ -316,7 +316,8 @@ impl Executor {
         let now = streams::now_ms();
         let first_try = entry.text(FIRST_TRY).parse().unwrap_or(now);
         let tries = entry.text(effects::ATTEMPT).parse::<u32>().unwrap_or(0) + 1;
-        let (events, label) = match self.act(&effect).await {
+        let queued_ms = entry_ms(&entry.id).unwrap_or(now);
+        let (events, label) = match self.act(&effect, queued_ms).await {
             Ok(events) => (events, "done"),
             Err(Failure::Store(e)) => return Err(e),
             Err(Failure::Permanent(message)) => {
@@ -393,6 +394,11 @@ impl Executor {
         .await?;
         Ok("dead_lettered")
     }
+}
+
+/// The time part of a stream entry id (`<ms>-<seq>`).
+fn entry_ms(id: &str) -> Option<u64> {
+    id.split('-').next()?.parse().ok()
 }
 
 /// The entry's fields for its next try: everything but the retry bookkeeping, then the

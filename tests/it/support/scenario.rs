@@ -136,9 +136,44 @@ impl Scenario {
         self.work_items().await
     }
 
-    /// Waits until `cond` holds on the fake Forgejo.
+    /// Waits until `cond` holds on the fake Forgejo; on a timeout, prints the history
+    /// of every record before failing.
     pub async fn wait_fake(&self, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
-        poll_until_named(DEADLINE, what, || async { cond(&self.fake) }).await;
+        let end = std::time::Instant::now() + DEADLINE;
+        while !cond(&self.fake) {
+            if std::time::Instant::now() >= end {
+                self.dump().await;
+                panic!("timed out after {DEADLINE:?} waiting until {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Prints every record's history and the fake's calls (for a failing scenario).
+    pub async fn dump(&self) {
+        let mut conn = self.conn.clone();
+        let pattern = format!("{{{}:0}}:*hist:*", self.shepherd.prefix());
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        for key in keys {
+            eprintln!("== {key}");
+            for (_, f) in stream_entries(&mut conn, &key).await {
+                let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+                eprintln!(
+                    "  {} [{}] {} :: {}",
+                    get("event"),
+                    get("phase"),
+                    get("effects"),
+                    get("note")
+                );
+            }
+        }
+        for c in self.fake.all_calls() {
+            eprintln!("  {} {} {:?} -> {}", c.method, c.path, c.query, c.status);
+        }
     }
 
     /// Reports a work result through the results API; returns the HTTP status.
