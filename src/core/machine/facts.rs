@@ -37,93 +37,25 @@ pub(crate) fn apply(
     let human = !from_bot;
     match event {
         Event::PullRequest { action, pr, .. } => {
-            if !is_this(r, &pr.repo, pr.number) {
-                return false;
-            }
-            apply_snapshot(r, pr, now, policy, human, fx);
             // New code is activity whoever pushed it (agents push as the bot); the
             // bot's label and comment echoes are not.
             let code = matches!(
                 action,
                 PrAction::Opened | PrAction::Reopened | PrAction::Synchronized
             );
-            if human || code {
-                touch(r, or_now(pr.updated_ms, now), policy, fx);
-            }
-            true
+            pr_webhook(r, pr, now, policy, human, human || code, fx)
         }
         Event::Review { pr, .. } => {
-            if !is_this(r, &pr.repo, pr.number) {
-                return false;
+            let mine = pr_webhook(r, pr, now, policy, human, human, fx);
+            if mine {
+                fx.push(EffectKind::Observe(ObserveWhat::Reviews));
             }
-            apply_snapshot(r, pr, now, policy, human, fx);
-            fx.push(EffectKind::Observe(ObserveWhat::Reviews));
-            if human {
-                touch(r, or_now(pr.updated_ms, now), policy, fx);
-            }
-            true
+            mine
         }
-        Event::Comment {
-            repo,
-            number,
-            is_pull,
-            comment_id,
-            commands,
-            at_ms,
-            sender,
-        } => {
-            if !*is_pull || !is_this(r, repo, *number) {
-                return false;
-            }
-            if human {
-                touch(r, or_now(*at_ms, now), policy, fx);
-                let ctx = commands::CommandCtx { number: r.number };
-                let status = commands::on_comment(
-                    &mut r.work,
-                    &ctx,
-                    *comment_id,
-                    commands,
-                    sender.as_ref(),
-                    now,
-                    policy,
-                    fx,
-                );
-                after_commands(r, status);
-            }
-            true
-        }
+        Event::Comment { .. } => comment(r, event, now, policy, human, fx),
         Event::Issue { .. } => false,
-        Event::ActionRun {
-            repo,
-            sha,
-            pr_number,
-            ..
-        } => {
-            let for_us = *repo == r.repo && pr_number.is_none_or(|n| n == r.number);
-            if !for_us || !r.is_open() || r.head_sha() != Some(sha) {
-                return false;
-            }
-            fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {
-                sha: sha.clone(),
-            }));
-            true
-        }
-        Event::Status {
-            repo, sha, context, ..
-        } => {
-            if *repo != r.repo || !r.is_open() || r.head_sha() != Some(sha) {
-                return false;
-            }
-            apply_ci(r, sha, std::slice::from_ref(context), 0);
-            true
-        }
-        Event::Push { repo, branch, .. } => {
-            let on_base = r.pr.as_ref().is_some_and(|p| p.base_ref == *branch);
-            if *repo != r.repo || !r.is_open() || !on_base {
-                return false;
-            }
-            schedule_mergeability(now, policy, fx);
-            true
+        Event::ActionRun { .. } | Event::Status { .. } | Event::Push { .. } => {
+            repo_event(r, event, now, policy, fx)
         }
         Event::TimerFired {
             repo,
@@ -133,14 +65,7 @@ pub(crate) fn apply(
         } => {
             *scope == Scope::Pr && is_this(r, repo, *number) && on_timer(r, timer, now, policy, fx)
         }
-        Event::ObservedPr { pr } => {
-            if !is_this(r, &pr.repo, pr.number) {
-                return false;
-            }
-            apply_snapshot(r, pr, now, policy, true, fx);
-            first_sight(r, pr, now, policy, fx);
-            true
-        }
+        Event::ObservedPr { pr } => observed(r, pr, None, now, policy, fx),
         Event::ObservedReviews {
             repo,
             number,
@@ -164,31 +89,7 @@ pub(crate) fn apply(
                 true
             }
         }
-        Event::ObservedPermission {
-            repo,
-            scope,
-            number,
-            login,
-            permission,
-            at_ms,
-        } => {
-            if *scope != Scope::Pr || !is_this(r, repo, *number) {
-                return false;
-            }
-            let ctx = commands::CommandCtx { number: r.number };
-            let status = commands::on_permission(
-                &mut r.work,
-                &ctx,
-                login,
-                *permission,
-                *at_ms,
-                now,
-                policy,
-                fx,
-            );
-            after_commands(r, status);
-            true
-        }
+        Event::ObservedPermission { .. } => permission(r, event, now, policy, fx),
         Event::WorkResult {
             work_id,
             outcome,
@@ -196,15 +97,8 @@ pub(crate) fn apply(
             summary,
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Pr, r.number));
-            mine && work::on_result(
-                &mut r.work,
-                work_id,
-                *outcome,
-                signature.as_ref(),
-                summary.as_ref(),
-                now,
-                fx,
-            )
+            let (sig, sum) = (signature.as_ref(), summary.as_ref());
+            mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx)
         }
         Event::EffectOutcome {
             repo,
@@ -222,19 +116,177 @@ pub(crate) fn apply(
             contexts,
             reviews,
             at_ms,
+        } => observed(r, pr, Some((contexts, reviews, *at_ms)), now, policy, fx),
+    }
+}
+
+/// A PR or review webhook: its snapshot, and activity when `active`.
+fn pr_webhook(
+    r: &mut PrRecord,
+    pr: &PrSnapshot,
+    now: i64,
+    policy: &Policy,
+    human: bool,
+    active: bool,
+    fx: &mut Fx,
+) -> bool {
+    if !is_this(r, &pr.repo, pr.number) {
+        return false;
+    }
+    apply_snapshot(r, pr, now, policy, human, fx);
+    if active {
+        touch(r, or_now(pr.updated_ms, now), policy, fx);
+    }
+    true
+}
+
+/// A PR conversation comment: activity and commands (humans only).
+fn comment(
+    r: &mut PrRecord,
+    event: &Event,
+    now: i64,
+    policy: &Policy,
+    human: bool,
+    fx: &mut Fx,
+) -> bool {
+    let Event::Comment {
+        repo,
+        number,
+        is_pull,
+        comment_id,
+        commands,
+        at_ms,
+        sender,
+    } = event
+    else {
+        return false;
+    };
+    if !*is_pull || !is_this(r, repo, *number) {
+        return false;
+    }
+    if human {
+        touch(r, or_now(*at_ms, now), policy, fx);
+        let ctx = commands::CommandCtx { number: r.number };
+        let sender = sender.as_ref();
+        let status = commands::on_comment(
+            &mut r.work,
+            &ctx,
+            *comment_id,
+            commands,
+            sender,
+            now,
+            policy,
+            fx,
+        );
+        after_commands(r, status);
+    }
+    true
+}
+
+/// Repository-wide events: they concern this PR only when they name its head or base.
+fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
+    let head = r.head_sha().cloned();
+    let open = r.is_open();
+    match event {
+        Event::ActionRun {
+            repo,
+            sha,
+            pr_number,
+            ..
         } => {
-            if !is_this(r, &pr.repo, pr.number) {
+            let for_us = *repo == r.repo && pr_number.is_none_or(|n| n == r.number);
+            if !for_us || !open || head.as_ref() != Some(sha) {
                 return false;
             }
-            apply_snapshot(r, pr, now, policy, true, fx);
-            first_sight(r, pr, now, policy, fx);
-            if let Some(head) = pr.head_sha.clone() {
-                apply_ci(r, &head, contexts, *at_ms);
-            }
-            apply_reviews(r, reviews, *at_ms);
+            fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {
+                sha: sha.clone(),
+            }));
             true
         }
+        Event::Status {
+            repo, sha, context, ..
+        } => {
+            if *repo != r.repo || !open || head.as_ref() != Some(sha) {
+                return false;
+            }
+            apply_ci(r, sha, std::slice::from_ref(context), 0);
+            true
+        }
+        Event::Push { repo, branch, .. } => {
+            let on_base = r.pr.as_ref().is_some_and(|p| p.base_ref == *branch);
+            if *repo != r.repo || !open || !on_base {
+                return false;
+            }
+            schedule_mergeability(now, policy, fx);
+            true
+        }
+        Event::PullRequest { .. }
+        | Event::Review { .. }
+        | Event::Comment { .. }
+        | Event::Issue { .. }
+        | Event::TimerFired { .. }
+        | Event::ObservedPr { .. }
+        | Event::ObservedReviews { .. }
+        | Event::ObservedStatus { .. }
+        | Event::ObservedPermission { .. }
+        | Event::WorkResult { .. }
+        | Event::EffectOutcome { .. }
+        | Event::ResyncObserved { .. } => false,
     }
+}
+
+/// An API read of the PR, with its head's CI and its reviews for a resync.
+fn observed(
+    r: &mut PrRecord,
+    pr: &PrSnapshot,
+    resync: Option<(&Vec<CiContext>, &Vec<Review>, i64)>,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    if !is_this(r, &pr.repo, pr.number) {
+        return false;
+    }
+    apply_snapshot(r, pr, now, policy, true, fx);
+    first_sight(r, pr, now, policy, fx);
+    if let Some((contexts, reviews, at_ms)) = resync {
+        if let Some(head) = &pr.head_sha {
+            apply_ci(r, head, contexts, at_ms);
+        }
+        apply_reviews(r, reviews, at_ms);
+    }
+    true
+}
+
+/// A commenter's permission: run or refuse their waiting commands.
+fn permission(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
+    let Event::ObservedPermission {
+        repo,
+        scope,
+        number,
+        login,
+        permission,
+        at_ms,
+    } = event
+    else {
+        return false;
+    };
+    if *scope != Scope::Pr || !is_this(r, repo, *number) {
+        return false;
+    }
+    let ctx = commands::CommandCtx { number: r.number };
+    let status = commands::on_permission(
+        &mut r.work,
+        &ctx,
+        login,
+        *permission,
+        *at_ms,
+        now,
+        policy,
+        fx,
+    );
+    after_commands(r, status);
+    true
 }
 
 /// What executed commands ask of the PR record beyond its work state.

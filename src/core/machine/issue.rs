@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::super::effect::{Effect, WorkContext, WorkKind};
-use super::super::event::{Event, PrState};
+use super::super::effect::{Effect, TimerKind, WorkContext, WorkKind};
+use super::super::event::{EffectOutcome, Event, PrState};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, linked_issues};
@@ -201,20 +201,19 @@ fn apply(
     from_bot: bool,
     fx: &mut Fx,
 ) -> bool {
-    let human = !from_bot;
     match event {
         Event::Issue { issue, .. } => {
             if issue.repo != r.repo || issue.number != r.number {
                 return false;
             }
-            if r.issue
+            let newer = r
+                .issue
                 .as_ref()
-                .is_some_and(|cur| issue.updated_ms < cur.updated_ms)
-            {
-                return true;
+                .is_none_or(|cur| issue.updated_ms >= cur.updated_ms);
+            if newer {
+                work::observe_hold_label(&mut r.work, &issue.labels, policy, !from_bot);
+                r.issue = Some(issue.clone());
             }
-            work::observe_hold_label(&mut r.work, &issue.labels, policy, human);
-            r.issue = Some(issue.clone());
             true
         }
         Event::PullRequest { pr, .. } => {
@@ -227,6 +226,39 @@ fn apply(
             work::end_active(&mut r.work, AttemptOutcome::Superseded, now, false, fx);
             true
         }
+        Event::Comment { .. } | Event::ObservedPermission { .. } => {
+            commands_of(r, event, now, policy, from_bot, fx)
+        }
+        Event::TimerFired { .. } | Event::WorkResult { .. } | Event::EffectOutcome { .. } => {
+            claim_event(r, event, now, fx)
+        }
+        Event::Review { .. }
+        | Event::ActionRun { .. }
+        | Event::Status { .. }
+        | Event::Push { .. }
+        | Event::ObservedPr { .. }
+        | Event::ObservedReviews { .. }
+        | Event::ObservedStatus { .. }
+        | Event::ResyncObserved { .. } => false,
+    }
+}
+
+/// Whether an event's repository, scope and number name this issue.
+fn is_this(r: &IssueRecord, repo: &super::super::ids::RepoName, scope: Scope, number: u64) -> bool {
+    scope == Scope::Issue && *repo == r.repo && number == r.number
+}
+
+/// Comments on the issue and permission reads: commands.
+fn commands_of(
+    r: &mut IssueRecord,
+    event: &Event,
+    now: i64,
+    policy: &Policy,
+    from_bot: bool,
+    fx: &mut Fx,
+) -> bool {
+    let ctx = commands::CommandCtx { number: r.number };
+    let out = match event {
         Event::Comment {
             repo,
             number,
@@ -236,42 +268,23 @@ fn apply(
             sender,
             ..
         } => {
-            if *is_pull || *repo != r.repo || *number != r.number {
+            if *is_pull || !is_this(r, repo, Scope::Issue, *number) {
                 return false;
             }
-            if human {
-                let ctx = commands::CommandCtx { number: r.number };
-                let out = commands::on_comment(
-                    &mut r.work,
-                    &ctx,
-                    *comment_id,
-                    commands,
-                    sender.as_ref(),
-                    now,
-                    policy,
-                    fx,
-                );
-                r.requested |= out.implement;
+            if from_bot {
+                return true;
             }
-            true
-        }
-        Event::TimerFired {
-            repo,
-            scope,
-            number,
-            timer,
-        } => {
-            let mine = *scope == Scope::Issue && *repo == r.repo && *number == r.number;
-            match &timer.kind {
-                super::super::effect::TimerKind::ClaimExpiry { work_id } if mine => {
-                    work::on_expiry(&mut r.work, work_id, now, fx)
-                }
-                super::super::effect::TimerKind::ClaimExpiry { .. }
-                | super::super::effect::TimerKind::CiPoll { .. }
-                | super::super::effect::TimerKind::Mergeability
-                | super::super::effect::TimerKind::MergeRetry
-                | super::super::effect::TimerKind::StaleCheck => false,
-            }
+            let sender = sender.as_ref();
+            commands::on_comment(
+                &mut r.work,
+                &ctx,
+                *comment_id,
+                commands,
+                sender,
+                now,
+                policy,
+                fx,
+            )
         }
         Event::ObservedPermission {
             repo,
@@ -281,11 +294,10 @@ fn apply(
             permission,
             at_ms,
         } => {
-            if *scope != Scope::Issue || *repo != r.repo || *number != r.number {
+            if !is_this(r, repo, *scope, *number) {
                 return false;
             }
-            let ctx = commands::CommandCtx { number: r.number };
-            let out = commands::on_permission(
+            commands::on_permission(
                 &mut r.work,
                 &ctx,
                 login,
@@ -294,10 +306,44 @@ fn apply(
                 now,
                 policy,
                 fx,
-            );
-            r.requested |= out.implement;
-            true
+            )
         }
+        Event::PullRequest { .. }
+        | Event::Review { .. }
+        | Event::Issue { .. }
+        | Event::ActionRun { .. }
+        | Event::Status { .. }
+        | Event::Push { .. }
+        | Event::TimerFired { .. }
+        | Event::ObservedPr { .. }
+        | Event::ObservedReviews { .. }
+        | Event::ObservedStatus { .. }
+        | Event::WorkResult { .. }
+        | Event::EffectOutcome { .. }
+        | Event::ResyncObserved { .. } => return false,
+    };
+    r.requested |= out.implement;
+    true
+}
+
+/// Claim-expiry timers, work results and failed dispatches.
+fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> bool {
+    match event {
+        Event::TimerFired {
+            repo,
+            scope,
+            number,
+            timer,
+        } => match &timer.kind {
+            TimerKind::ClaimExpiry { work_id } if is_this(r, repo, *scope, *number) => {
+                work::on_expiry(&mut r.work, work_id, now, fx)
+            }
+            TimerKind::ClaimExpiry { .. }
+            | TimerKind::CiPoll { .. }
+            | TimerKind::Mergeability
+            | TimerKind::MergeRetry
+            | TimerKind::StaleCheck => false,
+        },
         Event::WorkResult {
             work_id,
             outcome,
@@ -305,15 +351,8 @@ fn apply(
             summary,
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Issue, r.number));
-            mine && work::on_result(
-                &mut r.work,
-                work_id,
-                *outcome,
-                signature.as_ref(),
-                summary.as_ref(),
-                now,
-                fx,
-            )
+            let (sig, sum) = (signature.as_ref(), summary.as_ref());
+            mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx)
         }
         Event::EffectOutcome {
             repo,
@@ -322,26 +361,29 @@ fn apply(
             outcome,
             ..
         } => {
-            let mine = *scope == Scope::Issue && *repo == r.repo && *number == r.number;
             let failed_dispatch = match outcome {
-                super::super::event::EffectOutcome::Failed {
+                EffectOutcome::Failed {
                     work_id: Some(id), ..
                 } => r.work.active.as_ref().is_some_and(|a| &a.item.id == id),
-                super::super::event::EffectOutcome::Failed { work_id: None, .. }
-                | super::super::event::EffectOutcome::Merge(_) => false,
+                EffectOutcome::Failed { work_id: None, .. } | EffectOutcome::Merge(_) => false,
             };
-            if mine && failed_dispatch {
-                work::end_active(&mut r.work, AttemptOutcome::DispatchFailed, now, false, fx);
+            if !is_this(r, repo, *scope, *number) || !failed_dispatch {
+                return false;
             }
-            mine && failed_dispatch
+            work::end_active(&mut r.work, AttemptOutcome::DispatchFailed, now, false, fx);
+            true
         }
-        Event::Review { .. }
+        Event::PullRequest { .. }
+        | Event::Review { .. }
+        | Event::Comment { .. }
+        | Event::Issue { .. }
         | Event::ActionRun { .. }
         | Event::Status { .. }
         | Event::Push { .. }
         | Event::ObservedPr { .. }
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
+        | Event::ObservedPermission { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }

@@ -332,6 +332,11 @@ pub(crate) fn plan(r: &PrRecord, policy: &Policy, now: i64) -> Plan {
             ),
         );
     }
+    problems(r, pr, policy, now)
+}
+
+/// Nothing in the way: the highest-priority problem to work on, else ready or waiting.
+fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
     let head = pr.head_sha.as_ref();
     if r.conflict == ConflictFact::Conflicting {
         return want_work(

@@ -87,7 +87,7 @@ fn bot_pr_ci_failure_escalation_fix_approval_merge() {
     h.later(60);
     assert_eq!(
         h.step(review_hint(bot_snap('c', h.now), "carol")),
-        lines(&["observe reviews", "timer stale-check +86400s"])
+        lines(&["timer stale-check +86400s", "observe reviews"])
     );
     h.later(1);
     let fx = h.step(reviews(&[("carol", ReviewState::Approved, 'c')], h.now));
