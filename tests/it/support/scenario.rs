@@ -48,6 +48,11 @@ pub struct Scenario {
 impl Scenario {
     /// Starts everything with [`FAST_POLICY`] plus `extra` lines under `[defaults]`.
     pub async fn start(extra: &str) -> Self {
+        Self::start_with_env(extra, &[]).await
+    }
+
+    /// [`Scenario::start`] with extra environment variables for `shepherd run`.
+    pub async fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
         let redis = RedisServer::start();
         let fake = FakeForgejo::start().await;
         let mut policy = tempfile::NamedTempFile::new().expect("policy file");
@@ -59,7 +64,10 @@ impl Scenario {
             .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
             .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
             .env("SHEPHERD_CONFIG", policy.path().display().to_string())
-            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15")
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15");
+        let shepherd = env
+            .iter()
+            .fold(shepherd, |b, (k, v)| b.env(k, *v))
             .start()
             .await;
         let conn = redis.conn().await;
@@ -219,7 +227,12 @@ impl Scenario {
     /// everything, and no effect waits for a retry (checked twice in a row, so an
     /// effect that queues an observation is seen through).
     pub async fn wait_idle(&self) {
-        let end = std::time::Instant::now() + DEADLINE;
+        self.wait_idle_for(DEADLINE).await;
+    }
+
+    /// [`Scenario::wait_idle`] with another deadline.
+    pub async fn wait_idle_for(&self, deadline: Duration) {
+        let end = std::time::Instant::now() + deadline;
         let mut calm = 0;
         while calm < 3 {
             calm = if self.is_idle().await { calm + 1 } else { 0 };
@@ -246,6 +259,43 @@ impl Scenario {
                 .await
                 .unwrap_or(0);
             retries == 0
+        }
+    }
+
+    /// A connection to the scenario's Redis.
+    pub fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        self.conn.clone()
+    }
+
+    /// The Prometheus text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.shepherd.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// Waits until a line of `/metrics` starting with `name` contains `text`; returns
+    /// the metrics text.
+    pub async fn wait_metric(&self, name: &str, text: &str) -> String {
+        let end = std::time::Instant::now() + DEADLINE;
+        loop {
+            let metrics = self.metrics().await;
+            if metrics
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(text))
+            {
+                return metrics;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "no {name} line with {text:?} in:\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
