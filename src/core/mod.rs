@@ -8,6 +8,7 @@ pub mod event;
 pub mod ids;
 pub mod machine;
 pub mod normalize;
+pub mod observation;
 pub mod payload;
 pub mod policy;
 pub mod record;

@@ -201,3 +201,68 @@ fn failed_attempts_escalate_and_get_stuck() {
 fn tiers_id() -> WorkId {
     "acme:widgets:issue:9:99".parse().unwrap()
 }
+
+#[test]
+fn issue_claim_expiry_escalates_and_untrusted_implement_waits_for_permission() {
+    let p = policy();
+    let mut r = IssueRecord::new(repo(), ISSUE);
+    go(
+        &mut r,
+        ev(IssueAction::Labeled, issue(true, true, T0), "alice"),
+        T0,
+        &p,
+    );
+    let a = r.work.active.clone().unwrap();
+    let expiry = Event::TimerFired {
+        repo: repo(),
+        scope: Scope::Issue,
+        number: ISSUE,
+        timer: Timer {
+            due_ms: a.expires_ms,
+            kind: TimerKind::ClaimExpiry {
+                work_id: a.item.id.clone(),
+            },
+            id: "claim".into(),
+        },
+    };
+    let (fx, _) = go(&mut r, expiry, a.expires_ms, &p);
+    assert_eq!(
+        fx,
+        lines(&[
+            &format!("cancel {}", a.item.id),
+            "dispatch issue-impl tier=1 attempt=2 head=-",
+            "timer claim-expiry +7200s",
+            "-auto/last-attempt-tier-0",
+            "+auto/last-attempt-tier-1",
+        ])
+    );
+
+    let mut r = IssueRecord::new(repo(), ISSUE);
+    go(
+        &mut r,
+        ev(IssueAction::Opened, issue(false, true, T0), "alice"),
+        T0,
+        &p,
+    );
+    let cmd = Event::Comment {
+        repo: repo(),
+        number: ISSUE,
+        is_pull: false,
+        comment_id: 8,
+        commands: crate::core::command::parse("/shepherd implement"),
+        at_ms: T0,
+        sender: Some(login("mallory")),
+    };
+    let (fx, _) = go(&mut r, cmd, T0, &p);
+    assert_eq!(fx, lines(&["observe permission mallory"]));
+    let perm = Event::ObservedPermission {
+        repo: repo(),
+        scope: Scope::Issue,
+        number: ISSUE,
+        login: login("mallory"),
+        permission: crate::core::event::Permission::Admin,
+        at_ms: T0 + 1,
+    };
+    let (fx, _) = go(&mut r, perm, T0 + 1, &p);
+    assert_eq!(fx[0], "dispatch issue-impl tier=0 attempt=1 head=-");
+}

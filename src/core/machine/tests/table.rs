@@ -931,3 +931,146 @@ fn pause_stops_dispatch_and_merge_until_resume() {
         ])
     );
 }
+
+#[test]
+fn gitea_status_for_the_head_is_a_ci_fact() {
+    let mut h = H::opened();
+    h.later(5);
+    let ev = |c: char, state| Event::Status {
+        repo: repo(),
+        sha: sha(c),
+        context: CiContext {
+            context: "ci / test".into(),
+            state,
+            description: "x".into(),
+            target_url: String::new(),
+            updated_ms: T0 + 5000,
+        },
+        sender: Some(login("ci")),
+    };
+    assert!(step(&h.r, &ev('b', CiState::Failure), h.now, &h.p).is_noop());
+    let fx = h.step(ev('a', CiState::Success));
+    assert_eq!(fx, lines(&["status awaiting-review"]));
+}
+
+#[test]
+fn resync_of_an_unknown_pr_builds_the_whole_record() {
+    let mut h = H::new();
+    let pr = snap('a', T0);
+    let contexts = vec![CiContext {
+        context: "ci / test".into(),
+        state: CiState::Success,
+        description: String::new(),
+        target_url: String::new(),
+        updated_ms: T0,
+    }];
+    let Event::ObservedReviews { reviews: rs, .. } = reviews(
+        &[
+            ("bob", ReviewState::Approved, 'a'),
+            ("carol", ReviewState::Approved, 'a'),
+        ],
+        T0,
+    ) else {
+        unreachable!()
+    };
+    h.later(60);
+    let fx = h.step(Event::ResyncObserved {
+        pr,
+        contexts,
+        reviews: rs,
+        at_ms: h.now,
+    });
+    assert_eq!(
+        fx,
+        lines(&[
+            "timer stale-check +86340s",
+            "observe reviews",
+            "timer merge-retry +60s",
+            "status ready-to-merge"
+        ])
+    );
+}
+
+#[test]
+fn failed_dispatch_ends_the_claim_and_counts() {
+    let mut h = claimed();
+    let id = h.work_id();
+    let failed = Event::EffectOutcome {
+        repo: repo(),
+        scope: Scope::Pr,
+        number: PR,
+        effect_id: "e".parse().unwrap(),
+        outcome: EffectOutcome::Failed {
+            kind: crate::core::effect::EffectKindName::Dispatch,
+            work_id: Some(id),
+            message: "sink down".into(),
+        },
+    };
+    let fx = h.step(failed.clone());
+    assert_eq!(fx[0], "dispatch ci-fix tier=1 attempt=2 head=aaa");
+    assert_eq!(h.r.work.attempts[0].outcome, AttemptOutcome::DispatchFailed);
+    assert!(step(&h.r, &failed, h.now, &h.p).is_noop());
+}
+
+#[test]
+fn late_merge_outcomes_are_ignored() {
+    let h = ready_bot();
+    for o in [
+        MergeOutcome::Conflict,
+        MergeOutcome::HeadMoved,
+        MergeOutcome::TryAgain,
+        MergeOutcome::FailedPermanent {
+            message: "x".into(),
+        },
+    ] {
+        assert!(step(&h.r, &merged(o), h.now, &h.p).is_noop());
+    }
+}
+
+#[test]
+fn mergeability_timer_reads_the_pr() {
+    let mut h = H::opened();
+    h.later(10);
+    let now = h.now;
+    assert_eq!(
+        h.step(timer(TimerKind::Mergeability, now)),
+        lines(&["observe pr"])
+    );
+}
+
+#[test]
+fn lost_verification_read_is_retried_by_the_watchdog() {
+    let mut h = ready_bot();
+    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
+    h.later(60);
+    let now = h.now;
+    assert_eq!(
+        h.step(timer(TimerKind::MergeRetry, now)),
+        lines(&["observe reviews", "timer merge-retry +60s"])
+    );
+}
+
+#[test]
+fn reopening_resumes_the_machine() {
+    let mut h = H::opened();
+    h.later(10);
+    h.step(pr_event(
+        PrAction::Closed,
+        PrSnapshot {
+            state: PrState::Closed,
+            ..snap('a', h.now)
+        },
+        "alice",
+    ));
+    assert_eq!(h.phase(), Phase::Closed);
+    h.later(10);
+    let fx = h.step(pr_event(PrAction::Reopened, snap('a', h.now), "alice"));
+    assert_eq!(
+        fx,
+        lines(&[
+            "timer stale-check +86400s",
+            "timer ci-poll +5s",
+            "status awaiting-ci"
+        ])
+    );
+}
