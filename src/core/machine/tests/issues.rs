@@ -1,5 +1,7 @@
 //! `step_issue`: issue-impl dispatch, cancel on close, done when a linking PR opens.
 
+use proptest::prelude::*;
+
 use super::*;
 use crate::core::event::{IssueAction, IssueSnapshot};
 use crate::core::machine::{IssuePhase, IssueTransition, decide_issue, step_issue};
@@ -265,4 +267,75 @@ fn issue_claim_expiry_escalates_and_untrusted_implement_waits_for_permission() {
     };
     let (fx, _) = go(&mut r, perm, T0 + 1, &p);
     assert_eq!(fx[0], "dispatch issue-impl tier=0 attempt=1 head=-");
+}
+
+/// An abstract issue event.
+#[derive(Debug, Clone)]
+enum IssueOp {
+    /// Issue webhook: (labelled, open, by the bot).
+    Snapshot(bool, bool, bool),
+    /// The active item's result (outcome index).
+    Result(u8),
+    /// The active claim expires.
+    Expire,
+    /// A PR linking the issue opens.
+    LinkedPr,
+    /// `/shepherd implement` by alice (trusted) or mallory.
+    Implement(bool),
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Issues: no work once closed or done, one claim at a time, tiers never go down,
+    /// the bot never starts work, every event is idempotent.
+    #[test]
+    fn issue_invariants(ops in proptest::collection::vec(proptest::prop_oneof![
+        4 => (proptest::bool::weighted(0.7), proptest::bool::weighted(0.85), proptest::bool::weighted(0.2)).prop_map(|(l, o, b)| IssueOp::Snapshot(l, o, b)),
+        4 => (0..3u8).prop_map(IssueOp::Result),
+        1 => proptest::strategy::Just(IssueOp::Expire),
+        1 => proptest::strategy::Just(IssueOp::LinkedPr),
+        1 => proptest::bool::ANY.prop_map(IssueOp::Implement),
+    ], 1..40)) {
+        let p = Policy { trusted_users: vec!["alice".into()], ..policy() };
+        let mut r = IssueRecord::new(repo(), ISSUE);
+        let mut now = T0;
+        for (i, op) in ops.iter().enumerate() {
+            now += 60_000;
+            let e = match op {
+                IssueOp::Snapshot(l, o, b) => ev(IssueAction::Labeled, issue(*l, *o, now), if *b { "bot" } else { "alice" }),
+                IssueOp::Result(o) => {
+                    let id = r.work.active.as_ref().map_or_else(tiers_id, |a| a.item.id.clone());
+                    result(&id, [WorkOutcome::Succeeded, WorkOutcome::Failed, WorkOutcome::NoChanges][usize::from(*o)])
+                }
+                IssueOp::Expire => {
+                    let Some(a) = r.work.active.clone() else { continue };
+                    now = now.max(a.expires_ms);
+                    Event::TimerFired { repo: repo(), scope: Scope::Issue, number: ISSUE, timer: Timer { due_ms: a.expires_ms, kind: TimerKind::ClaimExpiry { work_id: a.item.id }, id: "c".into() } }
+                }
+                IssueOp::LinkedPr => pr_event(PrAction::Opened, bot_snap('a', now), "bot"),
+                IssueOp::Implement(trusted) => Event::Comment {
+                    repo: repo(), number: ISSUE, is_pull: false, comment_id: i64::try_from(i).unwrap(),
+                    commands: crate::core::command::parse("/shepherd implement"), at_ms: now,
+                    sender: Some(login(if *trusted { "alice" } else { "mallory" })),
+                },
+            };
+            let t = step_issue(&r, &e, now, &p);
+            let dispatched: Vec<_> = t.effects.iter().filter_map(|x| match &x.kind { EffectKind::Dispatch(w) => Some(w.clone()), _ => None }).collect();
+            prop_assert!(dispatched.len() <= 1);
+            if let Some(w) = dispatched.first() {
+                let open = t.record.issue.as_ref().is_some_and(|i| i.open);
+                prop_assert!(open && t.record.done_by_pr.is_none(), "work on a closed or done issue");
+                prop_assert!(!p.is_bot(e.sender()), "the bot started work");
+                if let Some(before) = &r.work.active {
+                    prop_assert!(t.record.work.attempts.iter().any(|a| a.work_id == before.item.id));
+                }
+                prop_assert!(w.tier >= r.work.tier);
+            }
+            prop_assert!(t.record.work.tier >= r.work.tier);
+            let again = step_issue(&t.record, &e, now, &p);
+            prop_assert_eq!(IssueRecord { version: 0, ..again.record }, IssueRecord { version: 0, ..t.record.clone() });
+            r = t.record;
+        }
+    }
 }
