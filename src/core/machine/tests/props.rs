@@ -416,6 +416,12 @@ fn run(ops: &[Op], p: &Policy) -> Result<(PrRecord, Vec<Stepped>), TestCaseError
                 prop_assert!(!p.is_bot(event.sender()), "the bot's event started work");
             }
             prop_assert!(t.record.work.tier >= r.work.tier, "record tier went down");
+            let claimed = t.record.work.labels_applied.contains(&p.label_claimed);
+            prop_assert_eq!(
+                claimed,
+                t.record.work.active.is_some() && t.record.is_open(),
+                "claim label out of step"
+            );
             let open = t.record.is_open();
             for e in &t.effects {
                 match &e.kind {
