@@ -193,9 +193,11 @@ async fn main() {
     let body = Arc::new(std::fs::read(args.get(2).expect("PAYLOAD_FILE")).expect("read payload"));
     let secs: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4);
     let reps: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3);
+    // No response timeout: FLUSHALL of a few GB of stream takes a while on a busy box.
+    let no_timeout = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let conn = redis::Client::open(url)
         .expect("redis url")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&no_timeout)
         .await
         .expect("connect");
     let sha: String = redis::cmd("SCRIPT")

@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
@@ -29,6 +29,10 @@ pub const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
 /// Repositories remembered per process as already in the `<prefix>:repos` set; the set
 /// is cleared when it reaches this size (it is only a cache).
 const KNOWN_REPOS_CAP: usize = 10_000;
+
+/// The cache above is also cleared this often, so a `<prefix>:repos` set lost with a
+/// Redis that kept no data is filled again within minutes.
+const KNOWN_REPOS_TTL: Duration = Duration::from_secs(600);
 
 /// A Redis failure on the ingest path. Callers only report it (503), so it keeps the
 /// cause for logs and nothing else.
@@ -62,8 +66,9 @@ pub struct Enqueuer {
     retention: Duration,
     /// Bound on each Redis round trip.
     timeout: Duration,
-    /// Repositories already recorded in `<prefix>:repos` by this process.
-    known_repos: Mutex<HashSet<String>>,
+    /// Repositories already recorded in `<prefix>:repos` by this process, and when the
+    /// cache was last cleared.
+    known_repos: Mutex<(HashSet<String>, Instant)>,
 }
 
 impl Enqueuer {
@@ -74,7 +79,7 @@ impl Enqueuer {
             script: redis::Script::new(ENQUEUE_LUA),
             retention,
             timeout,
-            known_repos: Mutex::new(HashSet::new()),
+            known_repos: Mutex::new((HashSet::new(), Instant::now())),
         }
     }
 
@@ -165,8 +170,17 @@ impl Enqueuer {
         conn: &mut ConnectionManager,
         repo: &str,
     ) -> Result<(), StoreError> {
-        if repo.is_empty() || self.known().contains(repo) {
+        if repo.is_empty() {
             return Ok(());
+        }
+        {
+            let mut known = self.known();
+            if known.1.elapsed() > KNOWN_REPOS_TTL || known.0.len() >= KNOWN_REPOS_CAP {
+                *known = (HashSet::new(), Instant::now());
+            }
+            if known.0.contains(repo) {
+                return Ok(());
+            }
         }
         let mut cmd = redis::cmd("SADD");
         cmd.arg(self.keys.repos()).arg(repo);
@@ -174,15 +188,11 @@ impl Enqueuer {
         tokio::time::timeout(self.timeout, sadd)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))??;
-        let mut known = self.known();
-        if known.len() >= KNOWN_REPOS_CAP {
-            known.clear();
-        }
-        known.insert(repo.to_owned());
+        self.known().0.insert(repo.to_owned());
         Ok(())
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn known(&self) -> std::sync::MutexGuard<'_, (HashSet<String>, Instant)> {
         // A panic while holding this lock cannot leave the cache inconsistent.
         self.known_repos
             .lock()
