@@ -174,3 +174,24 @@ pub async fn report(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_round_trip_through_the_index_value() {
+        let v = WorkOwner::encode(true, "org/repo", 42);
+        assert_eq!(
+            WorkOwner::decode(3, &v),
+            Some(WorkOwner {
+                shard: 3,
+                issue: true,
+                repo: "org/repo".into(),
+                number: 42
+            })
+        );
+        assert_eq!(WorkOwner::decode(0, "pr\torg/repo\tx"), None);
+        assert_eq!(WorkOwner::decode(0, "nope\torg/repo\t1"), None);
+    }
+}

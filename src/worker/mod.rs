@@ -19,6 +19,7 @@ pub mod consumer;
 pub mod dispatch;
 pub mod executor;
 pub mod health;
+pub mod plan;
 pub mod process;
 pub mod redis_server;
 pub mod results;

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Worker throughput (issue 4): events committed per second by 1, 2 and 4 `shepherd work`
+# processes on CI-status-style events (internal ObservedStatus observations, as the
+# executor queues them), recorded in docs/benchmarks.md.
+#
+#   bench/worker.sh
+#
+# Env: PRS (1000)  EVENTS (60000)  WORKERS ("1 2 4")  REPS (1)  AOF (no | always)
+#      BENCH_REDIS_PORT (6392)  WORK (target/bench-worker)
+#
+# For each worker count and rep: FLUSHALL; queue one pull_request_sync webhook per PR
+# and let one worker commit them (the records exist, with the head sha the observations
+# are about); stop it; queue EVENTS observations (spread over the PRs, CI states
+# changing); start N workers at once and time until the group has no lag and nothing
+# pending. Rate = entries the group read in that time / time (timer events the run
+# produces count too: they are commits as well). Also: commit conflicts and CPU time of
+# the workers (utime+stime) per event, from /metrics and /proc.
+# Every process it starts is stopped by pid on exit.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PRS="${PRS:-1000}"
+EVENTS="${EVENTS:-60000}"
+WORKERS="${WORKERS:-1 2 4}"
+REPS="${REPS:-1}"
+AOF="${AOF:-no}"
+PORT="${BENCH_REDIS_PORT:-6392}"
+WORK="${WORK:-$ROOT/target/bench-worker}"
+PREFIX=bench
+STREAM="{$PREFIX:0}:events"
+mkdir -p "$WORK"
+declare -a PIDS=()
+REDIS_PID=""
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}" $REDIS_PID; do
+    kill "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+rcli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+
+# "<lag> <pending> <entries-read>" of the workers group.
+group_state() {
+  rcli XINFO GROUPS "$STREAM" | awk '
+    prev == "lag" { lag = $0 } prev == "pending" { pend = $0 } prev == "entries-read" { read = $0 }
+    { prev = $0 } END { print lag, pend, read }'
+}
+
+wait_drained() {
+  local lag pend read
+  while true; do
+    read -r lag pend read < <(group_state)
+    if [ "${lag:-1}" = "0" ] && [ "${pend:-1}" = "0" ]; then echo "$read"; return; fi
+    sleep 0.05
+  done
+}
+
+start_workers() {
+  local n="$1" i
+  PIDS=()
+  for i in $(seq "$n"); do
+    SHEPHERD_REDIS_URL="redis://127.0.0.1:$PORT" SHEPHERD_KEY_PREFIX="$PREFIX" \
+      SHEPHERD_LISTEN="127.0.0.1:$((PORT + 10 + i))" SHEPHERD_LOG=warn \
+      "$ROOT/target/release/shepherd" work 2>>"$WORK/workers.log" &
+    PIDS+=("$!")
+  done
+}
+
+stop_workers() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  PIDS=()
+}
+
+cpu_ticks() { # utime+stime of the running workers, in clock ticks
+  local total=0 pid
+  for pid in "${PIDS[@]}"; do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
+  done
+  echo "$total"
+}
+
+conflicts() {
+  local total=0 i v
+  for i in $(seq "${#PIDS[@]}"); do
+    v=$(curl -s "http://127.0.0.1:$((PORT + 10 + i))/metrics" | awk '/^shepherd_commit_conflicts_total/ {print $2}')
+    total=$((total + ${v:-0}))
+  done
+  echo "$total"
+}
+
+echo "== cargo build --release"
+(cd "$ROOT" && cargo build --release --bin shepherd 2>&1 | tail -1)
+echo "== redis-server on $PORT (appendonly $AOF)"
+redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly "$AOF" --appendfsync always \
+  --dir "$WORK" --daemonize no --loglevel warning &
+REDIS_PID=$!
+until rcli PING >/dev/null 2>&1; do sleep 0.05; done
+
+python3 "$ROOT/bench/worker_load.py" warmup "$PREFIX" "$PRS" "$ROOT/webhooks/pull_request_sync.json" > "$WORK/warmup.resp"
+python3 "$ROOT/bench/worker_load.py" status "$PREFIX" "$PRS" "$EVENTS" > "$WORK/status.resp"
+TICKS=$(getconf CLK_TCK)
+
+printf '| workers | events read | seconds | events/s | conflicts | worker CPU µs/event |\n|---|---|---|---|---|---|\n' | tee "$WORK/results.md"
+for rep in $(seq "$REPS"); do
+  for n in $WORKERS; do
+    rcli FLUSHALL >/dev/null
+    rcli --pipe < "$WORK/warmup.resp" >/dev/null
+    start_workers 1
+    wait_drained >/dev/null
+    stop_workers
+    rcli --pipe < "$WORK/status.resp" >/dev/null
+    read -r _ _ before < <(group_state)
+    t0=$(date +%s.%N)
+    start_workers "$n"
+    after=$(wait_drained)
+    t1=$(date +%s.%N)
+    ticks=$(cpu_ticks)
+    c=$(conflicts)
+    stop_workers
+    awk -v n="$n" -v a="$after" -v b="$before" -v t0="$t0" -v t1="$t1" -v c="$c" -v k="$ticks" -v hz="$TICKS" 'BEGIN {
+      e = a - b; s = t1 - t0;
+      printf "| %d | %d | %.2f | %.0f | %d | %.0f |\n", n, e, s, e / s, c, k / hz * 1e6 / e }' | tee -a "$WORK/results.md"
+  done
+done
