@@ -558,3 +558,41 @@ async fn every_fixture_is_queued() {
         );
     }
 }
+
+#[tokio::test]
+async fn ignored_and_unknown_event_types_are_archived() {
+    let redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    let client = reqwest::Client::new();
+    // `package` has an empty X-Forgejo-Event (forgejo-facts.md §2); the last one is no
+    // Forgejo event at all. All are accepted, archived, and left to the workers.
+    let types = ["release", "package", "wiki", "fork", "some_future_event"];
+    for event_type in types {
+        let r = post(
+            &client,
+            &s.webhook_url(),
+            &signed(SMALL, event_type, &new_delivery()),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{event_type}");
+    }
+    let mut conn = redis.conn().await;
+    let stored: Vec<String> = stream_entries(&mut conn, &events(&s))
+        .await
+        .into_iter()
+        .map(|(_, f)| f[fields::EVENT].clone())
+        .collect();
+    assert_eq!(stored, types);
+    let text = client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"shepherd_deliveries_total{event="other",outcome="queued"} 1"#),
+        "{text}"
+    );
+}
