@@ -1,10 +1,153 @@
 //! Operator tools: send, replay, inspect, rebuild, resync, dead letters — and the
 //! dispatcher from a parsed subcommand to the code that runs it.
+//!
+//! Every tool is a function of [`Ops`] (Redis, key layout, policy, configuration)
+//! taking a request and returning a serializable report, so the CLI (`cli_*`
+//! functions, which print) and the admin API (`crate::ingest::admin`, which answers
+//! JSON) run exactly the same code. Errors are [`OpsError`]s: the admin API maps them
+//! to HTTP statuses in one place, the CLI prints them.
+//!
+//! ```text
+//! archive   reading the events streams (the archive) and decoding entries
+//! replay    re-inject archived deliveries (or dead letters); --dry-run
+//! inspect   a PR's record, phase and why, CI, reviews, work, effects, timers, history
+//! rebuild   fold a PR's archived events from an empty record; diff; --apply (CAS)
+//! resync    read open PRs from Forgejo and queue them as observations
+//! dlq       list, show, retry and drop dead letters
+//! status    the figures behind the status page (queues, dead letters, PRs)
+//! timefmt   RFC 3339 / relative times, ages
+//! diff      a field-level JSON diff
+//! ```
 
+pub mod archive;
+pub mod diff;
+pub mod dlq;
+pub mod inspect;
+pub mod rebuild;
+pub mod replay;
+pub mod resync;
 pub mod send;
+pub mod status;
+pub mod timefmt;
+
+use std::sync::Arc;
+
+use redis::aio::ConnectionManager;
 
 use crate::cli::Command;
 use crate::config::Config;
+use crate::core::ids::RepoName;
+use crate::core::policy::PolicyFile;
+use crate::store::{Keys, StoreError};
+
+/// What an operator tool needs: configuration, Redis, key layout and policy. Cheap to
+/// share (`Arc`); the connection is multiplexed.
+pub struct Ops {
+    /// Validated configuration.
+    pub config: Arc<Config>,
+    /// Redis key layout.
+    pub keys: Keys,
+    /// The policy file (per-repository policies via `for_repo`).
+    pub policy: Arc<PolicyFile>,
+    /// Shared, self-reconnecting Redis connection.
+    conn: ConnectionManager,
+}
+
+impl Ops {
+    /// Tools on `conn` (an existing connection, e.g. the HTTP server's).
+    pub fn new(config: Arc<Config>, conn: ConnectionManager) -> anyhow::Result<Self> {
+        let policy = Arc::new(crate::worker::load_policy(&config)?);
+        let keys = Keys::new(config.key_prefix.clone(), config.shards);
+        Ok(Self {
+            config,
+            keys,
+            policy,
+            conn,
+        })
+    }
+
+    /// Tools with a fresh (lazy) connection to `SHEPHERD_REDIS_URL`.
+    pub fn connect(config: Config) -> anyhow::Result<Self> {
+        let conn = crate::ingest::connect_lazy(&config)?;
+        Self::new(Arc::new(config), conn)
+    }
+
+    /// A clone of the shared connection.
+    pub fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Every shard number.
+    pub fn shards(&self) -> std::ops::Range<u16> {
+        0..self.keys.shards()
+    }
+}
+
+/// Why an operator tool failed; each variant maps to one HTTP status in the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// The request is malformed (bad target, bad time); the message says what.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Nothing matched (unknown delivery, PR without record, no such dead letter).
+    #[error("{0}")]
+    NotFound(String),
+    /// A compare-and-set lost against a concurrent commit; try again.
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency is not configured or not reachable (Forgejo for resync).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Redis failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Anything else (reported, never shown to HTTP clients in detail).
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl From<redis::RedisError> for OpsError {
+    fn from(e: redis::RedisError) -> Self {
+        OpsError::Store(StoreError::Redis(e))
+    }
+}
+
+/// A PR (or issue) named on the command line: `owner/repo#N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrTarget {
+    /// Repository.
+    pub repo: RepoName,
+    /// PR index.
+    pub number: u64,
+}
+
+impl std::fmt::Display for PrTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.repo, self.number)
+    }
+}
+
+/// Parses `owner/repo#N`.
+pub fn parse_pr(text: &str) -> Result<PrTarget, OpsError> {
+    let bad = || OpsError::BadRequest(format!("{text:?} is not owner/repo#N"));
+    let (repo, n) = text.split_once('#').ok_or_else(bad)?;
+    Ok(PrTarget {
+        repo: parse_repo(repo)?,
+        number: n.trim().parse().map_err(|_| bad())?,
+    })
+}
+
+/// Parses `owner/repo`.
+pub fn parse_repo(text: &str) -> Result<RepoName, OpsError> {
+    text.parse()
+        .map_err(|_| OpsError::BadRequest(format!("{text:?} is not owner/repo")))
+}
+
+/// Prints `value` as pretty JSON on stdout.
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
 
 /// Runs one subcommand to completion.
 pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()> {
@@ -13,13 +156,26 @@ pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()>
         Command::Work(args) => crate::worker::work(config, args.consumer).await,
         Command::Run(args) => crate::worker::run_all(config, args.consumer).await,
         Command::Send(args) => send::run(&args).await,
-        Command::Replay(_) => anyhow::bail!("replay: not built yet"),
-        Command::Inspect(_) => anyhow::bail!("inspect: not built yet"),
-        Command::Rebuild(_) => anyhow::bail!("rebuild: not built yet"),
-        Command::Resync(_) => anyhow::bail!("resync: not built yet"),
-        Command::Dlq(_) => {
-            let _ = config;
-            anyhow::bail!("dlq: not built yet")
-        }
+        Command::Replay(args) => replay::cli(&Ops::connect(config)?, &args).await,
+        Command::Inspect(args) => inspect::cli(&Ops::connect(config)?, &args).await,
+        Command::Rebuild(args) => rebuild::cli(&Ops::connect(config)?, &args).await,
+        Command::Resync(args) => resync::cli(&Ops::connect(config)?, &args).await,
+        Command::Dlq(args) => dlq::cli(&Ops::connect(config)?, &args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        let t = parse_pr("Org/Repo#12").unwrap();
+        assert_eq!(t.repo.as_str(), "org/repo");
+        assert_eq!(t.number, 12);
+        assert_eq!(t.to_string(), "org/repo#12");
+        assert!(matches!(parse_pr("org/repo"), Err(OpsError::BadRequest(_))));
+        assert!(matches!(parse_pr("org#1"), Err(OpsError::BadRequest(_))));
+        assert!(matches!(parse_pr("o/r#x"), Err(OpsError::BadRequest(_))));
     }
 }

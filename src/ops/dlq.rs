@@ -1,0 +1,310 @@
+//! `shepherd dlq` and `replay --dead-letter`: the dead-letter streams of every shard.
+//!
+//! An entry is dead-lettered by the workers (or the executor) with `dl_*` fields in
+//! front of the original entry's fields (`store::streams::dead_letter_fields`). Retry
+//! appends the original fields to the stream it came from, with `replay =
+//! dead-letter:<original id>`, and deletes the dead letter — both in one Lua call, so
+//! an entry is never lost between the two nor re-queued twice by concurrent retries.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+
+use super::archive::{self, Archived};
+use super::replay::{DryState, ReplayReport, ReplayRequest, ReplayedEntry, describe};
+use super::timefmt::{now_ms, rfc3339};
+use super::{Ops, OpsError};
+use crate::cli::{DlqAction, DlqArgs};
+use crate::store::fields;
+use crate::store::streams::dead_letter_fields as dl;
+
+/// Re-queue one dead letter and delete it, atomically.
+///
+/// KEYS[1] dead-letter stream, KEYS[2] target stream; ARGV[1] dead-letter id, ARGV[2..]
+/// the field/value pairs to append. Reply: the new id, or false when the dead letter
+/// is gone (someone else retried or dropped it).
+static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
+  return false
+end
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], ARGV[1])
+return id
+",
+    )
+});
+
+/// One dead letter, summarized.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Dead-letter entry id.
+    pub id: String,
+    /// Shard.
+    pub shard: u16,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// Stream it came from.
+    pub stream: String,
+    /// Its id there.
+    pub original_id: String,
+    /// Deliveries before it was given up on.
+    pub deliveries: String,
+    /// When it was dead-lettered (RFC 3339).
+    pub at: String,
+    /// Delivery id (events) or effect id (effects).
+    pub delivery: String,
+    /// Event type or effect kind.
+    pub event: String,
+    /// Repository.
+    pub repo: String,
+    /// Every field (only in `show`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fields: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl DeadLetter {
+    fn of(shard: u16, e: &Archived, full: bool) -> Self {
+        let at = e.field(dl::AT).parse::<i64>().map(rfc3339).unwrap_or_default();
+        let or = |a: &str, b: &str| {
+            if e.field(a).is_empty() {
+                e.field(b).to_owned()
+            } else {
+                e.field(a).to_owned()
+            }
+        };
+        DeadLetter {
+            id: e.id.clone(),
+            shard,
+            reason: e.field(dl::REASON).to_owned(),
+            stream: e.field(dl::STREAM).to_owned(),
+            original_id: e.field(dl::ID).to_owned(),
+            deliveries: e.field(dl::DELIVERIES).to_owned(),
+            at,
+            delivery: or(fields::DELIVERY, "id"),
+            event: or(fields::EVENT, "kind"),
+            repo: e.field(fields::REPO).to_owned(),
+            fields: full.then(|| e.fields.clone().into_iter().collect()),
+        }
+    }
+}
+
+/// Every dead letter of every shard, oldest first per shard.
+pub async fn list(ops: &Ops) -> Result<Vec<DeadLetter>, OpsError> {
+    Ok(all(ops)
+        .await?
+        .iter()
+        .map(|(s, e)| DeadLetter::of(*s, e, false))
+        .collect())
+}
+
+/// One dead letter in full.
+pub async fn show(ops: &Ops, id: &str) -> Result<DeadLetter, OpsError> {
+    let (shard, e) = find(ops, id).await?;
+    Ok(DeadLetter::of(shard, &e, true))
+}
+
+/// Deletes dead letters (`None`: all); returns how many were deleted.
+#[instrument(skip_all, fields(id))]
+pub async fn drop_entries(ops: &Ops, id: Option<&str>) -> Result<u64, OpsError> {
+    let mut conn = ops.conn();
+    let victims = match id {
+        Some(id) => vec![find(ops, id).await?],
+        None => all(ops).await?,
+    };
+    let mut n = 0;
+    for (shard, e) in victims {
+        let deleted: u64 = redis::cmd("XDEL")
+            .arg(ops.keys.dead_letters(shard))
+            .arg(&e.id)
+            .query_async(&mut conn)
+            .await?;
+        tracing::info!(dead_letter = %e.id, "dropped a dead letter");
+        n += deleted;
+    }
+    Ok(n)
+}
+
+/// `replay --dead-letter [ID]` and `dlq retry`: re-queue dead letters (all when the id
+/// is empty) onto their streams and delete them; with `dry_run`, step them in memory.
+pub async fn replay_dead_letters(
+    ops: &Ops,
+    req: &ReplayRequest,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<ReplayReport, OpsError> {
+    let id = req.dead_letter.as_deref().unwrap_or("");
+    let entries = if id.is_empty() {
+        all(ops).await?
+    } else {
+        vec![find(ops, id).await?]
+    };
+    let mut report = ReplayReport {
+        dry_run: req.dry_run,
+        replayed: Vec::new(),
+    };
+    let mut dry = DryState::default();
+    let total = entries.len();
+    for (i, (shard, e)) in entries.into_iter().enumerate() {
+        let original = format!("dead-letter:{}", e.field(dl::ID));
+        let item = if req.dry_run {
+            dry.run(ops, &e, original).await?
+        } else {
+            retry_one(ops, shard, &e, &original).await?
+        };
+        progress(&format!(
+            "[{}/{total}] {} {} {} {}",
+            i + 1,
+            item.original,
+            item.event,
+            item.delivery,
+            describe(&item)
+        ));
+        report.replayed.push(item);
+    }
+    Ok(report)
+}
+
+/// Re-queues one dead letter and deletes it.
+async fn retry_one(
+    ops: &Ops,
+    shard: u16,
+    e: &Archived,
+    original: &str,
+) -> Result<ReplayedEntry, OpsError> {
+    let dead = ops.keys.dead_letters(shard);
+    let target = e.field(dl::STREAM);
+    let allowed = [ops.keys.events(shard), ops.keys.effects(shard)];
+    if !allowed.iter().any(|s| s == target) {
+        return Err(OpsError::BadRequest(format!(
+            "dead letter {} came from {target:?}, not a stream of shard {shard}",
+            e.id
+        )));
+    }
+    let mut inv = RETRY.prepare_invoke();
+    inv.key(&dead).key(target).arg(&e.id);
+    let mut names: Vec<&String> = e.fields.keys().collect();
+    names.sort();
+    for k in names {
+        if k.starts_with("dl_") || k == fields::REPLAY || k == fields::RECEIVED {
+            continue;
+        }
+        inv.arg(k).arg(&e.fields[k]);
+    }
+    inv.arg(fields::RECEIVED)
+        .arg(now_ms())
+        .arg(fields::REPLAY)
+        .arg(original);
+    let new_id: Option<String> = inv.invoke_async(&mut ops.conn()).await?;
+    let Some(new_id) = new_id else {
+        return Err(OpsError::NotFound(format!(
+            "dead letter {} was retried or dropped meanwhile",
+            e.id
+        )));
+    };
+    tracing::info!(replay = original, new_id = %new_id, dead_letter = %e.id, "re-queued a dead letter");
+    Ok(ReplayedEntry {
+        original: original.to_owned(),
+        new_id: Some(new_id),
+        delivery: e.field(fields::DELIVERY).to_owned(),
+        event: e.field(fields::EVENT).to_owned(),
+        repo: e.field(fields::REPO).to_owned(),
+        transitions: Vec::new(),
+        note: None,
+    })
+}
+
+/// Every dead letter with its shard.
+async fn all(ops: &Ops) -> Result<Vec<(u16, Archived)>, OpsError> {
+    let mut conn = ops.conn();
+    let mut out = Vec::new();
+    for shard in ops.shards() {
+        let entries = archive::scan(&mut conn, &ops.keys.dead_letters(shard), "-", "+", |_| true)
+            .await?;
+        out.extend(entries.into_iter().map(|e| (shard, e)));
+    }
+    Ok(out)
+}
+
+/// The dead letter `id` in whichever shard holds it.
+async fn find(ops: &Ops, id: &str) -> Result<(u16, Archived), OpsError> {
+    if !is_stream_id(id) {
+        return Err(OpsError::BadRequest(format!("{id:?} is not a stream id")));
+    }
+    let mut conn = ops.conn();
+    for shard in ops.shards() {
+        if let Some(e) = archive::entry(&mut conn, &ops.keys.dead_letters(shard), id).await? {
+            return Ok((shard, e));
+        }
+    }
+    Err(OpsError::NotFound(format!("no dead letter {id}")))
+}
+
+/// `<ms>-<seq>` or `<ms>`.
+fn is_stream_id(id: &str) -> bool {
+    let mut parts = id.split('-');
+    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let first = ok(parts.next());
+    let second = parts.next();
+    first && (second.is_none() || ok(second)) && parts.next().is_none()
+}
+
+/// `shepherd dlq …`.
+pub async fn cli(ops: &Ops, args: &DlqArgs) -> anyhow::Result<()> {
+    match &args.action {
+        DlqAction::List => {
+            let items = list(ops).await?;
+            if args.json {
+                return super::print_json(&items);
+            }
+            for d in &items {
+                println!(
+                    "{}  {}  {}  {}  {}  [{}]",
+                    d.id, d.at, d.repo, d.event, d.delivery, d.reason
+                );
+            }
+            eprintln!("{} dead letters", items.len());
+        }
+        DlqAction::Show { id } => {
+            let d = show(ops, id).await?;
+            super::print_json(&d)?;
+        }
+        DlqAction::Retry { id, all } => {
+            let req = ReplayRequest {
+                dead_letter: Some(if *all { String::new() } else { id.clone().unwrap_or_default() }),
+                ..ReplayRequest::default()
+            };
+            let report = replay_dead_letters(ops, &req, &|l| eprintln!("{l}")).await?;
+            eprintln!("re-queued {} dead letters", report.replayed.len());
+            if args.json {
+                super::print_json(&report)?;
+            }
+        }
+        DlqAction::Drop { id, all } => {
+            let id = if *all { None } else { id.as_deref() };
+            let n = drop_entries(ops, id).await?;
+            eprintln!("dropped {n} dead letters");
+            if args.json {
+                super::print_json(&serde_json::json!({ "dropped": n }))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids() {
+        assert!(is_stream_id("1700000000000-0"));
+        assert!(is_stream_id("1700000000000"));
+        assert!(!is_stream_id("abc"));
+        assert!(!is_stream_id("1-2-3"));
+        assert!(!is_stream_id("-1"));
+        assert!(!is_stream_id(""));
+    }
+}

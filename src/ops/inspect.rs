@@ -1,0 +1,317 @@
+//! `shepherd inspect owner/repo#N` (one PR in depth) and `inspect owner/repo` (every
+//! open PR, one line each).
+//!
+//! Pending effects are the PR's entries of its shard's effects stream that the
+//! executors have not acknowledged: delivered and pending (`in-progress`) or not yet
+//! delivered (`queued`, after the group's last-delivered id).
+
+use std::collections::BTreeMap;
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use super::archive::{self, Archived};
+use super::status::{self, PrSummary};
+use super::timefmt::{duration, now_ms, rfc3339};
+use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
+use crate::cli::InspectArgs;
+use crate::core::event::{CiContext, Review};
+use crate::core::machine::decide;
+use crate::core::record::{Attempt, Hold, PrRecord};
+use crate::store::commit::effect_fields;
+use crate::store::keys::EXECUTORS_GROUP;
+
+/// History entries shown.
+const HISTORY_SHOWN: usize = 20;
+/// Most effects-stream entries examined for a PR's pending effects.
+const PENDING_SCAN: usize = 10_000;
+
+/// One PR in depth.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Inspection {
+    /// Summary: phase, reason, age of the phase, tier, active work.
+    pub summary: PrSummary,
+    /// Head commit.
+    pub head_sha: Option<String>,
+    /// CI contexts of the head.
+    pub ci: Vec<CiContext>,
+    /// Latest review per reviewer.
+    pub reviews: Vec<Review>,
+    /// Finished attempts.
+    pub attempts: Vec<Attempt>,
+    /// Paused or needs-human.
+    pub hold: Option<Hold>,
+    /// Effects not yet done by the executors.
+    pub pending_effects: Vec<PendingEffect>,
+    /// Timers scheduled for this PR.
+    pub timers: Vec<TimerView>,
+    /// The last history entries, newest first.
+    pub history: Vec<BTreeMap<String, String>>,
+    /// The record itself.
+    pub record: serde_json::Value,
+}
+
+/// An effect waiting for the executors.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingEffect {
+    /// Effects-stream id.
+    pub entry: String,
+    /// Effect id.
+    pub id: String,
+    /// Effect kind.
+    pub kind: String,
+    /// `queued` (not delivered yet) or `in-progress` (delivered, not acknowledged).
+    pub state: String,
+}
+
+/// A scheduled timer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimerView {
+    /// Timer id within the record.
+    pub id: String,
+    /// Due time (unix ms).
+    pub due_ms: i64,
+}
+
+/// What `inspect` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum InspectReport {
+    /// One PR.
+    Pr(Box<Inspection>),
+    /// Every open PR of a repository.
+    Repo(Vec<PrSummary>),
+}
+
+/// Inspects `owner/repo#N` or `owner/repo`.
+pub async fn inspect(ops: &Ops, target: &str) -> Result<InspectReport, OpsError> {
+    if target.contains('#') {
+        let t = parse_pr(target)?;
+        return Ok(InspectReport::Pr(Box::new(inspect_pr(ops, &t).await?)));
+    }
+    let repo = parse_repo(target)?;
+    Ok(InspectReport::Repo(status::repo_prs(ops, &repo).await?))
+}
+
+/// One PR in depth.
+pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError> {
+    let repo = t.repo.as_str();
+    let key = ops.keys.pr_record(repo, t.number);
+    let record = super::replay::load_pr(ops, &key)
+        .await?
+        .ok_or_else(|| OpsError::NotFound(format!("no record for {t}")))?;
+    let mut conn = ops.conn();
+    let now = now_ms();
+    let hist_key = ops.keys.history(repo, t.number);
+    let summary = status::summarize(ops, &mut conn, &record, &hist_key, now).await?;
+    let head = record.head_sha().cloned();
+    let ci = head
+        .as_ref()
+        .and_then(|h| record.ci.get(h))
+        .map(|c| c.contexts.values().cloned().collect())
+        .unwrap_or_default();
+    let reviews = record
+        .reviews
+        .as_ref()
+        .map(|r| r.latest.values().cloned().collect())
+        .unwrap_or_default();
+    let shard = ops.keys.shard_of(repo);
+    let history = archive::scan_rev(&mut conn, &hist_key, HISTORY_SHOWN)
+        .await?
+        .into_iter()
+        .map(|e| e.fields.into_iter().collect())
+        .collect();
+    Ok(Inspection {
+        summary,
+        head_sha: head.map(|h| h.to_string()),
+        ci,
+        reviews,
+        attempts: record.work.attempts.clone(),
+        hold: record.work.hold.clone(),
+        pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
+        timers: timers(&mut conn, ops, shard, &key).await?,
+        history,
+        record: serde_json::to_value(&record).map_err(anyhow::Error::from)?,
+    })
+}
+
+/// Effects of record `key` not yet acknowledged by the executors.
+async fn pending_effects(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    key: &str,
+) -> Result<Vec<PendingEffect>, OpsError> {
+    let groups: Result<redis::streams::StreamInfoGroupsReply, _> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await;
+    let last = groups
+        .ok()
+        .and_then(|g| g.groups.into_iter().find(|g| g.name == EXECUTORS_GROUP))
+        .map(|g| g.last_delivered_id);
+    let mine = |e: &Archived| e.field(effect_fields::RECORD) == key;
+    let view = |e: Archived, state: &str| PendingEffect {
+        id: e.field(effect_fields::ID).to_owned(),
+        kind: e.field(effect_fields::KIND).to_owned(),
+        entry: e.id,
+        state: state.to_owned(),
+    };
+    let mut out = Vec::new();
+    let Some(last) = last else {
+        // No executor has ever read the stream: everything is queued.
+        let all = archive::scan(conn, stream, "-", "+", mine).await?;
+        return Ok(all.into_iter().map(|e| view(e, "queued")).collect());
+    };
+    let pending: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(EXECUTORS_GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(PENDING_SCAN)
+        .query_async(conn)
+        .await?;
+    for p in pending.ids {
+        if let Some(e) = archive::entry(conn, stream, &p.id).await?
+            && mine(&e)
+        {
+            out.push(view(e, "in-progress"));
+        }
+    }
+    let queued = archive::scan(conn, stream, &format!("({last}"), "+", mine).await?;
+    out.extend(queued.into_iter().map(|e| view(e, "queued")));
+    Ok(out)
+}
+
+/// Timers of record `key` (members `<key>/<timer id>` of the shard's timers set).
+async fn timers(
+    conn: &mut ConnectionManager,
+    ops: &Ops,
+    shard: u16,
+    key: &str,
+) -> Result<Vec<TimerView>, OpsError> {
+    let all: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(ops.keys.timers(shard))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("{key}/");
+    Ok(all
+        .into_iter()
+        .filter_map(|(m, due)| {
+            m.strip_prefix(&prefix).map(|id| TimerView {
+                id: id.to_owned(),
+                due_ms: due as i64,
+            })
+        })
+        .collect())
+}
+
+/// Human-readable rendering of one PR.
+fn render_pr(i: &Inspection, now: i64) -> String {
+    let s = &i.summary;
+    let mut out = format!("{}#{}  {}\n", s.repo, s.number, s.title);
+    let age = s
+        .phase_since_ms
+        .map(|t| format!(" (for {})", duration(now - t)))
+        .unwrap_or_default();
+    out += &format!("phase     {}{age} — {}\n", s.phase, s.reason);
+    out += &format!("version   {}\n", s.version);
+    out += &format!("head      {}\n", i.head_sha.as_deref().unwrap_or("-"));
+    out += &format!("tier      {} ({}), {} attempts\n", s.tier, s.tier_name, s.attempts);
+    match &s.active {
+        Some(a) => {
+            out += &format!(
+                "work      {} {} tier {} ({}), claim expires {} (in {})\n",
+                a.kind,
+                a.id,
+                a.tier,
+                a.tier_name,
+                rfc3339(a.expires_ms),
+                duration(a.expires_ms - now)
+            )
+        }
+        None => out += "work      none\n",
+    }
+    if let Some(h) = &i.hold {
+        out += &format!("hold      {}\n", serde_json::to_string(h).unwrap_or_default());
+    }
+    out += "ci\n";
+    for c in &i.ci {
+        out += &format!("  {:?}  {}  {}\n", c.state, c.context, c.description);
+    }
+    out += "reviews\n";
+    for r in &i.reviews {
+        let flags = [(r.stale, " stale"), (r.dismissed, " dismissed"), (!r.official, " unofficial")];
+        let f: String = flags.iter().filter(|(on, _)| *on).map(|(_, s)| *s).collect();
+        out += &format!("  {:?}  {}{f}\n", r.state, r.reviewer);
+    }
+    out += "attempts\n";
+    for a in &i.attempts {
+        out += &format!("  {} tier {} {} — {}\n", a.kind.as_str(), a.tier, a.outcome.as_str(), a.signature);
+    }
+    out += "pending effects\n";
+    for e in &i.pending_effects {
+        out += &format!("  {} {} {} ({})\n", e.entry, e.kind, e.id, e.state);
+    }
+    out += "timers\n";
+    for t in &i.timers {
+        out += &format!("  {} due {}\n", t.id, rfc3339(t.due_ms));
+    }
+    out += "history (newest first)\n";
+    for h in &i.history {
+        let get = |k: &str| h.get(k).map_or("", String::as_str);
+        let at = get("at").parse().map(rfc3339).unwrap_or_default();
+        let replay = if get("replay").is_empty() {
+            String::new()
+        } else {
+            format!(" [replay of {}]", get("replay"))
+        };
+        out += &format!("  {at} v{} {}{replay}: {}\n", get("version"), get("event"), get("note"));
+    }
+    out
+}
+
+/// One line per PR.
+pub fn render_line(s: &PrSummary, now: i64) -> String {
+    let age = s
+        .phase_since_ms
+        .map(|t| duration(now - t))
+        .unwrap_or_else(|| "?".into());
+    let work = s
+        .active
+        .as_ref()
+        .map(|a| format!("  work {} tier {} until {}", a.kind, a.tier_name, rfc3339(a.expires_ms)))
+        .unwrap_or_default();
+    format!(
+        "#{:<5} {:<16} {:>7}  {}{work}  — {}",
+        s.number, s.phase, age, s.title, s.reason
+    )
+}
+
+/// `shepherd inspect`.
+pub async fn cli(ops: &Ops, args: &InspectArgs) -> anyhow::Result<()> {
+    let report = inspect(ops, &args.target).await?;
+    if args.json {
+        return super::print_json(&report);
+    }
+    let now = now_ms();
+    match &report {
+        InspectReport::Pr(i) => print!("{}", render_pr(i, now)),
+        InspectReport::Repo(prs) => {
+            for s in prs {
+                println!("{}", render_line(s, now));
+            }
+            eprintln!("{} open PRs", prs.len());
+        }
+    }
+    Ok(())
+}
+
+/// The phase of a record now (for callers outside this module).
+pub fn phase_of(ops: &Ops, record: &PrRecord) -> String {
+    let policy = ops.policy.for_repo(&record.repo);
+    decide(record, &policy, now_ms()).phase.as_str().to_owned()
+}

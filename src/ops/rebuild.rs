@@ -1,0 +1,214 @@
+//! `shepherd rebuild owner/repo#N`: fold the PR's archived events from an empty record
+//! through the same decode + `core::step` path the workers use, diff the result with
+//! the stored record, and with `--apply` replace the stored record (compare-and-set on
+//! the version read, through the workers' commit script, with a history entry).
+//!
+//! Events folded: every archived entry of the PR's repository whose event targets the
+//! PR, plus repository-wide events (pushes, statuses) once the PR is known, each
+//! stepped at the time it was received. Only the replay window is archived: a PR older
+//! than the window folds from its first retained event. Effects of the fold are
+//! discarded — they happened when the events were first processed.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::instrument;
+
+use super::diff::{self, Change};
+use super::{Ops, OpsError, PrTarget, archive, parse_pr};
+use crate::cli::RebuildArgs;
+use crate::core::event::Target;
+use crate::core::machine::{decide, step};
+use crate::core::record::PrRecord;
+use crate::store::commit::{self, CommitOutcome, CommitPlan, RecordWrite, history_fields};
+use crate::store::fields;
+
+/// What `rebuild` asks for.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RebuildRequest {
+    /// `owner/repo#N`.
+    pub target: String,
+    /// Replace the stored record.
+    pub apply: bool,
+}
+
+/// What `rebuild` found (and did).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RebuildReport {
+    /// `owner/repo#N`.
+    pub target: String,
+    /// Archived events folded.
+    pub events_folded: usize,
+    /// Version of the stored record (0: none).
+    pub stored_version: u64,
+    /// Differences stored → folded (the version is not compared).
+    pub changes: Vec<Change>,
+    /// The folded record.
+    pub folded: Value,
+    /// The folded record replaced the stored one.
+    pub applied: bool,
+    /// Version written when applied.
+    pub new_version: Option<u64>,
+}
+
+/// Folds, diffs and (with `apply`) replaces.
+#[instrument(skip_all, fields(target = %req.target, apply = req.apply))]
+pub async fn rebuild(ops: &Ops, req: &RebuildRequest) -> Result<RebuildReport, OpsError> {
+    let t = parse_pr(&req.target)?;
+    let (folded, n_events) = fold(ops, &t).await?;
+    let key = ops.keys.pr_record(t.repo.as_str(), t.number);
+    let stored = commit::load(&mut ops.conn(), &key).await?;
+    let stored_version = stored.as_ref().map_or(0, |s| s.version);
+    let stored_json: Value = stored
+        .as_ref()
+        .map(|s| serde_json::from_str(&s.data).unwrap_or(Value::String(s.data.clone())))
+        .unwrap_or(Value::Null);
+    let mut folded_json = serde_json::to_value(&folded).map_err(anyhow::Error::from)?;
+    let changes = diff::diff(&without_version(&stored_json), &without_version(&folded_json));
+    let mut report = RebuildReport {
+        target: t.to_string(),
+        events_folded: n_events,
+        stored_version,
+        changes,
+        folded: folded_json.clone(),
+        applied: false,
+        new_version: None,
+    };
+    if req.apply {
+        if n_events == 0 {
+            return Err(OpsError::NotFound(format!(
+                "no archived events for {t}: nothing to rebuild from"
+            )));
+        }
+        let version = apply(ops, &t, folded, stored_version).await?;
+        folded_json["version"] = version.into();
+        report.folded = folded_json;
+        report.applied = true;
+        report.new_version = Some(version);
+    }
+    Ok(report)
+}
+
+/// The PR record folded from the archive, and how many events went in.
+pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError> {
+    let repo = t.repo.clone();
+    let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
+    let entries = archive::scan(&mut ops.conn(), &stream, "-", "+", |e| {
+        e.is_for_repo(repo.as_str())
+    })
+    .await?;
+    let policy = ops.policy.for_repo(&repo);
+    let mut record = PrRecord::new(repo.clone(), t.number);
+    let mut n = 0;
+    for e in entries {
+        let Ok(Some(event)) = e.decode() else { continue };
+        let applies = match event.target() {
+            Target::Pr(r, num) => r == repo && num == t.number,
+            Target::Repo(r) => r == repo && record.pr.is_some() && record.is_open(),
+            Target::Issue(..) | Target::None => false,
+        };
+        if !applies {
+            continue;
+        }
+        let at = e
+            .field(fields::RECEIVED)
+            .parse::<i64>()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .unwrap_or_else(|| e.time_ms());
+        record = step(&record, &event, at, &policy).record;
+        n += 1;
+    }
+    Ok((record, n))
+}
+
+/// Writes `folded` over the stored record at `expect` (CAS); returns the new version.
+async fn apply(
+    ops: &Ops,
+    t: &PrTarget,
+    mut folded: PrRecord,
+    expect: u64,
+) -> Result<u64, OpsError> {
+    let repo = t.repo.as_str();
+    let version = expect + 1;
+    folded.version = version;
+    let policy = ops.policy.for_repo(&t.repo);
+    let now = super::timefmt::now_ms();
+    let phase = decide(&folded, &policy, now).phase.as_str().to_owned();
+    let history = vec![
+        (history_fields::ENTRY.to_owned(), String::new()),
+        (history_fields::DELIVERY.to_owned(), "rebuild".to_owned()),
+        (history_fields::EVENT.to_owned(), "rebuild".to_owned()),
+        (
+            history_fields::NOTE.to_owned(),
+            "rebuild --apply: record replaced by the fold of the archived events".to_owned(),
+        ),
+        (history_fields::PHASE.to_owned(), phase.clone()),
+        (history_fields::VERSION.to_owned(), version.to_string()),
+        (history_fields::EFFECTS.to_owned(), "0".to_owned()),
+        (history_fields::AT.to_owned(), now.to_string()),
+    ];
+    let plan = CommitPlan {
+        shard: ops.keys.shard_of(repo),
+        entry_id: None,
+        records: vec![RecordWrite {
+            key: ops.keys.pr_record(repo, t.number),
+            history_key: ops.keys.history(repo, t.number),
+            index_key: ops.keys.repo_index(repo),
+            expect,
+            data: Some(folded.to_json()),
+            phase,
+            history,
+            indexed: folded.is_open() || folded.pr.is_none(),
+        }],
+        ended_ttl_secs: ops.config.retention.as_secs(),
+        ..CommitPlan::default()
+    };
+    match commit::commit(&mut ops.conn(), &ops.keys, &plan).await? {
+        CommitOutcome::Committed => {
+            tracing::info!(target = %t, version, "rebuilt record applied");
+            Ok(version)
+        }
+        CommitOutcome::Conflict { found, .. } => Err(OpsError::Conflict(format!(
+            "{t} changed meanwhile (version {found}, expected {expect}); run rebuild again"
+        ))),
+        CommitOutcome::Stale => Err(OpsError::Conflict(format!("{t}: commit refused"))),
+    }
+}
+
+/// A record's JSON without its version (which a fold cannot reproduce).
+fn without_version(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Value::Object(m) = &mut v {
+        m.remove("version");
+    }
+    v
+}
+
+/// `shepherd rebuild`.
+pub async fn cli(ops: &Ops, args: &RebuildArgs) -> anyhow::Result<()> {
+    let req = RebuildRequest {
+        target: args.target.clone(),
+        apply: args.apply,
+    };
+    let report = rebuild(ops, &req).await?;
+    if args.json {
+        return super::print_json(&report);
+    }
+    eprintln!(
+        "{}: folded {} archived events; stored record at version {}",
+        report.target, report.events_folded, report.stored_version
+    );
+    if report.changes.is_empty() {
+        println!("no differences");
+    } else {
+        println!("{} differences (stored → folded):", report.changes.len());
+        print!("{}", diff::render(&report.changes));
+    }
+    if let Some(v) = report.new_version {
+        eprintln!("applied: the stored record is now the folded one (version {v})");
+    } else if !report.changes.is_empty() {
+        eprintln!("run with --apply to replace the stored record");
+    }
+    Ok(())
+}

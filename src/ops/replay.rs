@@ -1,0 +1,421 @@
+//! `shepherd replay`: re-inject archived deliveries through the normal path.
+//!
+//! A replay appends a copy of the archived entry to its shard's events stream with
+//! `XADD` directly — bypassing the delivery dedup, which would otherwise answer
+//! "duplicate" — plus the field `replay` naming the original (stream id, or
+//! `dead-letter:<id>`). Workers then process it like any event and write `replay` into
+//! the history entry; the core and the executor are idempotent, so a replay causes no
+//! duplicate effects.
+//!
+//! `--dry-run` commits nothing: per event it loads the current record (or the record
+//! as an earlier event of the same run left it, in memory), runs `core::step` and
+//! reports the transition and effects.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+
+use super::archive::{self, Archived};
+use super::timefmt::{self, now_ms};
+use super::{Ops, OpsError, parse_pr, parse_repo};
+use crate::cli::ReplayArgs;
+use crate::core::effect::Effect;
+use crate::core::event::{Event, Target};
+use crate::core::ids::RepoName;
+use crate::core::machine::{decide, decide_issue, step, step_issue};
+use crate::core::record::{IssueRecord, PrRecord};
+use crate::store::commit;
+use crate::store::fields;
+
+/// What to replay (exactly one of `delivery`, `pr`, `repo`, `dead_letter`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// One delivery by id.
+    pub delivery: Option<String>,
+    /// Every delivery of a PR, `owner/repo#N`, in original order.
+    pub pr: Option<String>,
+    /// A repository's deliveries in `[since, until]`.
+    pub repo: Option<String>,
+    /// Start of the range (RFC 3339 or relative); default: the start of the archive.
+    pub since: Option<String>,
+    /// End of the range (RFC 3339 or relative); default: now.
+    pub until: Option<String>,
+    /// Dead letters: `""` for all, or one dead-letter entry id.
+    pub dead_letter: Option<String>,
+    /// Report what would happen; change nothing.
+    pub dry_run: bool,
+}
+
+impl From<&ReplayArgs> for ReplayRequest {
+    fn from(a: &ReplayArgs) -> Self {
+        Self {
+            delivery: a.delivery.clone(),
+            pr: a.pr.clone(),
+            repo: a.repo.clone(),
+            since: a.since.clone(),
+            until: a.until.clone(),
+            dead_letter: a.dead_letter.clone(),
+            dry_run: a.dry_run,
+        }
+    }
+}
+
+/// What a replay did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// One item per replayed entry, in replay order.
+    pub replayed: Vec<ReplayedEntry>,
+}
+
+/// One replayed entry.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplayedEntry {
+    /// What the new entry's `replay` field says: the original stream id or
+    /// `dead-letter:<id>`.
+    pub original: String,
+    /// Id of the new events-stream entry (`None` on a dry run).
+    pub new_id: Option<String>,
+    /// Delivery id of the original.
+    pub delivery: String,
+    /// Event type of the original.
+    pub event: String,
+    /// Repository.
+    pub repo: String,
+    /// Dry run: the transitions the event would cause, one per record it touches.
+    pub transitions: Vec<DryTransition>,
+    /// Dry run: why the event would do nothing (ignored, undecodable), if so.
+    pub note: Option<String>,
+}
+
+/// A transition computed in memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DryTransition {
+    /// `owner/repo#N` (`issue owner/repo#N` for issue records).
+    pub record: String,
+    /// Phase before.
+    pub phase_before: String,
+    /// Phase after.
+    pub phase_after: String,
+    /// Version before and after.
+    pub versions: (u64, u64),
+    /// The core's note.
+    pub note: String,
+    /// The effects, as the core returns them.
+    pub effects: Vec<Effect>,
+}
+
+/// Replays what `req` selects; `progress` receives one line per entry.
+#[instrument(skip_all, fields(dry_run = req.dry_run))]
+pub async fn replay(
+    ops: &Ops,
+    req: &ReplayRequest,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<ReplayReport, OpsError> {
+    if req.dead_letter.is_some() {
+        return super::dlq::replay_dead_letters(ops, req, progress).await;
+    }
+    let entries = select(ops, req).await?;
+    let mut report = ReplayReport {
+        dry_run: req.dry_run,
+        replayed: Vec::new(),
+    };
+    let mut dry = DryState::default();
+    let total = entries.len();
+    for (i, e) in entries.into_iter().enumerate() {
+        let item = if req.dry_run {
+            dry.run(ops, &e, e.id.clone()).await?
+        } else {
+            requeue(ops, &e, &e.stream, &e.id).await?
+        };
+        progress(&format!(
+            "[{}/{total}] {} {} {} {}",
+            i + 1,
+            item.original,
+            item.event,
+            item.delivery,
+            describe(&item)
+        ));
+        report.replayed.push(item);
+    }
+    Ok(report)
+}
+
+/// A one-line description of a replayed entry for progress output.
+pub(crate) fn describe(item: &ReplayedEntry) -> String {
+    match (&item.new_id, &item.note) {
+        (Some(id), _) => format!("→ queued as {id}"),
+        (None, Some(note)) => format!("→ {note}"),
+        (None, None) => item
+            .transitions
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}: {} → {} ({} effects) {}",
+                    t.record,
+                    t.phase_before,
+                    t.phase_after,
+                    t.effects.len(),
+                    t.note
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+/// The archived entries `req` selects, oldest first.
+async fn select(ops: &Ops, req: &ReplayRequest) -> Result<Vec<Archived>, OpsError> {
+    if let Some(d) = &req.delivery {
+        return Ok(vec![archive::find_delivery(ops, d).await?]);
+    }
+    if let Some(pr) = &req.pr {
+        let t = parse_pr(pr)?;
+        return pr_deliveries(ops, &t.repo, t.number).await;
+    }
+    if let Some(repo) = &req.repo {
+        let repo = parse_repo(repo)?;
+        let now = now_ms();
+        let time = |t: &Option<String>, default: i64| match t {
+            None => Ok(default),
+            Some(t) => timefmt::parse_time(t, now).map_err(OpsError::BadRequest),
+        };
+        let since = time(&req.since, 0)?;
+        let until = time(&req.until, now)?;
+        if since > until {
+            return Err(OpsError::BadRequest("--since is after --until".into()));
+        }
+        let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
+        let mut conn = ops.conn();
+        return archive::scan(
+            &mut conn,
+            &stream,
+            &format!("{since}-0"),
+            &format!("{until}-18446744073709551615"),
+            |e| e.is_webhook() && !e.is_replay() && e.is_for_repo(repo.as_str()),
+        )
+        .await;
+    }
+    Err(OpsError::BadRequest(
+        "name what to replay: delivery, pr, repo (with since/until) or dead_letter".into(),
+    ))
+}
+
+/// Every original webhook delivery in the archive whose event targets PR `repo#n`.
+pub async fn pr_deliveries(ops: &Ops, repo: &RepoName, n: u64) -> Result<Vec<Archived>, OpsError> {
+    let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
+    let mut conn = ops.conn();
+    let want = Target::Pr(repo.clone(), n);
+    archive::scan(&mut conn, &stream, "-", "+", |e| {
+        e.is_webhook()
+            && !e.is_replay()
+            && e.is_for_repo(repo.as_str())
+            && matches!(e.decode(), Ok(Some(ev)) if ev.target() == want)
+    })
+    .await
+}
+
+/// Appends a copy of `e` to `stream` with `replay = original` (and a fresh receive
+/// time), bypassing the delivery dedup.
+pub(crate) async fn requeue(
+    ops: &Ops,
+    e: &Archived,
+    stream: &str,
+    original: &str,
+) -> Result<ReplayedEntry, OpsError> {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*");
+    let mut names: Vec<&String> = e.fields.keys().collect();
+    names.sort();
+    for k in names {
+        if k == fields::REPLAY || k == fields::RECEIVED || k.starts_with("dl_") {
+            continue;
+        }
+        cmd.arg(k).arg(&e.fields[k]);
+    }
+    cmd.arg(fields::RECEIVED)
+        .arg(now_ms())
+        .arg(fields::REPLAY)
+        .arg(original);
+    let new_id: String = cmd.query_async(&mut ops.conn()).await?;
+    tracing::info!(
+        replay = original,
+        new_id = %new_id,
+        delivery = e.field(fields::DELIVERY),
+        event = e.field(fields::EVENT),
+        "replayed an archived entry"
+    );
+    Ok(item_of(e, original, Some(new_id)))
+}
+
+/// The report item of an entry.
+fn item_of(e: &Archived, original: &str, new_id: Option<String>) -> ReplayedEntry {
+    ReplayedEntry {
+        original: original.to_owned(),
+        new_id,
+        delivery: e.field(fields::DELIVERY).to_owned(),
+        event: e.field(fields::EVENT).to_owned(),
+        repo: e.field(fields::REPO).to_owned(),
+        transitions: Vec::new(),
+        note: None,
+    }
+}
+
+/// Records as a dry run has left them, by record key.
+#[derive(Default)]
+pub(crate) struct DryState {
+    /// PR records.
+    prs: HashMap<String, PrRecord>,
+    /// Issue records.
+    issues: HashMap<String, IssueRecord>,
+}
+
+impl DryState {
+    /// Steps `e` in memory against the current (or earlier dry-run) records.
+    pub(crate) async fn run(
+        &mut self,
+        ops: &Ops,
+        e: &Archived,
+        original: String,
+    ) -> Result<ReplayedEntry, OpsError> {
+        let mut item = item_of(e, &original, None);
+        let event = match e.decode() {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                item.note = Some("ignored (an event type or action Shepherd does not act on)".into());
+                return Ok(item);
+            }
+            Err(err) => {
+                item.note = Some(format!("undecodable: {err}"));
+                return Ok(item);
+            }
+        };
+        let now = now_ms();
+        match event.target() {
+            Target::Pr(repo, n) => {
+                let t = self.step_pr(ops, &repo, n, &event, now).await?;
+                item.transitions.push(t);
+            }
+            Target::Issue(repo, n) => {
+                let t = self.step_issue(ops, &repo, n, &event, now).await?;
+                item.transitions.push(t);
+            }
+            Target::Repo(repo) => {
+                let index = ops.keys.repo_index(repo.as_str());
+                let mut members = commit::index_members(&mut ops.conn(), &index).await?;
+                members.sort();
+                for key in members.iter().filter(|k| k.contains(":pr:")) {
+                    let Some(n) = key.rsplit('#').next().and_then(|n| n.parse().ok()) else {
+                        continue;
+                    };
+                    let t = self.step_pr(ops, &repo, n, &event, now).await?;
+                    if t.versions.0 != t.versions.1 {
+                        item.transitions.push(t);
+                    }
+                }
+            }
+            Target::None => item.note = Some("no record to route to".into()),
+        }
+        Ok(item)
+    }
+
+    /// One PR step in memory.
+    async fn step_pr(
+        &mut self,
+        ops: &Ops,
+        repo: &RepoName,
+        n: u64,
+        event: &Event,
+        now: i64,
+    ) -> Result<DryTransition, OpsError> {
+        let key = ops.keys.pr_record(repo.as_str(), n);
+        let old = match self.prs.get(&key) {
+            Some(r) => r.clone(),
+            None => load_pr(ops, &key).await?.unwrap_or_else(|| PrRecord::new(repo.clone(), n)),
+        };
+        let policy = ops.policy.for_repo(repo);
+        let t = step(&old, event, now, &policy);
+        let out = DryTransition {
+            record: format!("{repo}#{n}"),
+            phase_before: decide(&old, &policy, now).phase.as_str().to_owned(),
+            phase_after: decide(&t.record, &policy, now).phase.as_str().to_owned(),
+            versions: (old.version, t.record.version),
+            note: t.note,
+            effects: t.effects,
+        };
+        self.prs.insert(key, t.record);
+        Ok(out)
+    }
+
+    /// One issue step in memory.
+    async fn step_issue(
+        &mut self,
+        ops: &Ops,
+        repo: &RepoName,
+        n: u64,
+        event: &Event,
+        now: i64,
+    ) -> Result<DryTransition, OpsError> {
+        let key = ops.keys.issue_record(repo.as_str(), n);
+        let old = match self.issues.get(&key) {
+            Some(r) => r.clone(),
+            None => match commit::load(&mut ops.conn(), &key).await? {
+                None => IssueRecord::new(repo.clone(), n),
+                Some(s) => IssueRecord::from_json(&s.data)
+                    .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}")))?,
+            },
+        };
+        let policy = ops.policy.for_repo(repo);
+        let t = step_issue(&old, event, now, &policy);
+        let name = |r: &IssueRecord| {
+            serde_json::to_value(decide_issue(r, &policy).phase)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        };
+        let out = DryTransition {
+            record: format!("issue {repo}#{n}"),
+            phase_before: name(&old),
+            phase_after: name(&t.record),
+            versions: (old.version, t.record.version),
+            note: t.note,
+            effects: t.effects,
+        };
+        self.issues.insert(key, t.record);
+        Ok(out)
+    }
+}
+
+/// Loads and decodes a PR record (`None` when there is none).
+pub(crate) async fn load_pr(ops: &Ops, key: &str) -> Result<Option<PrRecord>, OpsError> {
+    match commit::load(&mut ops.conn(), key).await? {
+        None => Ok(None),
+        Some(s) => PrRecord::from_json(&s.data)
+            .map(Some)
+            .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}"))),
+    }
+}
+
+/// `shepherd replay`: progress and summary on stderr, `--json` report on stdout.
+pub async fn cli(ops: &Ops, args: &ReplayArgs) -> anyhow::Result<()> {
+    let req = ReplayRequest::from(args);
+    let report = replay(ops, &req, &|line| eprintln!("{line}")).await?;
+    if args.dry_run && !args.json {
+        for item in &report.replayed {
+            for t in &item.transitions {
+                for fx in &t.effects {
+                    eprintln!("    effect {} {}", fx.id, serde_json::to_string(&fx.kind)?);
+                }
+            }
+        }
+    }
+    let verb = if report.dry_run { "would replay" } else { "replayed" };
+    eprintln!("{verb} {} entries", report.replayed.len());
+    if args.json {
+        super::print_json(&report)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! The figures behind the status page and `inspect owner/repo`: one summary line per
+//! open PR (phase, reason, age of the phase, active work, tier), queue depth and lag
+//! of every consumer group, dead-letter counts and the last resync time.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use super::timefmt::now_ms;
+use super::{Ops, OpsError};
+use crate::core::ids::RepoName;
+use crate::core::machine::{Phase, decide};
+use crate::core::record::{Hold, PrRecord};
+use crate::store::commit::{self, history_fields};
+use crate::store::keys::{EXECUTORS_GROUP, WORKERS_GROUP};
+
+/// History entries read back to find when the current phase began.
+const PHASE_LOOKBACK: usize = 200;
+
+/// One open PR, summarized.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PrSummary {
+    /// Repository.
+    pub repo: String,
+    /// PR index.
+    pub number: u64,
+    /// Title.
+    pub title: String,
+    /// Phase (`awaiting-ci`, …).
+    pub phase: String,
+    /// Why.
+    pub reason: String,
+    /// When the phase began (unix ms; the first history entry of the current run of
+    /// entries in this phase), if known.
+    pub phase_since_ms: Option<i64>,
+    /// Current tier and its name.
+    pub tier: u8,
+    /// Name of the tier.
+    pub tier_name: String,
+    /// Finished attempts.
+    pub attempts: usize,
+    /// Active work: kind, id, claim expiry (unix ms).
+    pub active: Option<ActiveSummary>,
+    /// Record version.
+    pub version: u64,
+}
+
+/// The active work item of a PR.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ActiveSummary {
+    /// Work id.
+    pub id: String,
+    /// Kind (`ci-fix`, …).
+    pub kind: String,
+    /// Tier.
+    pub tier: u8,
+    /// Tier name.
+    pub tier_name: String,
+    /// Claim expiry (unix ms).
+    pub expires_ms: i64,
+}
+
+/// Depth and lag of one consumer group on one stream.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct QueueFigures {
+    /// Stream key.
+    pub stream: String,
+    /// Consumer group.
+    pub group: String,
+    /// Entries in the stream (the archive, for events streams).
+    pub length: u64,
+    /// Entries not yet delivered to the group (`None` when Redis cannot tell).
+    pub lag: Option<u64>,
+    /// Entries delivered but not acknowledged.
+    pub pending: u64,
+    /// Consumers in the group.
+    pub consumers: u64,
+}
+
+/// Everything the status page shows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Overview {
+    /// When it was computed (unix ms).
+    pub now_ms: i64,
+    /// Open PRs of every known repository.
+    pub prs: Vec<PrSummary>,
+    /// Events and effects queues of every shard.
+    pub queues: Vec<QueueFigures>,
+    /// Dead letters over all shards.
+    pub dead_letters: u64,
+    /// Last completed resync (unix ms), if any.
+    pub last_resync_ms: Option<i64>,
+}
+
+/// Summaries of the open PRs of `repo` with a record, by number.
+pub async fn repo_prs(ops: &Ops, repo: &RepoName) -> Result<Vec<PrSummary>, OpsError> {
+    let mut conn = ops.conn();
+    let index = ops.keys.repo_index(repo.as_str());
+    let keys: Vec<String> = commit::index_members(&mut conn, &index)
+        .await?
+        .into_iter()
+        .filter(|k| k.contains(":pr:"))
+        .collect();
+    let stored = commit::load_many(&mut conn, &keys).await?;
+    let now = now_ms();
+    let mut out = Vec::new();
+    for (key, s) in keys.iter().zip(stored) {
+        let Some(s) = s else { continue };
+        let Ok(record) = PrRecord::from_json(&s.data) else {
+            tracing::warn!(key = %key, "undecodable record skipped");
+            continue;
+        };
+        if !record.is_open() {
+            continue;
+        }
+        let hist = ops.keys.history(repo.as_str(), record.number);
+        out.push(summarize(ops, &mut conn, &record, &hist, now).await?);
+    }
+    out.sort_by_key(|p| p.number);
+    Ok(out)
+}
+
+/// One PR's summary.
+pub async fn summarize(
+    ops: &Ops,
+    conn: &mut ConnectionManager,
+    record: &PrRecord,
+    history_key: &str,
+    now: i64,
+) -> Result<PrSummary, OpsError> {
+    let policy = ops.policy.for_repo(&record.repo);
+    let d = decide(record, &policy, now);
+    let phase = d.phase.as_str().to_owned();
+    let phase_since_ms = phase_since(conn, history_key, &phase).await?;
+    Ok(PrSummary {
+        repo: record.repo.to_string(),
+        number: record.number,
+        title: record.pr.as_ref().map(|p| p.title.clone()).unwrap_or_default(),
+        phase,
+        reason: d.reason,
+        phase_since_ms,
+        tier: record.work.tier,
+        tier_name: policy.tier_name(record.work.tier),
+        attempts: record.work.attempts.len(),
+        active: record.work.active.as_ref().map(|a| ActiveSummary {
+            id: a.item.id.to_string(),
+            kind: a.item.kind.as_str().to_owned(),
+            tier: a.item.tier,
+            tier_name: policy.tier_name(a.item.tier),
+            expires_ms: a.expires_ms,
+        }),
+        version: record.version,
+    })
+}
+
+/// When the current run of history entries in `phase` began.
+async fn phase_since(
+    conn: &mut ConnectionManager,
+    history_key: &str,
+    phase: &str,
+) -> Result<Option<i64>, OpsError> {
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(history_key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(PHASE_LOOKBACK)
+        .query_async(conn)
+        .await?;
+    let mut since = None;
+    for e in entries.ids {
+        let p: String = e.get(history_fields::PHASE).unwrap_or_default();
+        if p != phase {
+            break;
+        }
+        let at: Option<i64> = e
+            .get::<String>(history_fields::AT)
+            .and_then(|a| a.parse().ok());
+        since = at.or(since);
+    }
+    Ok(since)
+}
+
+/// Queue figures of `group` on `stream` (zeros when the stream or group is missing).
+pub async fn queue(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+) -> Result<QueueFigures, OpsError> {
+    let length: u64 = redis::cmd("XLEN").arg(stream).query_async(conn).await?;
+    let mut q = QueueFigures {
+        stream: stream.to_owned(),
+        group: group.to_owned(),
+        length,
+        lag: Some(length),
+        ..QueueFigures::default()
+    };
+    if length == 0 {
+        q.lag = Some(0);
+        return Ok(q);
+    }
+    let groups: Result<redis::streams::StreamInfoGroupsReply, _> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await;
+    if let Ok(groups) = groups
+        && let Some(g) = groups.groups.into_iter().find(|g| g.name == group)
+    {
+        q.lag = g.lag.map(|l| l as u64);
+        q.pending = g.pending as u64;
+        q.consumers = g.consumers as u64;
+    }
+    Ok(q)
+}
+
+/// Everything the status page shows.
+pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
+    let mut conn = ops.conn();
+    let now = now_ms();
+    let mut out = Overview {
+        now_ms: now,
+        ..Overview::default()
+    };
+    for shard in ops.shards() {
+        out.queues
+            .push(queue(&mut conn, &ops.keys.events(shard), WORKERS_GROUP).await?);
+        out.queues
+            .push(queue(&mut conn, &ops.keys.effects(shard), EXECUTORS_GROUP).await?);
+        let dead: u64 = redis::cmd("XLEN")
+            .arg(ops.keys.dead_letters(shard))
+            .query_async(&mut conn)
+            .await?;
+        out.dead_letters += dead;
+    }
+    let last: Option<String> = redis::cmd("GET")
+        .arg(ops.keys.last_resync())
+        .query_async(&mut conn)
+        .await?;
+    out.last_resync_ms = last.and_then(|l| l.parse().ok());
+    let mut repos: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(ops.keys.repos())
+        .query_async(&mut conn)
+        .await?;
+    repos.sort();
+    repos.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+    for repo in repos {
+        if let Ok(repo) = repo.parse::<RepoName>() {
+            out.prs.extend(repo_prs(ops, &repo).await?);
+        }
+    }
+    Ok(out)
+}
+
+/// Open PRs grouped by phase, in the order a person reads them.
+pub fn by_phase(prs: &[PrSummary]) -> Vec<(String, Vec<&PrSummary>)> {
+    let order = [
+        Phase::NeedsHuman,
+        Phase::MergeConflicts,
+        Phase::CiFix,
+        Phase::ReviewFeedback,
+        Phase::ReadyToMerge,
+        Phase::Merging,
+        Phase::AwaitingReview,
+        Phase::AwaitingCi,
+        Phase::Paused,
+        Phase::Merged,
+        Phase::Closed,
+    ];
+    let mut groups: HashMap<&str, Vec<&PrSummary>> = HashMap::new();
+    for p in prs {
+        groups.entry(p.phase.as_str()).or_default().push(p);
+    }
+    order
+        .iter()
+        .filter_map(|ph| {
+            groups
+                .remove(ph.as_str())
+                .map(|v| (ph.as_str().to_owned(), v))
+        })
+        .collect()
+}
+
+/// True when a record is held for a human.
+pub fn needs_human(record: &PrRecord) -> bool {
+    matches!(record.work.hold, Some(Hold::NeedsHuman { .. }))
+}
