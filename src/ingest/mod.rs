@@ -14,8 +14,10 @@
 //! [`MAX_IN_FLIGHT`] deliveries wait on it at once: past that a delivery gets 503
 //! rather than a place in an unbounded queue.
 
+pub mod admin;
 pub mod delivery;
 pub mod signature;
+pub mod status_page;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -138,12 +140,13 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.require_webhook_secrets()?;
     let state = AppState::new(Arc::new(config), Metrics::new())?;
-    // The results API (agents report work results) lives on the same server.
-    serve_with(
-        web::Data::new(state),
-        shutdown,
-        crate::worker::results_api::configure,
-    )
+    // The results API (agents report work results), the admin API and the status
+    // page live on the same server.
+    let admin = admin::routes(&state)?;
+    serve_with(web::Data::new(state), shutdown, move |cfg| {
+        crate::worker::results_api::configure(cfg);
+        admin(cfg);
+    })
     .await
 }
 

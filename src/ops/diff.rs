@@ -42,7 +42,11 @@ fn walk(path: &str, left: &Value, right: &Value, out: &mut Vec<Change>) {
         }
         (l, r) if l == r => {}
         (l, r) => out.push(Change {
-            path: if path.is_empty() { ".".into() } else { path.into() },
+            path: if path.is_empty() {
+                ".".into()
+            } else {
+                path.into()
+            },
             left: l.clone(),
             right: r.clone(),
         }),

@@ -68,7 +68,11 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     fn of(shard: u16, e: &Archived, full: bool) -> Self {
-        let at = e.field(dl::AT).parse::<i64>().map(rfc3339).unwrap_or_default();
+        let at = e
+            .field(dl::AT)
+            .parse::<i64>()
+            .map(rfc3339)
+            .unwrap_or_default();
         let or = |a: &str, b: &str| {
             if e.field(a).is_empty() {
                 e.field(b).to_owned()
@@ -221,8 +225,8 @@ async fn all(ops: &Ops) -> Result<Vec<(u16, Archived)>, OpsError> {
     let mut conn = ops.conn();
     let mut out = Vec::new();
     for shard in ops.shards() {
-        let entries = archive::scan(&mut conn, &ops.keys.dead_letters(shard), "-", "+", |_| true)
-            .await?;
+        let entries =
+            archive::scan(&mut conn, &ops.keys.dead_letters(shard), "-", "+", |_| true).await?;
         out.extend(entries.into_iter().map(|e| (shard, e)));
     }
     Ok(out)
@@ -245,7 +249,8 @@ async fn find(ops: &Ops, id: &str) -> Result<(u16, Archived), OpsError> {
 /// `<ms>-<seq>` or `<ms>`.
 fn is_stream_id(id: &str) -> bool {
     let mut parts = id.split('-');
-    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let ok =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     let first = ok(parts.next());
     let second = parts.next();
     first && (second.is_none() || ok(second)) && parts.next().is_none()
@@ -273,7 +278,11 @@ pub async fn cli(ops: &Ops, args: &DlqArgs) -> anyhow::Result<()> {
         }
         DlqAction::Retry { id, all } => {
             let req = ReplayRequest {
-                dead_letter: Some(if *all { String::new() } else { id.clone().unwrap_or_default() }),
+                dead_letter: Some(if *all {
+                    String::new()
+                } else {
+                    id.clone().unwrap_or_default()
+                }),
                 ..ReplayRequest::default()
             };
             let report = replay_dead_letters(ops, &req, &|l| eprintln!("{l}")).await?;

@@ -220,7 +220,10 @@ fn render_pr(i: &Inspection, now: i64) -> String {
     out += &format!("phase     {}{age} — {}\n", s.phase, s.reason);
     out += &format!("version   {}\n", s.version);
     out += &format!("head      {}\n", i.head_sha.as_deref().unwrap_or("-"));
-    out += &format!("tier      {} ({}), {} attempts\n", s.tier, s.tier_name, s.attempts);
+    out += &format!(
+        "tier      {} ({}), {} attempts\n",
+        s.tier, s.tier_name, s.attempts
+    );
     match &s.active {
         Some(a) => {
             out += &format!(
@@ -236,7 +239,10 @@ fn render_pr(i: &Inspection, now: i64) -> String {
         None => out += "work      none\n",
     }
     if let Some(h) = &i.hold {
-        out += &format!("hold      {}\n", serde_json::to_string(h).unwrap_or_default());
+        out += &format!(
+            "hold      {}\n",
+            serde_json::to_string(h).unwrap_or_default()
+        );
     }
     out += "ci\n";
     for c in &i.ci {
@@ -244,13 +250,27 @@ fn render_pr(i: &Inspection, now: i64) -> String {
     }
     out += "reviews\n";
     for r in &i.reviews {
-        let flags = [(r.stale, " stale"), (r.dismissed, " dismissed"), (!r.official, " unofficial")];
-        let f: String = flags.iter().filter(|(on, _)| *on).map(|(_, s)| *s).collect();
+        let flags = [
+            (r.stale, " stale"),
+            (r.dismissed, " dismissed"),
+            (!r.official, " unofficial"),
+        ];
+        let f: String = flags
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, s)| *s)
+            .collect();
         out += &format!("  {:?}  {}{f}\n", r.state, r.reviewer);
     }
     out += "attempts\n";
     for a in &i.attempts {
-        out += &format!("  {} tier {} {} — {}\n", a.kind.as_str(), a.tier, a.outcome.as_str(), a.signature);
+        out += &format!(
+            "  {} tier {} {} — {}\n",
+            a.kind.as_str(),
+            a.tier,
+            a.outcome.as_str(),
+            a.signature
+        );
     }
     out += "pending effects\n";
     for e in &i.pending_effects {
@@ -269,7 +289,12 @@ fn render_pr(i: &Inspection, now: i64) -> String {
         } else {
             format!(" [replay of {}]", get("replay"))
         };
-        out += &format!("  {at} v{} {}{replay}: {}\n", get("version"), get("event"), get("note"));
+        out += &format!(
+            "  {at} v{} {}{replay}: {}\n",
+            get("version"),
+            get("event"),
+            get("note")
+        );
     }
     out
 }
@@ -283,7 +308,14 @@ pub fn render_line(s: &PrSummary, now: i64) -> String {
     let work = s
         .active
         .as_ref()
-        .map(|a| format!("  work {} tier {} until {}", a.kind, a.tier_name, rfc3339(a.expires_ms)))
+        .map(|a| {
+            format!(
+                "  work {} tier {} until {}",
+                a.kind,
+                a.tier_name,
+                rfc3339(a.expires_ms)
+            )
+        })
         .unwrap_or_default();
     format!(
         "#{:<5} {:<16} {:>7}  {}{work}  — {}",

@@ -64,7 +64,10 @@ pub async fn rebuild(ops: &Ops, req: &RebuildRequest) -> Result<RebuildReport, O
         .map(|s| serde_json::from_str(&s.data).unwrap_or(Value::String(s.data.clone())))
         .unwrap_or(Value::Null);
     let mut folded_json = serde_json::to_value(&folded).map_err(anyhow::Error::from)?;
-    let changes = diff::diff(&without_version(&stored_json), &without_version(&folded_json));
+    let changes = diff::diff(
+        &without_version(&stored_json),
+        &without_version(&folded_json),
+    );
     let mut report = RebuildReport {
         target: t.to_string(),
         events_folded: n_events,
@@ -101,7 +104,9 @@ pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError
     let mut record = PrRecord::new(repo.clone(), t.number);
     let mut n = 0;
     for e in entries {
-        let Ok(Some(event)) = e.decode() else { continue };
+        let Ok(Some(event)) = e.decode() else {
+            continue;
+        };
         let applies = match event.target() {
             Target::Pr(r, num) => r == repo && num == t.number,
             Target::Repo(r) => r == repo && record.pr.is_some() && record.is_open(),

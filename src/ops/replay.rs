@@ -285,7 +285,8 @@ impl DryState {
         let event = match e.decode() {
             Ok(Some(ev)) => ev,
             Ok(None) => {
-                item.note = Some("ignored (an event type or action Shepherd does not act on)".into());
+                item.note =
+                    Some("ignored (an event type or action Shepherd does not act on)".into());
                 return Ok(item);
             }
             Err(err) => {
@@ -334,7 +335,9 @@ impl DryState {
         let key = ops.keys.pr_record(repo.as_str(), n);
         let old = match self.prs.get(&key) {
             Some(r) => r.clone(),
-            None => load_pr(ops, &key).await?.unwrap_or_else(|| PrRecord::new(repo.clone(), n)),
+            None => load_pr(ops, &key)
+                .await?
+                .unwrap_or_else(|| PrRecord::new(repo.clone(), n)),
         };
         let policy = ops.policy.for_repo(repo);
         let t = step(&old, event, now, &policy);
@@ -412,7 +415,11 @@ pub async fn cli(ops: &Ops, args: &ReplayArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let verb = if report.dry_run { "would replay" } else { "replayed" };
+    let verb = if report.dry_run {
+        "would replay"
+    } else {
+        "replayed"
+    };
     eprintln!("{verb} {} entries", report.replayed.len());
     if args.json {
         super::print_json(&report)?;

@@ -145,13 +145,25 @@ async fn resync_repo(
         out.no_longer_open.push(n);
         match client.get_pull(repo.as_str(), n).await {
             Ok(pr) => {
-                queue(ops, repo, &Event::ObservedPr { pr: snapshot(repo, &pr) }).await?;
+                queue(
+                    ops,
+                    repo,
+                    &Event::ObservedPr {
+                        pr: snapshot(repo, &pr),
+                    },
+                )
+                .await?;
                 out.queued += 1;
             }
             Err(e) => out.errors.push(format!("#{n}: {e}")),
         }
     }
-    tracing::info!(open = out.open_prs.len(), queued = out.queued, errors = out.errors.len(), "resynced");
+    tracing::info!(
+        open = out.open_prs.len(),
+        queued = out.queued,
+        errors = out.errors.len(),
+        "resynced"
+    );
     Ok(out)
 }
 
@@ -164,9 +176,9 @@ async fn observe_open(
     let contexts = if pr.head.sha.is_empty() {
         Vec::new()
     } else {
-        contexts(&client.combined_status(repo.as_str(), &pr.head.sha).await?)
+        contexts(client.combined_status(repo.as_str(), &pr.head.sha).await?)
     };
-    let reviews = reviews(&client.list_reviews(repo.as_str(), pr.number).await?);
+    let reviews = reviews(client.list_reviews(repo.as_str(), pr.number).await?);
     Ok(Event::ResyncObserved {
         pr: snapshot(repo, pr),
         contexts,
@@ -216,31 +228,20 @@ async fn queue(ops: &Ops, repo: &RepoName, event: &Event) -> Result<String, OpsE
     Ok(id)
 }
 
-/// Re-reads an API value as the webhook payload type the core's converters take
-/// (the same JSON shapes; fields the payload type lacks are dropped).
-fn as_payload<T: Serialize, P: serde::de::DeserializeOwned + Default>(v: &T) -> P {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|j| serde_json::from_value(j).ok())
-        .unwrap_or_default()
-}
-
 /// A PR snapshot from the API.
 fn snapshot(repo: &RepoName, pr: &PullRequest) -> PrSnapshot {
-    let p: payload::PullRequest = as_payload(pr);
-    normalize::pr_snapshot(repo, &p)
+    normalize::pr_snapshot(repo, &payload::PullRequest::from(pr.clone()))
 }
 
 /// CI contexts from a combined status.
-fn contexts(c: &CombinedStatus) -> Vec<crate::core::event::CiContext> {
-    let p: payload::CombinedStatus = as_payload(c);
-    normalize::ci_contexts(&p)
+fn contexts(c: CombinedStatus) -> Vec<crate::core::event::CiContext> {
+    normalize::ci_contexts(&payload::CombinedStatus::from(c))
 }
 
 /// Reviews from the API.
-fn reviews(rs: &[Review]) -> Vec<crate::core::event::Review> {
-    rs.iter()
-        .filter_map(|r| normalize::review(&as_payload::<_, payload::PullReview>(r)))
+fn reviews(rs: Vec<Review>) -> Vec<crate::core::event::Review> {
+    rs.into_iter()
+        .filter_map(|r| normalize::review(&payload::PullReview::from(r)))
         .collect()
 }
 

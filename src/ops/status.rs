@@ -136,7 +136,11 @@ pub async fn summarize(
     Ok(PrSummary {
         repo: record.repo.to_string(),
         number: record.number,
-        title: record.pr.as_ref().map(|p| p.title.clone()).unwrap_or_default(),
+        title: record
+            .pr
+            .as_ref()
+            .map(|p| p.title.clone())
+            .unwrap_or_default(),
         phase,
         reason: d.reason,
         phase_since_ms,

@@ -68,11 +68,11 @@ mod tests {
         assert_eq!(parse_time("90s", now), Ok(now - 90_000));
         assert_eq!(
             parse_time("2026-11-30T12:00:00Z", now),
-            Ok(1_795_953_600_000)
+            Ok(1_796_040_000_000)
         );
         assert_eq!(
             parse_time("2026-11-30T13:00:00+01:00", now),
-            Ok(1_795_953_600_000)
+            Ok(1_796_040_000_000)
         );
         assert!(parse_time("yesterday", now).is_err());
         assert!(parse_time("2w", now).is_err());
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn formats() {
-        assert_eq!(rfc3339(1_795_953_600_000), "2026-11-30T12:00:00Z");
+        assert_eq!(rfc3339(1_796_040_000_000), "2026-11-30T12:00:00Z");
         assert_eq!(duration(45_000), "45s");
         assert_eq!(duration(12 * 60_000), "12m");
         assert_eq!(duration(3 * 3_600_000 + 20 * 60_000), "3h20m");

@@ -24,6 +24,7 @@ pub mod process;
 pub mod redis_server;
 pub mod results;
 pub mod results_api;
+pub mod resync;
 pub mod timers;
 
 use std::sync::Arc;
@@ -141,6 +142,11 @@ pub async fn run(
     tasks.spawn(consumer::reclaim_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(results::intake_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(resync::run_periodic_resync(
+        ctx.config.clone(),
+        ctx.consumer.clone(),
+        shutdown.clone(),
+    ));
     tasks.spawn(consumer::gauge_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(executor::run_executor(ctx.clone(), shutdown.clone()));
     let mut first_error = None;
@@ -188,11 +194,15 @@ pub async fn run_all(config: Config, consumer: Option<String>) -> anyhow::Result
     let metrics = Metrics::new();
     let config = Arc::new(config);
     let state = crate::ingest::AppState::new(config.clone(), metrics.clone())?;
+    let admin = crate::ingest::admin::routes(&state)?;
     let server = async {
         let r = crate::ingest::serve_with(
             actix_web::web::Data::new(state),
             shutdown.clone(),
-            results_api::configure,
+            move |cfg| {
+                results_api::configure(cfg);
+                admin(cfg);
+            },
         )
         .await;
         shutdown.cancel();

@@ -1,0 +1,303 @@
+//! The admin API under `/api/v1/admin/…` (DESIGN §5): the operator tools over HTTP,
+//! JSON in and out, for operators without shell access. Handlers call the same
+//! functions in [`crate::ops`] as the CLI.
+//!
+//! Authentication: `Authorization: Bearer $SHEPHERD_ADMIN_TOKEN`, compared in constant
+//! time (both sides hashed first, so the length leaks nothing either).
+//!
+//! | status | when |
+//! |---|---|
+//! | 200 | done; the body is the operation's report |
+//! | 400 | malformed request (bad target, time, JSON) |
+//! | 401 | no bearer token |
+//! | 403 | wrong bearer token |
+//! | 404 | admin API off (no `SHEPHERD_ADMIN_TOKEN`), or nothing matched |
+//! | 409 | a compare-and-set lost (`rebuild --apply`): try again |
+//! | 503 | Redis or Forgejo unavailable |
+//!
+//! | route | operation |
+//! |---|---|
+//! | `POST /api/v1/admin/replay` | [`ReplayRequest`] → `ReplayReport` |
+//! | `GET /api/v1/admin/inspect/{owner}/{repo}` | open PRs, one summary each |
+//! | `GET /api/v1/admin/inspect/{owner}/{repo}/{number}` | one PR in depth |
+//! | `POST /api/v1/admin/rebuild` | [`RebuildRequest`] → `RebuildReport` |
+//! | `POST /api/v1/admin/resync` | [`ResyncRequest`] → `ResyncReport` |
+//! | `GET /api/v1/admin/dlq` | dead letters |
+//! | `GET /api/v1/admin/dlq/{id}` | one dead letter in full |
+//! | `POST /api/v1/admin/dlq/retry` | `{"id": …}` or `{"all": true}` |
+//! | `POST /api/v1/admin/dlq/drop` | `{"id": …}` or `{"all": true}` |
+//! | `GET /api/v1/admin/status` | the status page's figures as JSON |
+
+use std::sync::Arc;
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use secrecy::ExposeSecret;
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+use crate::ingest::AppState;
+use crate::ops::rebuild::{self, RebuildRequest};
+use crate::ops::replay::{self, ReplayRequest};
+use crate::ops::resync::{self, ResyncRequest};
+use crate::ops::{Ops, OpsError, dlq, inspect, status};
+
+/// Why an admin request failed; [`ResponseError`] maps each to its status, in one
+/// place, with a message that never carries internals.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No `SHEPHERD_ADMIN_TOKEN`: the admin API does not exist.
+    #[error("not found")]
+    Disabled,
+    /// No bearer token in the request.
+    #[error("missing bearer token")]
+    Unauthorized,
+    /// A bearer token that is not the admin token.
+    #[error("wrong bearer token")]
+    Forbidden,
+    /// The operation failed.
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+}
+
+impl ResponseError for AdminError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            AdminError::Disabled => StatusCode::NOT_FOUND,
+            AdminError::Unauthorized => StatusCode::UNAUTHORIZED,
+            AdminError::Forbidden => StatusCode::FORBIDDEN,
+            AdminError::Ops(e) => match e {
+                OpsError::BadRequest(_) => StatusCode::BAD_REQUEST,
+                OpsError::NotFound(_) => StatusCode::NOT_FOUND,
+                OpsError::Conflict(_) => StatusCode::CONFLICT,
+                OpsError::Unavailable(_) | OpsError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+                OpsError::Other(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let message = match self {
+            AdminError::Ops(OpsError::Store(e)) => {
+                tracing::warn!(error = %e, "admin request: redis failed");
+                "redis unavailable; try again".to_owned()
+            }
+            AdminError::Ops(OpsError::Other(e)) => {
+                tracing::error!(error = format!("{e:#}"), "admin request failed");
+                "internal error (see the server log)".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let mut r = HttpResponse::build(self.status_code());
+        if matches!(self, AdminError::Unauthorized) {
+            r.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        r.json(json!({ "error": message }))
+    }
+}
+
+/// Checks the admin token: from the `Authorization: Bearer` header, or (for a browser
+/// on the status page) from `query_token`.
+pub fn check(
+    config: &Config,
+    req: &HttpRequest,
+    query_token: Option<&str>,
+) -> Result<(), AdminError> {
+    let Some(expected) = config.admin_token.as_ref() else {
+        return Err(AdminError::Disabled);
+    };
+    let header_token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(given) = header_token.or(query_token).filter(|t| !t.is_empty()) else {
+        return Err(AdminError::Unauthorized);
+    };
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(expected.expose_secret().as_bytes());
+    if bool::from(a.ct_eq(&b)) {
+        Ok(())
+    } else {
+        Err(AdminError::Forbidden)
+    }
+}
+
+/// Mounts the admin API and the status page, sharing one [`Ops`] built on the
+/// server's Redis connection.
+pub fn routes(
+    state: &AppState,
+) -> anyhow::Result<impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static> {
+    let ops = web::Data::from(Arc::new(Ops::new(
+        state.config.clone(),
+        state.redis.clone(),
+    )?));
+    Ok(move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(ops.clone())
+            .route("/", web::get().to(super::status_page::page))
+            .service(
+                web::scope("/api/v1/admin")
+                    .route("/replay", web::post().to(replay_handler))
+                    .route("/inspect/{owner}/{repo}", web::get().to(inspect_repo))
+                    .route(
+                        "/inspect/{owner}/{repo}/{number}",
+                        web::get().to(inspect_pr),
+                    )
+                    .route("/rebuild", web::post().to(rebuild_handler))
+                    .route("/resync", web::post().to(resync_handler))
+                    .route("/status", web::get().to(status_handler))
+                    .route("/dlq", web::get().to(dlq_list))
+                    .route("/dlq/retry", web::post().to(dlq_retry))
+                    .route("/dlq/drop", web::post().to(dlq_drop))
+                    .route("/dlq/{id}", web::get().to(dlq_show)),
+            );
+    })
+}
+
+/// Parses a JSON body (after authentication, so an unauthenticated caller learns
+/// nothing about the request format); an empty body is `{}`.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de)
+        .map_err(|e| AdminError::Ops(OpsError::BadRequest(format!("invalid JSON body: {e}"))))
+}
+
+/// A JSON 200 answer.
+fn ok<T: serde::Serialize>(v: &T) -> HttpResponse {
+    HttpResponse::Ok().json(v)
+}
+
+async fn replay_handler(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let body: ReplayRequest = parse(&body)?;
+    let report = replay::replay(&ops, &body, &|line| tracing::info!(line, "replay")).await?;
+    Ok(ok(&report))
+}
+
+async fn inspect_repo(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let (owner, repo) = path.into_inner();
+    Ok(ok(
+        &inspect::inspect(&ops, &format!("{owner}/{repo}")).await?
+    ))
+}
+
+async fn inspect_pr(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    path: web::Path<(String, String, String)>,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let (owner, repo, n) = path.into_inner();
+    Ok(ok(
+        &inspect::inspect(&ops, &format!("{owner}/{repo}#{n}")).await?
+    ))
+}
+
+async fn rebuild_handler(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let body: RebuildRequest = parse(&body)?;
+    Ok(ok(&rebuild::rebuild(&ops, &body).await?))
+}
+
+async fn resync_handler(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let body: ResyncRequest = parse(&body)?;
+    Ok(ok(&resync::resync(&ops, &body).await?))
+}
+
+async fn status_handler(ops: web::Data<Ops>, req: HttpRequest) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    Ok(ok(&status::overview(&ops).await?))
+}
+
+async fn dlq_list(ops: web::Data<Ops>, req: HttpRequest) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    Ok(ok(&dlq::list(&ops).await?))
+}
+
+async fn dlq_show(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    Ok(ok(&dlq::show(&ops, &path).await?))
+}
+
+/// Body of `dlq/retry` and `dlq/drop`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DlqSelect {
+    /// One dead letter.
+    #[serde(default)]
+    id: Option<String>,
+    /// Every dead letter.
+    #[serde(default)]
+    all: bool,
+}
+
+impl DlqSelect {
+    /// The id to act on (`None`: all), or a 400.
+    fn target(&self) -> Result<Option<&str>, OpsError> {
+        match (&self.id, self.all) {
+            (Some(id), false) => Ok(Some(id)),
+            (None, true) => Ok(None),
+            _ => Err(OpsError::BadRequest(
+                "give either \"id\" or \"all\": true".into(),
+            )),
+        }
+    }
+}
+
+async fn dlq_retry(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let body: DlqSelect = parse(&body)?;
+    let r = ReplayRequest {
+        dead_letter: Some(body.target()?.unwrap_or("").to_owned()),
+        ..ReplayRequest::default()
+    };
+    let report =
+        dlq::replay_dead_letters(&ops, &r, &|line| tracing::info!(line, "dlq retry")).await?;
+    Ok(ok(&report))
+}
+
+async fn dlq_drop(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    let body: DlqSelect = parse(&body)?;
+    let n = dlq::drop_entries(&ops, body.target()?).await?;
+    Ok(ok(&json!({ "dropped": n })))
+}

@@ -1,0 +1,322 @@
+//! `GET /`: a read-only status page, server-rendered HTML with no JavaScript, that
+//! refreshes itself every [`REFRESH_SECS`] (`<meta http-equiv="refresh">`).
+//!
+//! It shows open PRs grouped by phase (reason, age of the phase, tier, active work
+//! and claim expiry), the PRs that need a human, queue depth and lag of every
+//! consumer group, the dead-letter count and the last resync time — the figures of
+//! [`crate::ops::status::overview`].
+//!
+//! Access: open when no `SHEPHERD_ADMIN_TOKEN` is set; otherwise the admin token as
+//! `Authorization: Bearer …`, or — for a browser, which cannot set headers on a plain
+//! link — as `/?token=…` (the refresh keeps the query). Prefer the header where you
+//! can: a token in a URL can end up in browser history and proxy logs.
+
+use std::fmt::Write as _;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+
+use super::admin::{AdminError, check};
+use crate::ops::status::{Overview, PrSummary, by_phase};
+use crate::ops::timefmt::{duration, rfc3339};
+use crate::ops::{Ops, OpsError};
+
+/// Seconds between automatic refreshes.
+pub const REFRESH_SECS: u32 = 15;
+
+/// Query of the status page.
+#[derive(Debug, Deserialize)]
+pub struct PageQuery {
+    /// The admin token, for browsers.
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// The handler.
+pub async fn page(
+    ops: web::Data<Ops>,
+    req: HttpRequest,
+    query: web::Query<PageQuery>,
+) -> HttpResponse {
+    if ops.config.admin_token.is_some()
+        && let Err(e) = check(&ops.config, &req, query.token.as_deref())
+    {
+        return text_error(&e);
+    }
+    match crate::ops::status::overview(&ops).await {
+        Ok(o) => HttpResponse::Ok()
+            .content_type("text/html; charset=utf-8")
+            .insert_header(("Cache-Control", "no-store"))
+            .body(render(&o)),
+        Err(e) => text_error(&AdminError::Ops(e)),
+    }
+}
+
+/// A short HTML error page with the admin API's status for the same error.
+fn text_error(e: &AdminError) -> HttpResponse {
+    use actix_web::ResponseError as _;
+    let status = e.status_code();
+    let message = match e {
+        AdminError::Ops(OpsError::Store(_)) => "Redis is unavailable; this page retries.",
+        AdminError::Ops(_) => "The status could not be computed (see the server log).",
+        AdminError::Unauthorized => "Give the admin token: Authorization: Bearer … or /?token=…",
+        AdminError::Forbidden => "Wrong admin token.",
+        AdminError::Disabled => "Not found.",
+    };
+    let refresh = if status == StatusCode::SERVICE_UNAVAILABLE {
+        format!("<meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\">")
+    } else {
+        String::new()
+    };
+    HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .body(format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\">{refresh}<title>Shepherd</title></head>\
+             <body><h1>Shepherd</h1><p>{}</p></body></html>",
+            esc(message)
+        ))
+}
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Inline stylesheet (no external resources).
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}\
+h1{margin:0 0 .3rem}h2{margin:1.4rem 0 .4rem;font-size:1.15rem}\
+table{border-collapse:collapse;width:100%;margin-bottom:.5rem}\
+th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #ddd;font-size:.92rem}\
+th{background:#f3f3f3}.muted{color:#666}.phase{font-family:monospace}\
+.cards{display:flex;gap:1rem;flex-wrap:wrap}.card{border:1px solid #ddd;border-radius:6px;padding:.5rem .9rem}\
+.card b{display:block;font-size:1.4rem}.alert{color:#a00}";
+
+/// The whole page.
+pub fn render(o: &Overview) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\">\
+         <title>Shepherd status</title><style>{STYLE}</style></head><body>\
+         <h1>Shepherd</h1><p class=\"muted\">as of {} · refreshes every {REFRESH_SECS} s</p>",
+        rfc3339(o.now_ms)
+    );
+    cards(&mut h, o);
+    needs_human(&mut h, o);
+    phases(&mut h, o);
+    active_work(&mut h, o);
+    queues(&mut h, o);
+    h.push_str("</body></html>\n");
+    h
+}
+
+/// The headline figures.
+fn cards(h: &mut String, o: &Overview) {
+    let events_lag: u64 = o
+        .queues
+        .iter()
+        .filter(|q| q.group == "workers")
+        .map(|q| q.lag.unwrap_or(0) + q.pending)
+        .sum();
+    let resync = o
+        .last_resync_ms
+        .map(|t| format!("{} ago", duration(o.now_ms - t)))
+        .unwrap_or_else(|| "never".into());
+    let dl_class = if o.dead_letters > 0 { " alert" } else { "" };
+    let _ = write!(
+        h,
+        "<div class=\"cards\">\
+         <div class=\"card\" id=\"open-prs\"><b>{}</b>open PRs</div>\
+         <div class=\"card\" id=\"events-backlog\"><b>{events_lag}</b>events waiting</div>\
+         <div class=\"card{dl_class}\" id=\"dead-letters\"><b>{}</b>dead letters</div>\
+         <div class=\"card\" id=\"last-resync\"><b>{}</b>last resync</div></div>",
+        o.prs.len(),
+        o.dead_letters,
+        esc(&resync)
+    );
+}
+
+/// PRs in `needs-human`.
+fn needs_human(h: &mut String, o: &Overview) {
+    let stuck: Vec<&PrSummary> = o.prs.iter().filter(|p| p.phase == "needs-human").collect();
+    let _ = write!(
+        h,
+        "<h2 id=\"needs-human\">Needs a human ({})</h2>",
+        stuck.len()
+    );
+    if stuck.is_empty() {
+        h.push_str("<p class=\"muted\">Nobody is stuck.</p>");
+        return;
+    }
+    h.push_str("<table><tr><th>PR</th><th>Title</th><th>Why</th><th>For</th></tr>");
+    for p in stuck {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            pr_ref(p),
+            esc(&p.title),
+            esc(&p.reason),
+            age(o, p)
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// Open PRs grouped by phase.
+fn phases(h: &mut String, o: &Overview) {
+    h.push_str("<h2>Open pull requests by phase</h2>");
+    if o.prs.is_empty() {
+        h.push_str("<p class=\"muted\">No open pull requests.</p>");
+    }
+    for (phase, prs) in by_phase(&o.prs) {
+        let _ = write!(
+            h,
+            "<h3 class=\"phase\" id=\"phase-{0}\">{0} ({1})</h3><table>\
+             <tr><th>PR</th><th>Title</th><th>Reason</th><th>In phase for</th><th>Tier</th><th>Work</th></tr>",
+            esc(&phase),
+            prs.len()
+        );
+        for p in prs {
+            let _ = write!(
+                h,
+                "<tr class=\"pr\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
+                pr_ref(p),
+                esc(&p.title),
+                esc(&p.reason),
+                age(o, p),
+                p.tier,
+                esc(&p.tier_name),
+                p.active.as_ref().map_or("—".to_owned(), |a| esc(&a.kind))
+            );
+        }
+        h.push_str("</table>");
+    }
+}
+
+/// Active work items with tier and claim expiry.
+fn active_work(h: &mut String, o: &Overview) {
+    let active: Vec<&PrSummary> = o.prs.iter().filter(|p| p.active.is_some()).collect();
+    let _ = write!(
+        h,
+        "<h2 id=\"active-work\">Active work ({})</h2>",
+        active.len()
+    );
+    if active.is_empty() {
+        h.push_str("<p class=\"muted\">No work dispatched.</p>");
+        return;
+    }
+    h.push_str("<table><tr><th>PR</th><th>Kind</th><th>Tier</th><th>Work id</th><th>Claim expires</th></tr>");
+    for p in active {
+        let Some(a) = &p.active else { continue };
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td class=\"muted\">{}</td><td>{} (in {})</td></tr>",
+            pr_ref(p),
+            esc(&a.kind),
+            a.tier,
+            esc(&a.tier_name),
+            esc(&a.id),
+            rfc3339(a.expires_ms),
+            duration(a.expires_ms - o.now_ms)
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// Queue depth and lag per stream and group.
+fn queues(h: &mut String, o: &Overview) {
+    h.push_str(
+        "<h2 id=\"queues\">Queues</h2><table><tr><th>Stream</th><th>Group</th><th>Length</th>\
+         <th>Lag (not yet delivered)</th><th>Pending (unacknowledged)</th><th>Consumers</th></tr>",
+    );
+    for q in &o.queues {
+        let lag = q.lag.map_or("?".to_owned(), |l| l.to_string());
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{lag}</td><td>{}</td><td>{}</td></tr>",
+            esc(&q.stream),
+            esc(&q.group),
+            q.length,
+            q.pending,
+            q.consumers
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// `owner/repo#N`.
+fn pr_ref(p: &PrSummary) -> String {
+    format!("{}#{}", esc(&p.repo), p.number)
+}
+
+/// How long the PR has been in its phase.
+fn age(o: &Overview, p: &PrSummary) -> String {
+    p.phase_since_ms
+        .map_or("?".to_owned(), |t| duration(o.now_ms - t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::status::ActiveSummary;
+
+    fn pr(n: u64, phase: &str) -> PrSummary {
+        PrSummary {
+            repo: "o/r".into(),
+            number: n,
+            title: format!("Fix <thing> {n}"),
+            phase: phase.into(),
+            reason: "because".into(),
+            phase_since_ms: Some(1_000),
+            tier: 1,
+            tier_name: "codex".into(),
+            attempts: 0,
+            active: None,
+            version: 3,
+        }
+    }
+
+    #[test]
+    fn renders_groups_work_and_escapes() {
+        let mut busy = pr(2, "ci-fix");
+        busy.active = Some(ActiveSummary {
+            id: "o/r/pr/2/w1".into(),
+            kind: "ci-fix".into(),
+            tier: 1,
+            tier_name: "codex".into(),
+            expires_ms: 7_201_000,
+        });
+        let o = Overview {
+            now_ms: 61_000,
+            prs: vec![pr(1, "awaiting-review"), busy, pr(3, "needs-human")],
+            dead_letters: 2,
+            ..Overview::default()
+        };
+        let html = render(&o);
+        assert!(html.contains("http-equiv=\"refresh\""));
+        assert!(html.contains("Fix &lt;thing&gt; 1"));
+        assert!(!html.contains("<thing>"));
+        assert!(html.contains("id=\"phase-ci-fix\""));
+        assert!(html.contains("id=\"phase-awaiting-review\""));
+        assert!(html.contains("Needs a human (1)"));
+        assert!(html.contains("Active work (1)"));
+        assert!(html.contains("o/r#2"));
+        assert!(html.contains("<b>2</b>dead letters"));
+        assert!(html.contains("never"));
+        assert!(!html.contains("<script"));
+        assert!(html.find("phase-needs-human") < html.find("phase-awaiting-review"));
+    }
+}
