@@ -5,6 +5,7 @@ mod deploy;
 mod fake_forgejo;
 mod forgejo_client;
 mod ingest;
+mod ops;
 mod scenarios;
 mod support;
 mod worker;

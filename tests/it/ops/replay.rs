@@ -1,0 +1,369 @@
+//! `shepherd replay` by delivery, by PR, by time range and from dead letters, and
+//! `--dry-run`: replays are marked in history, cause no new effects, and a dry run
+//! changes nothing anywhere.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::{REPO, Scenario};
+
+/// The events-stream ids of PR `n`'s original (non-replay) history entries, in order.
+async fn original_entries(s: &Scenario, n: u64) -> Vec<String> {
+    s.history(n)
+        .await
+        .into_iter()
+        .filter(|h| !h.contains_key("replay") && !h["entry"].is_empty())
+        .map(|h| h["entry"].clone())
+        .collect()
+}
+
+/// The `replay` fields of PR `n`'s history, in order.
+async fn replays(s: &Scenario, n: u64) -> Vec<String> {
+    s.history(n)
+        .await
+        .into_iter()
+        .filter_map(|h| h.get("replay").cloned())
+        .collect()
+}
+
+/// The `new_id` of every replayed item of a report.
+fn new_ids(report: &Value) -> Vec<String> {
+    report["replayed"]
+        .as_array()
+        .expect("replayed is a list")
+        .iter()
+        .map(|i| i["new_id"].as_str().expect("a new id").to_owned())
+        .collect()
+}
+
+/// The `original` of every replayed item of a report.
+fn originals(report: &Value) -> Vec<String> {
+    report["replayed"]
+        .as_array()
+        .expect("replayed is a list")
+        .iter()
+        .map(|i| i["original"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn replay_by_delivery_is_marked_in_history_and_causes_no_new_effects() {
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Add the widget");
+    let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+    s.wait_delivery(n, &d).await;
+    let original = original_entries(&s, n).await[0].clone();
+
+    let report = s.cli_json(&["replay", "--delivery", &d, "--json"]);
+    assert_eq!(originals(&report), [original.clone()]);
+    assert!(report["replayed"][0]["new_id"].is_string());
+    s.wait_history(n, "the replay is committed", |h| {
+        h.get("replay") == Some(&original)
+    })
+    .await;
+
+    let entry = s
+        .history(n)
+        .await
+        .into_iter()
+        .find(|h| h.get("replay") == Some(&original))
+        .unwrap();
+    assert_eq!(entry["delivery"], d, "the replay keeps the delivery id");
+    assert_eq!(entry["effects"], "0", "{entry:?}");
+    assert!(
+        s.effects_caused_by(&new_ids(&report)).await.is_empty(),
+        "no new effects"
+    );
+    s.assert_no_duplicate_writes();
+
+    let missing = s.cli(&["replay", "--delivery", "no-such-delivery"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("not in the archive"));
+}
+
+#[tokio::test]
+async fn replay_by_pr_replays_its_deliveries_in_original_order_and_only_them() {
+    let s = Scenario::start(&[]).await;
+    let n1 = s.open_pr("alice", "First");
+    let n2 = s.open_pr("bob", "Second");
+    // Opened well before the push: Forgejo's `updated_at` has second resolution, and
+    // the core keeps the newer of two snapshots (a tie would let the replayed older
+    // snapshot win — see docs/operations.md, "Replaying").
+    let mut opened = s.fake.pr_opened(REPO, n1);
+    opened.payload["pull_request"]["updated_at"] = "2026-01-01T00:00:00Z".into();
+    let d1 = s.send(&opened).await;
+    let d2 = s.send(&s.fake.pr_opened(REPO, n2)).await;
+    s.fake.push(REPO, n1, &format!("{:040x}", 0xabcdef_u64));
+    let d3 = s.send(&s.fake.pr_synchronized(REPO, n1, "alice")).await;
+    s.wait_delivery(n1, &d1).await;
+    s.wait_delivery(n1, &d3).await;
+    s.wait_delivery(n2, &d2).await;
+    let order = original_entries(&s, n1).await;
+    assert_eq!(order.len(), 2);
+
+    let report = s.cli_json(&["replay", "--pr", &format!("{REPO}#{n1}"), "--json"]);
+    assert_eq!(originals(&report), order);
+    s.wait_history(n1, "both replays are committed", |h| {
+        h.get("replay") == Some(&order[1])
+    })
+    .await;
+    assert_eq!(replays(&s, n1).await, order, "replayed in original order");
+    assert!(
+        replays(&s, n2).await.is_empty(),
+        "the other PR is untouched"
+    );
+    let caused = s.effects_caused_by(&new_ids(&report)).await;
+    assert!(
+        caused.is_empty(),
+        "no new effects: {caused:?} {:?}",
+        s.history(n1).await
+    );
+    s.assert_no_duplicate_writes();
+}
+
+#[tokio::test]
+async fn replay_by_time_range_takes_the_repository_deliveries_in_the_window() {
+    let s = Scenario::start(&[]).await;
+    let n1 = s.open_pr("alice", "First");
+    let n2 = s.open_pr("bob", "Second");
+    let d1 = s.send(&s.fake.pr_opened(REPO, n1)).await;
+    let d2 = s.send(&s.fake.pr_opened(REPO, n2)).await;
+    s.wait_delivery(n1, &d1).await;
+    s.wait_delivery(n2, &d2).await;
+
+    let none = s.cli_json(&[
+        "replay", "--repo", REPO, "--since", "2d", "--until", "1d", "--json",
+    ]);
+    assert_eq!(originals(&none).len(), 0, "nothing a day ago");
+    let future = s.cli_json(&[
+        "replay",
+        "--repo",
+        REPO,
+        "--since",
+        "2099-01-01T00:00:00Z",
+        "--until",
+        "2099-12-31T00:00:00Z",
+        "--json",
+    ]);
+    assert_eq!(originals(&future).len(), 0);
+    let other = s.cli_json(&["replay", "--repo", "acme/other", "--since", "1h", "--json"]);
+    assert_eq!(originals(&other).len(), 0, "another repository");
+    let bad = s.cli(&["replay", "--repo", REPO, "--since", "yesterday"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is neither RFC 3339"));
+
+    let report = s.cli_json(&["replay", "--repo", REPO, "--since", "1h", "--json"]);
+    let mut expected = original_entries(&s, n1).await;
+    expected.extend(original_entries(&s, n2).await);
+    expected.sort();
+    assert_eq!(originals(&report), expected);
+    s.wait_history(n2, "the replay of #2 is committed", |h| {
+        h.contains_key("replay")
+    })
+    .await;
+    s.wait_history(n1, "the replay of #1 is committed", |h| {
+        h.contains_key("replay")
+    })
+    .await;
+    assert!(
+        s.effects_caused_by(&new_ids(&report)).await.is_empty(),
+        "no new effects"
+    );
+    s.assert_no_duplicate_writes();
+}
+
+/// Writes a dead letter for events-stream entry `id` the way the workers do.
+async fn dead_letter_of(s: &Scenario, id: &str, reason: &str) -> String {
+    let keys = s.keys();
+    let (_, fields) = s
+        .entries(&keys.events(0))
+        .await
+        .into_iter()
+        .find(|(i, _)| i == id)
+        .expect("the archived entry");
+    dead_letter_with(s, id, reason, &fields).await
+}
+
+/// Writes a dead letter with `fields` as the original entry's fields.
+async fn dead_letter_with(
+    s: &Scenario,
+    id: &str,
+    reason: &str,
+    fields: &HashMap<String, String>,
+) -> String {
+    use shepherd::store::streams::dead_letter_fields as dl;
+    let keys = s.keys();
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(keys.dead_letters(0))
+        .arg("*")
+        .arg(dl::REASON)
+        .arg(reason)
+        .arg(dl::STREAM)
+        .arg(keys.events(0))
+        .arg(dl::ID)
+        .arg(id)
+        .arg(dl::GROUP)
+        .arg("workers")
+        .arg(dl::DELIVERIES)
+        .arg("6")
+        .arg(dl::AT)
+        .arg(chrono::Utc::now().timestamp_millis());
+    for (k, v) in fields {
+        cmd.arg(k).arg(v);
+    }
+    cmd.query_async(&mut s.conn.clone()).await.expect("XADD")
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_replayed_once_and_dropped() {
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Add the widget");
+    let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+    s.wait_delivery(n, &d).await;
+    let original = original_entries(&s, n).await[0].clone();
+    let dead = s.keys().dead_letters(0);
+    let dl_id = dead_letter_of(&s, &original, "redis went away mid-commit").await;
+
+    let list = s.cli_json(&["dlq", "list", "--json"]);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["id"], dl_id.as_str());
+    assert_eq!(list[0]["reason"], "redis went away mid-commit");
+    assert_eq!(list[0]["delivery"], d.as_str());
+    let shown = s.cli_json(&["dlq", "show", &dl_id, "--json"]);
+    assert_eq!(shown["original_id"], original.as_str());
+    assert!(
+        shown["fields"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("pull_request")
+    );
+
+    let report = s.cli_json(&["replay", "--dead-letter", "--json"]);
+    let marker = format!("dead-letter:{original}");
+    assert_eq!(originals(&report), [marker.clone()]);
+    s.wait_history(n, "the dead letter's replay is committed", |h| {
+        h.get("replay") == Some(&marker)
+    })
+    .await;
+    assert!(s.entries(&dead).await.is_empty(), "removed once re-queued");
+    assert!(
+        s.effects_caused_by(&new_ids(&report)).await.is_empty(),
+        "no new effects"
+    );
+    s.assert_no_duplicate_writes();
+    let again = s.cli_json(&["replay", "--dead-letter", "--json"]);
+    assert_eq!(originals(&again).len(), 0, "nothing is replayed twice");
+
+    // retry ID and drop --all.
+    let one = dead_letter_of(&s, &original, "first").await;
+    let two = dead_letter_of(&s, &original, "second").await;
+    let retried = s.cli_json(&["dlq", "retry", &one, "--json"]);
+    assert_eq!(originals(&retried), [marker.clone()]);
+    let left: Vec<String> = s.entries(&dead).await.into_iter().map(|(i, _)| i).collect();
+    assert_eq!(left, [two.clone()]);
+    let dropped = s.cli_json(&["dlq", "drop", "--all", "--json"]);
+    assert_eq!(dropped["dropped"], 1);
+    assert!(s.entries(&dead).await.is_empty());
+    let gone = s.cli(&["dlq", "show", &two]);
+    assert!(!gone.status.success());
+}
+
+/// Everything a dry run must leave alone.
+async fn snapshot(s: &Scenario, prs: &[u64]) -> Vec<String> {
+    let keys = s.keys();
+    let mut out = Vec::new();
+    for key in [keys.events(0), keys.effects(0), keys.dead_letters(0)] {
+        let sorted: Vec<(String, std::collections::BTreeMap<String, String>)> = s
+            .entries(&key)
+            .await
+            .into_iter()
+            .map(|(i, f)| (i, f.into_iter().collect()))
+            .collect();
+        out.push(format!("{key}: {sorted:?}"));
+    }
+    for n in prs {
+        out.push(format!("record {n}: {:?}", s.record(*n).await));
+        let h: Vec<std::collections::BTreeMap<String, String>> = s
+            .history(*n)
+            .await
+            .into_iter()
+            .map(|f| f.into_iter().collect())
+            .collect();
+        out.push(format!("history {n}: {h:?}"));
+    }
+    out.push(format!("forgejo calls: {}", s.fake.all_calls().len()));
+    out
+}
+
+#[tokio::test]
+async fn dry_run_prints_transitions_and_changes_nothing() {
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Processed");
+    let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+    s.wait_delivery(n, &d).await;
+    // A delivery that never reached the workers: a dead letter of a PR with no record.
+    let m = s.open_pr("bob", "Never processed");
+    let w = s.fake.pr_opened(REPO, m);
+    let fields: HashMap<String, String> = [
+        ("kind", "webhook".to_owned()),
+        ("delivery", "lost-delivery".to_owned()),
+        ("event", w.event_type.to_owned()),
+        ("repo", REPO.to_owned()),
+        ("received", "1".to_owned()),
+        ("body", String::from_utf8(w.body()).unwrap()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    dead_letter_with(&s, "1-1", "lost", &fields).await;
+    // Nothing else may write meanwhile (timers would): the tools need no server.
+    let mut s = s;
+    s.stop_app();
+    let before = snapshot(&s, &[n, m]).await;
+
+    let dry = s.cli_json(&["replay", "--dead-letter", "--dry-run", "--json"]);
+    assert_eq!(dry["dry_run"], true);
+    let item = &dry["replayed"][0];
+    assert!(item["new_id"].is_null());
+    let t = &item["transitions"][0];
+    assert_eq!(t["record"], format!("{REPO}#{m}"));
+    assert_eq!(t["versions"], serde_json::json!([0, 1]));
+    assert!(!t["phase_after"].as_str().unwrap().is_empty());
+    assert!(
+        !t["effects"].as_array().unwrap().is_empty(),
+        "a new PR gets effects: {t}"
+    );
+    assert!(
+        t["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("pull_request/opened")
+    );
+
+    let dry_pr = s.cli_json(&[
+        "replay",
+        "--pr",
+        &format!("{REPO}#{n}"),
+        "--dry-run",
+        "--json",
+    ]);
+    let t = &dry_pr["replayed"][0]["transitions"][0];
+    assert!(
+        t["note"].as_str().unwrap().starts_with("no change"),
+        "replaying a processed delivery is a no-op: {t}"
+    );
+    assert_eq!(t["effects"], serde_json::json!([]));
+
+    let human = s.cli(&["replay", "--dead-letter", "--dry-run"]);
+    assert!(human.status.success());
+    let err = String::from_utf8_lossy(&human.stderr);
+    assert!(err.contains(&format!("{REPO}#{m}")), "{err}");
+    assert!(err.contains("would replay 1 entries"), "{err}");
+    assert!(err.contains("effect "), "the effects are printed: {err}");
+
+    let after = snapshot(&s, &[n, m]).await;
+    for (a, b) in before.iter().zip(&after) {
+        assert_eq!(a, b, "nothing changed");
+    }
+}

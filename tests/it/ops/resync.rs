@@ -1,0 +1,174 @@
+//! The outage drill: with Shepherd down, PRs change on Forgejo (CI fails, a review
+//! approves, a PR is opened and another closed) and no webhook arrives; after the
+//! restart `shepherd resync` — and the workers' periodic resync — bring every record
+//! to the right phase, and the effects happen exactly once.
+
+use std::collections::HashMap;
+
+use super::{REPO, Scenario, WAIT};
+use crate::support::fake_forgejo::NewPr;
+use crate::support::poll_until_named;
+
+/// The phase of PR `n`'s latest history entry.
+async fn phase(s: &Scenario, n: u64) -> String {
+    s.history(n)
+        .await
+        .last()
+        .map(|h| h["phase"].clone())
+        .unwrap_or_default()
+}
+
+/// Waits until PR `n`'s latest phase is one of `phases`.
+async fn wait_phase(s: &Scenario, n: u64, phases: &[&str]) {
+    poll_until_named(WAIT, &format!("#{n} reaches {phases:?}"), || async {
+        phases.contains(&phase(s, n).await.as_str())
+    })
+    .await;
+}
+
+/// Effect kinds of PR `n` with their counts.
+async fn kinds(s: &Scenario, n: u64) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for (k, _) in s.effects_of(n).await {
+        *out.entry(k).or_default() += 1;
+    }
+    out
+}
+
+/// Number of `resync` events committed to PR `n`'s history.
+async fn resyncs(s: &Scenario, n: u64) -> usize {
+    s.history(n)
+        .await
+        .iter()
+        .filter(|h| h["event"] == "resync")
+        .count()
+}
+
+#[tokio::test]
+async fn outage_drill_resync_brings_every_record_to_the_right_phase_once() {
+    let mut s = Scenario::start(&[]).await;
+    let red = s.open_pr("alice", "Goes red during the outage");
+    let green = s.fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Approved during the outage").body("Automated by CleverAgents Bot"),
+    );
+    let gone = s.open_pr("carol", "Closed during the outage");
+    for n in [red, green, gone] {
+        let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+        s.wait_delivery(n, &d).await;
+    }
+    for n in [red, green] {
+        assert_eq!(phase(&s, n).await, "awaiting-ci", "#{n} before the outage");
+    }
+
+    // Outage: Shepherd is down; Forgejo changes and its webhooks are lost for good.
+    s.stop_app();
+    let red_sha = s.fake.head_sha(REPO, red);
+    s.fake
+        .set_status(REPO, &red_sha, "ci/test", "failure", "3 tests failed");
+    let green_sha = s.fake.head_sha(REPO, green);
+    s.fake
+        .set_status(REPO, &green_sha, "ci/test", "success", "all good");
+    s.fake.add_review(REPO, green, "bob", "APPROVED");
+    s.fake.close(REPO, gone);
+    let new = s.open_pr("dave", "Opened during the outage");
+    s.restart_app().await;
+
+    let report = s.cli_json(&["resync", "--repo", REPO]);
+    let repo = &report["repos"][0];
+    let mut open: Vec<u64> = repo["open_prs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    open.sort_unstable();
+    assert_eq!(open, [red, green, new]);
+    assert_eq!(repo["no_longer_open"], serde_json::json!([gone]));
+    assert_eq!(repo["errors"], serde_json::json!([]));
+    let listed = s.fake.calls("GET", &format!("/repos/{REPO}/pulls"));
+    assert!(
+        listed
+            .iter()
+            .all(|c| c.query_param("state") == Some("open")),
+        "always state=open"
+    );
+
+    wait_phase(&s, red, &["ci-fix"]).await;
+    wait_phase(&s, green, &["ready-to-merge", "merging"]).await;
+    wait_phase(&s, gone, &["closed"]).await;
+    poll_until_named(
+        WAIT,
+        "the PR opened during the outage has a record",
+        || async { s.record(new).await.0 > 0 },
+    )
+    .await;
+    let red_fx = kinds(&s, red).await;
+    assert_eq!(
+        red_fx.get("dispatch"),
+        Some(&1),
+        "one ci-fix dispatched: {red_fx:?}"
+    );
+
+    // More resyncs: the red PR gets nothing new; the green PR's merge (verified by the
+    // fresh review read of the next resync, as the executor's re-read would) happens
+    // exactly once.
+    for round in 2..=3 {
+        let seen = resyncs(&s, red).await;
+        let red_before = kinds(&s, red).await;
+        s.cli_json(&["resync", "--all"]);
+        poll_until_named(WAIT, &format!("resync {round} is processed"), || async {
+            resyncs(&s, red).await > seen && resyncs(&s, green).await >= round
+        })
+        .await;
+        assert_eq!(
+            kinds(&s, red).await,
+            red_before,
+            "no new effects for the red PR"
+        );
+    }
+    let green_fx = kinds(&s, green).await;
+    assert_eq!(green_fx.get("merge"), Some(&1), "merged once: {green_fx:?}");
+    assert_eq!(kinds(&s, red).await.get("dispatch"), Some(&1));
+    let last: Option<i64> = redis::cmd("GET")
+        .arg(s.keys().last_resync())
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    assert!(last.is_some(), "the last resync time is recorded");
+    s.assert_no_duplicate_writes();
+}
+
+#[tokio::test]
+async fn workers_resync_periodically_one_at_a_time() {
+    let s = Scenario::start(&[("SHEPHERD_RESYNC_INTERVAL_SECS", "1")]).await;
+    // One webhook makes the repository known; the other PR is never announced.
+    let known = s.open_pr("alice", "Announced");
+    let d = s.send(&s.fake.pr_opened(REPO, known)).await;
+    s.wait_delivery(known, &d).await;
+    let silent = s.open_pr("bob", "Never announced");
+    let sha = s.fake.head_sha(REPO, silent);
+    s.fake
+        .set_status(REPO, &sha, "ci/test", "failure", "broken");
+    wait_phase(&s, silent, &["ci-fix"]).await;
+    let lock: Option<String> = redis::cmd("GET")
+        .arg(s.keys().resync_lock())
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(s.keys().resync_lock())
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    assert!(
+        lock.is_none() || (0..=1000).contains(&pttl),
+        "the lock expires: {pttl}"
+    );
+    let last: Option<i64> = redis::cmd("GET")
+        .arg(s.keys().last_resync())
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    assert!(last.is_some());
+}
