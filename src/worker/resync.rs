@@ -16,9 +16,6 @@ use crate::config::Config;
 use crate::forgejo::ForgejoClient;
 use crate::ops::{Ops, resync};
 
-/// Delay before the first attempt after start (lets the consumers settle first).
-const FIRST_DELAY: Duration = Duration::from_secs(1);
-
 /// Runs the periodic resync until `shutdown`; returns at once when the interval is
 /// off or Forgejo is not configured. Failures are logged, never fatal to the worker.
 pub async fn run_periodic_resync(
@@ -37,13 +34,13 @@ pub async fn run_periodic_resync(
         }
     };
     let ops = Ops::new(config.clone(), crate::ingest::connect_lazy(&config)?)?;
-    let mut wait = FIRST_DELAY;
+    // The first turn comes one interval after start: a restarted fleet does not
+    // hammer the API, and `shepherd resync --all` is there for right after an outage.
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(interval) => {}
         }
-        wait = interval;
         match take_turn(&ops, &owner, interval).await {
             Ok(false) => tracing::debug!("another worker holds the resync turn"),
             Ok(true) => run_once(&ops, &client).await,

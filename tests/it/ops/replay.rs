@@ -56,7 +56,7 @@ async fn replay_by_delivery_is_marked_in_history_and_causes_no_new_effects() {
     let original = original_entries(&s, n).await[0].clone();
 
     let report = s.cli_json(&["replay", "--delivery", &d, "--json"]);
-    assert_eq!(originals(&report), [original.clone()]);
+    assert_eq!(originals(&report), std::slice::from_ref(&original));
     assert!(report["replayed"][0]["new_id"].is_string());
     s.wait_history(n, "the replay is committed", |h| {
         h.get("replay") == Some(&original)
@@ -241,7 +241,7 @@ async fn dead_letters_are_listed_replayed_once_and_dropped() {
 
     let report = s.cli_json(&["replay", "--dead-letter", "--json"]);
     let marker = format!("dead-letter:{original}");
-    assert_eq!(originals(&report), [marker.clone()]);
+    assert_eq!(originals(&report), std::slice::from_ref(&marker));
     s.wait_history(n, "the dead letter's replay is committed", |h| {
         h.get("replay") == Some(&marker)
     })
@@ -259,9 +259,9 @@ async fn dead_letters_are_listed_replayed_once_and_dropped() {
     let one = dead_letter_of(&s, &original, "first").await;
     let two = dead_letter_of(&s, &original, "second").await;
     let retried = s.cli_json(&["dlq", "retry", &one, "--json"]);
-    assert_eq!(originals(&retried), [marker.clone()]);
+    assert_eq!(originals(&retried), std::slice::from_ref(&marker));
     let left: Vec<String> = s.entries(&dead).await.into_iter().map(|(i, _)| i).collect();
-    assert_eq!(left, [two.clone()]);
+    assert_eq!(left, std::slice::from_ref(&two));
     let dropped = s.cli_json(&["dlq", "drop", "--all", "--json"]);
     assert_eq!(dropped["dropped"], 1);
     assert!(s.entries(&dead).await.is_empty());
