@@ -1,11 +1,13 @@
 //! Policy: what the state machine does, per repository. Loaded from the TOML file named
 //! by `SHEPHERD_CONFIG`: a `[defaults]` table and `[repos."owner/name"]` (or
 //! `[repos."owner"]` for a whole organisation) override tables. Every key has a
-//! default; unknown keys are rejected with their name. `config.example.toml` at the
+//! default; unknown keys are rejected with their name. `[webhooks."owner/name"]` (or
+//! `."owner"`) tables name per-repository / per-organisation webhook secrets. `config.example.toml` at the
 //! repository root lists every key with its default (a test keeps them equal).
 
 use std::collections::BTreeMap;
 
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use super::ids::{Login, RepoName};
@@ -212,9 +214,64 @@ pub struct PolicyFile {
     /// a repository's own table wins over its organisation's.
     #[serde(default)]
     pub repos: BTreeMap<String, PolicyOverride>,
+    /// Webhook secrets of single repositories (`owner/name`) or organisations
+    /// (`owner`). Where a table applies, its secrets *replace* `SHEPHERD_WEBHOOK_SECRETS`
+    /// for that repository (a repository's own table wins over its organisation's).
+    /// The ingest reads the named environment variables at start (the core stays pure).
+    #[serde(default)]
+    pub webhooks: BTreeMap<String, WebhookSecrets>,
     /// The bot user, copied into every [`Policy`] (set with [`PolicyFile::with_bot_login`]).
     #[serde(skip)]
     pub bot_login: Option<Login>,
+}
+
+/// Where the webhook secrets of one repository or organisation come from. Several
+/// secrets (rotation) may be given; a delivery signed with any of them is accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSecrets {
+    /// Names of environment variables holding the secrets (preferred: the policy file
+    /// then holds no secret). A string or a list of strings.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub secret_env: Vec<String>,
+    /// Secrets written in the file itself (a string or a list). Discouraged; never
+    /// serialized back, never shown by `Debug`.
+    #[serde(default, deserialize_with = "one_or_many", skip_serializing)]
+    pub secret: Vec<InlineSecret>,
+}
+
+/// A secret written in the policy file: held as a [`SecretString`] from parsing on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(transparent)]
+pub struct InlineSecret(pub SecretString);
+
+impl PartialEq for InlineSecret {
+    /// Equality of configuration values (tests, reload diffs), never used to
+    /// authenticate anything.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.expose_secret() == other.0.expose_secret()
+    }
+}
+
+/// Accepts `"x"` as well as `["x", "y"]`.
+fn one_or_many<'de, D, T>(de: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    /// Either spelling.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany<T> {
+        /// A single value.
+        One(T),
+        /// A list.
+        Many(Vec<T>),
+    }
+    Ok(match OneOrMany::deserialize(de)? {
+        OneOrMany::One(v) => vec![v],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 impl PolicyFile {
@@ -225,6 +282,34 @@ impl PolicyFile {
         for key in file.repos.keys() {
             let policy = file.resolve(&key.to_lowercase());
             policy.validate(&format!("repos.\"{key}\"."))?;
+        }
+        for (key, w) in &file.webhooks {
+            let invalid = |problem: &str| PolicyError::Invalid {
+                key: format!("webhooks.\"{key}\""),
+                problem: problem.into(),
+            };
+            let parts: Vec<&str> = key.split('/').collect();
+            if parts.len() > 2 || parts.iter().any(|p| p.trim().is_empty()) {
+                return Err(invalid("must be \"owner\" or \"owner/name\""));
+            }
+            if w.secret_env.is_empty() && w.secret.is_empty() {
+                return Err(invalid("needs secret_env (or secret)"));
+            }
+            if w.secret.iter().any(|s| s.0.expose_secret().is_empty())
+                || w.secret_env.iter().any(|n| n.trim().is_empty())
+            {
+                return Err(invalid("has an empty secret or variable name"));
+            }
+            let lower = key.to_lowercase();
+            if file
+                .webhooks
+                .keys()
+                .filter(|k| k.to_lowercase() == lower)
+                .count()
+                > 1
+            {
+                return Err(invalid("is listed twice (names are case-insensitive)"));
+            }
         }
         Ok(file)
     }
@@ -318,6 +403,31 @@ mod tests {
         assert!(err.to_string().contains("merge_stlye"), "{err}");
         let err = PolicyFile::from_toml("[defualts]\n").unwrap_err();
         assert!(err.to_string().contains("defualts"), "{err}");
+    }
+
+    #[test]
+    fn webhook_secrets_by_env_or_inline() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [webhooks."acme"]
+            secret_env = "ACME_SECRET"
+            [webhooks."acme/web"]
+            secret_env = ["WEB_NEW", "WEB_OLD"]
+            secret = "inline-s3cret"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(file.webhooks["acme"].secret_env, ["ACME_SECRET"]);
+        let web = &file.webhooks["acme/web"];
+        assert_eq!(web.secret_env, ["WEB_NEW", "WEB_OLD"]);
+        assert_eq!(web.secret[0].0.expose_secret(), "inline-s3cret");
+        assert!(!format!("{file:?}").contains("inline-s3cret"));
+        let err = PolicyFile::from_toml("[webhooks.\"a/b\"]\nsecrets = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("secrets"), "{err}");
+        let err = PolicyFile::from_toml("[webhooks.\"a/b\"]\n").unwrap_err();
+        assert!(err.to_string().contains("webhooks.\"a/b\""), "{err}");
+        let err = PolicyFile::from_toml("[webhooks.\"a/b/c\"]\nsecret_env = \"X\"\n").unwrap_err();
+        assert!(err.to_string().contains("owner/name"), "{err}");
     }
 
     #[test]

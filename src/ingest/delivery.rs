@@ -63,9 +63,22 @@ impl Delivery {
         get: impl Fn(&str) -> Option<&'a [u8]>,
         received_ms: i64,
     ) -> Result<Self, DeliveryError> {
+        let repo = repository_of(verified.payload());
+        Self::classify_probed(verified, get, received_ms, repo)
+    }
+
+    /// Like [`Delivery::classify`], with the result of [`repository_of`] already
+    /// computed over these same bytes (the ingest probes before verifying, to pick
+    /// the secrets).
+    pub fn classify_probed<'a>(
+        verified: Verified,
+        get: impl Fn(&str) -> Option<&'a [u8]>,
+        received_ms: i64,
+        repo: Result<String, DeliveryError>,
+    ) -> Result<Self, DeliveryError> {
         let event = first_header(&get, &EVENT_HEADERS, MAX_EVENT_LEN)?;
         let id = first_header(&get, &DELIVERY_HEADERS, MAX_DELIVERY_LEN)?;
-        let repo = repository_of(verified.payload())?;
+        let repo = repo?;
         Ok(Self {
             verified,
             id,
@@ -159,19 +172,85 @@ struct RepoProbe<'a> {
     full_name: Option<Cow<'a, str>>,
 }
 
+/// Deepest accepted nesting of JSON arrays and objects. Forgejo's payloads stay under
+/// 10; serde_json refuses 128 when it builds values, but skips ignored fields to any
+/// depth, so the probe checks it itself (a payload the core could not parse later must
+/// not be queued).
+pub const MAX_NESTING: usize = 128;
+
+/// Whether `[`/`{` nest deeper than `limit` anywhere in `json` (brackets inside strings
+/// do not count). One pass, no allocation; meant for input that may not be JSON at all.
+pub fn nesting_exceeds(json: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                (false, _) => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Checks that the payload is one JSON object and returns its repository full name
 /// (`""` when it has none). One pass over the bytes, no tree built.
-fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
+///
+/// Also run on the *unverified* payload, only to pick the candidate webhook secrets of
+/// a repository or organisation (`[webhooks]` in the policy file); the name is trusted
+/// only once the signature under one of those secrets matched. A payload naming two
+/// different repositories (top-level `repository` and `run.repository`) is refused:
+/// the secret must be chosen by the same name the event is later routed by.
+pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
     if payload.trim_ascii_start().first() != Some(&b'{') {
         return Err(DeliveryError::NotJson("expected an object".into()));
     }
+    // serde_json does not check UTF-8 inside the strings it skips; JSON is UTF-8
+    // (RFC 8259), and the core parses every field later.
+    if let Err(e) = std::str::from_utf8(payload) {
+        return Err(DeliveryError::NotJson(format!(
+            "not UTF-8 (byte {})",
+            e.valid_up_to()
+        )));
+    }
+    if nesting_exceeds(payload, MAX_NESTING) {
+        return Err(DeliveryError::NotJson(format!(
+            "nested deeper than {MAX_NESTING} levels"
+        )));
+    }
     let probe: Probe<'_> =
         serde_json::from_slice(payload).map_err(|e| DeliveryError::NotJson(e.to_string()))?;
-    let repo = probe
-        .repository
-        .or_else(|| probe.run.and_then(|r| r.repository))
-        .and_then(|r| r.full_name)
-        .unwrap_or_default();
+    let top = probe.repository.and_then(|r| r.full_name);
+    let run = probe
+        .run
+        .and_then(|r| r.repository)
+        .and_then(|r| r.full_name);
+    let repo = match (top, run) {
+        (Some(a), Some(b)) if !a.eq_ignore_ascii_case(&b) => {
+            return Err(DeliveryError::NotJson(
+                "repository and run.repository disagree".into(),
+            ));
+        }
+        (Some(a), _) => a,
+        (None, Some(b)) => b,
+        (None, None) => Cow::Borrowed(""),
+    };
     Ok(repo.into_owned())
 }
 
@@ -196,6 +275,48 @@ mod tests {
         ));
         assert!(matches!(
             repository_of(br#"{"a":"#),
+            Err(DeliveryError::NotJson(_))
+        ));
+        // The secret is picked by the same name the event is routed by.
+        assert!(matches!(
+            repository_of(
+                br#"{"repository":{"full_name":"o/b"},"run":{"repository":{"full_name":"o/a"}}}"#
+            ),
+            Err(DeliveryError::NotJson(_))
+        ));
+        assert_eq!(
+            repository_of(
+                br#"{"repository":{"full_name":"O/A"},"run":{"repository":{"full_name":"o/a"}}}"#
+            ),
+            Ok("O/A".into())
+        );
+        // Two `repository` keys cannot smuggle a second name past the probe.
+        assert!(matches!(
+            repository_of(
+                br#"{"repository":{"full_name":"o/b"},"repository":{"full_name":"o/a"}}"#
+            ),
+            Err(DeliveryError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_even_in_ignored_fields() {
+        let deep = |n: usize| format!("{{\"x\":{}{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(repository_of(deep(MAX_NESTING - 1).as_bytes()).is_ok());
+        assert!(matches!(
+            repository_of(deep(MAX_NESTING).as_bytes()),
+            Err(DeliveryError::NotJson(_))
+        ));
+        assert!(matches!(
+            repository_of(deep(100_000).as_bytes()),
+            Err(DeliveryError::NotJson(_))
+        ));
+        // Brackets inside strings, escaped quotes included, are text.
+        let text = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));
+        assert_eq!(repository_of(text.as_bytes()), Ok(String::new()));
+        assert!(!nesting_exceeds(b"]]]]}}}{", 1));
+        assert!(matches!(
+            repository_of(b"{\"x\":\"\xff\"}"),
             Err(DeliveryError::NotJson(_))
         ));
     }

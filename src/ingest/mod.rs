@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod delivery;
+pub mod secrets;
 pub mod signature;
 pub mod status_page;
 pub mod webhook;
@@ -30,6 +31,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use delivery::Delivery;
+pub use secrets::WebhookSecrets;
 pub use signature::Verified;
 
 use crate::config::Config;
@@ -43,6 +45,15 @@ pub const MAX_IN_FLIGHT: usize = 512;
 /// Seconds the server waits for in-flight requests after shutdown is requested.
 const SHUTDOWN_GRACE_SECS: u64 = 10;
 
+/// Longest time a client may take to send the request line and headers (then 408 and
+/// the connection is closed). Forgejo sends everything at once; only a slow-loris
+/// client needs more.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest time a client may take to send a webhook body (then 408; see
+/// `webhook::read_body`). Well inside Forgejo's own 5 s delivery timeout.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// State shared by every handler of the HTTP app.
 pub struct AppState {
     /// Validated configuration.
@@ -55,6 +66,8 @@ pub struct AppState {
     pub keys: Keys,
     /// Dedup+append of verified deliveries.
     pub enqueuer: Enqueuer,
+    /// Secrets that may sign a delivery, per repository (global and `[webhooks]`).
+    pub webhook_secrets: WebhookSecrets,
     /// Bound on deliveries waiting on Redis ([`MAX_IN_FLIGHT`]).
     pub in_flight: Semaphore,
 }
@@ -62,7 +75,13 @@ pub struct AppState {
 impl AppState {
     /// Builds the state. The Redis connection is made lazily (and re-made after
     /// failures), so the server starts and answers 503 while Redis is away.
+    /// Fails when no webhook secret is configured at all, or when the policy file
+    /// names an unset `secret_env` variable.
     pub fn new(config: Arc<Config>, metrics: Metrics) -> anyhow::Result<Self> {
+        let policy = crate::worker::load_policy(&config)?;
+        let webhook_secrets = WebhookSecrets::resolve(&config.webhook_secrets, &policy, |name| {
+            std::env::var(name).ok()
+        })?;
         let redis = connect_lazy(&config)?;
         let keys = Keys::new(config.key_prefix.clone(), config.shards);
         let enqueuer = Enqueuer::new(keys.clone(), config.retention, config.redis_timeout);
@@ -72,6 +91,7 @@ impl AppState {
             redis,
             keys,
             enqueuer,
+            webhook_secrets,
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
         })
     }
@@ -102,11 +122,24 @@ pub fn connect_lazy(config: &Config) -> anyhow::Result<ConnectionManager> {
 
 /// Mounts the ingest routes on an app or scope.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/webhooks/forgejo", web::post().to(webhook::receive))
-        .route("/webhooks/gitea", web::post().to(webhook::receive))
-        .route("/healthz", web::get().to(healthz))
+    for path in ["/webhooks/forgejo", "/webhooks/gitea"] {
+        // A resource (not `cfg.route`) so that other methods get 405, not 404.
+        cfg.service(
+            web::resource(path)
+                .route(web::post().to(webhook::receive))
+                .default_service(web::to(post_only)),
+        );
+    }
+    cfg.route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics));
+}
+
+/// Any method but POST on a webhook path: 405 with `Allow: POST`.
+async fn post_only() -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((actix_web::http::header::ALLOW, "POST"))
+        .finish()
 }
 
 /// `GET /healthz`: the process is up.
@@ -138,7 +171,7 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 
 /// `shepherd serve`: the ingest server alone.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    config.require_webhook_secrets()?;
+    // AppState::new refuses to start without any webhook secret (global or scoped).
     let state = AppState::new(Arc::new(config), Metrics::new())?;
     // The results API (agents report work results), the admin API and the status
     // page live on the same server.
@@ -184,6 +217,8 @@ where
             .configure(extra)
     })
     .disable_signals()
+    .client_request_timeout(HEAD_TIMEOUT)
+    .client_disconnect_timeout(Duration::from_secs(1))
     .shutdown_timeout(SHUTDOWN_GRACE_SECS)
     .bind(listen)
     .with_context(|| format!("cannot listen on {listen} (SHEPHERD_LISTEN)"))?

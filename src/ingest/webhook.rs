@@ -13,10 +13,14 @@ use futures_util::StreamExt;
 use serde_json::json;
 use tracing::instrument;
 
-use crate::ingest::delivery::{Delivery, DeliveryError, EVENT_HEADERS};
+use crate::ingest::delivery::{self, Delivery, DeliveryError, EVENT_HEADERS};
 use crate::ingest::signature::{self, SignatureError};
-use crate::ingest::{AppState, WorkerRedis};
+use crate::ingest::{AppState, BODY_TIMEOUT, WorkerRedis};
 use crate::store::enqueue::{Enqueued, StoreError};
+
+/// Most bytes of header names and values a webhook request may carry (431 beyond).
+/// Forgejo sends about 1 KiB, a configured `Authorization` header included.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
 /// `Retry-After` seconds sent with a 503.
 const RETRY_AFTER_SECS: u32 = 5;
@@ -67,6 +71,15 @@ pub enum IngestError {
     /// The body could not be read from the connection → 400.
     #[error("cannot read the request body")]
     BodyRead,
+    /// The body did not arrive within [`BODY_TIMEOUT`] (a slow or stalled sender) → 408.
+    #[error("request body not received in time")]
+    BodyTimeout,
+    /// The request's headers add up to more than [`MAX_HEADER_BYTES`] → 431.
+    #[error("request headers too large")]
+    HeadersTooLarge,
+    /// A content type Forgejo never sends (only JSON and form are accepted) → 415.
+    #[error("unsupported content type (use application/json or application/x-www-form-urlencoded)")]
+    UnsupportedMediaType,
     /// Missing, empty or wrong signature → 401.
     #[error("{0}")]
     Signature(#[from] SignatureError),
@@ -86,7 +99,11 @@ impl IngestError {
     fn outcome(&self) -> &'static str {
         match self {
             Self::TooLarge(_) => "too_large",
-            Self::BodyRead | Self::Malformed(_) => "bad_request",
+            Self::BodyRead
+            | Self::BodyTimeout
+            | Self::HeadersTooLarge
+            | Self::UnsupportedMediaType
+            | Self::Malformed(_) => "bad_request",
             Self::Signature(_) => "bad_signature",
             Self::Unavailable(_) | Self::Overloaded => "unavailable",
         }
@@ -98,6 +115,9 @@ impl ResponseError for IngestError {
         match self {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyRead | Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::Unavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -190,15 +210,30 @@ async fn ingest(
     body: web::Payload,
 ) -> Result<Accepted, IngestError> {
     let limit = state.config.max_body_bytes;
-    let body = read_body(req, body, limit).await?;
     let headers = req.headers();
+    // actix bounds a request head at 128 KiB; Forgejo's headers are about 1 KiB.
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Err(IngestError::HeadersTooLarge);
+    }
+    let form = body_is_form(headers)?;
+    let body = tokio::time::timeout(BODY_TIMEOUT, read_body(req, body, limit))
+        .await
+        .map_err(|_| IngestError::BodyTimeout)??;
     let get = |name: &str| headers.get(name).map(|v| v.as_bytes());
-    let form = signature::is_form(header_str(headers, "content-type"));
     let tag = signature::signature_from_headers(get)?;
     let signed = signature::signed_bytes(body, form);
-    let verified = signature::verify(signed, &tag, &state.config.webhook_secrets)?;
+    // Unverified: this name only picks which secrets may have signed the payload.
+    let claimed = delivery::repository_of(&signed);
+    let secrets = state
+        .webhook_secrets
+        .candidates(claimed.as_deref().unwrap_or_default());
+    let verified = signature::verify(signed, &tag, secrets)?;
     let received_ms = chrono::Utc::now().timestamp_millis();
-    let delivery = Delivery::classify(verified, get, received_ms)?;
+    let delivery = Delivery::classify_probed(verified, get, received_ms, claimed)?;
     let span = tracing::Span::current();
     span.record("delivery", delivery.id());
     span.record("event", delivery.event());
@@ -274,6 +309,27 @@ async fn read_body(
         }
     }
     Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
+/// Whether the body is a form (`payload=<json>`) rather than raw JSON. A missing
+/// content type counts as JSON; anything but JSON or form is refused before the body
+/// is read (Forgejo sends only those two).
+fn body_is_form(headers: &HeaderMap) -> Result<bool, IngestError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(false);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| IngestError::UnsupportedMediaType)?;
+    if signature::is_form(Some(value)) {
+        return Ok(true);
+    }
+    let media = value.split(';').next().unwrap_or_default().trim();
+    if media.eq_ignore_ascii_case("application/json") {
+        Ok(false)
+    } else {
+        Err(IngestError::UnsupportedMediaType)
+    }
 }
 
 /// A header as UTF-8 text, when present and valid.

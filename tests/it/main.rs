@@ -4,6 +4,7 @@
 mod deploy;
 mod fake_forgejo;
 mod forgejo_client;
+mod hostile;
 mod ingest;
 mod ops;
 mod scenarios;

@@ -35,6 +35,8 @@ pub struct Builder {
     redis_url: String,
     /// Key prefix shared with other instances (default: a fresh one).
     prefix: Option<String>,
+    /// File receiving the process's stderr (default: inherited).
+    stderr: Option<std::fs::File>,
 }
 
 impl Builder {
@@ -58,6 +60,12 @@ impl Builder {
     /// `serve` process queues).
     pub fn prefix(mut self, prefix: &str) -> Self {
         self.prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// Sends the process's stderr (its logs) to `file` instead of the test's.
+    pub fn stderr_to(mut self, file: std::fs::File) -> Self {
+        self.stderr = Some(file);
         self
     }
 
@@ -88,7 +96,7 @@ impl Builder {
         }
         let child = cmd
             .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
+            .stderr(self.stderr.map_or_else(Stdio::inherit, Stdio::from))
             .spawn()
             .expect("spawn the shepherd binary");
         let mut shepherd = Shepherd {
@@ -109,6 +117,7 @@ impl Shepherd {
             env: Vec::new(),
             redis_url: redis.url(),
             prefix: None,
+            stderr: None,
         }
     }
 
@@ -120,6 +129,7 @@ impl Shepherd {
             env: Vec::new(),
             redis_url: url.to_owned(),
             prefix: None,
+            stderr: None,
         }
     }
 
