@@ -8,5 +8,6 @@ mod hostile;
 mod ingest;
 mod ops;
 mod scenarios;
+mod security;
 mod support;
 mod worker;
