@@ -9,5 +9,6 @@ mod ingest;
 mod ops;
 mod scenarios;
 mod security;
+mod status_page;
 mod support;
 mod worker;
