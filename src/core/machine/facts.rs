@@ -43,10 +43,10 @@ pub(crate) fn apply(
                 action,
                 PrAction::Opened | PrAction::Reopened | PrAction::Synchronized
             );
-            pr_webhook(r, pr, now, policy, human, human || code, fx)
+            pr_webhook(r, pr, now, policy, human, code, fx)
         }
         Event::Review { pr, .. } => {
-            let mine = pr_webhook(r, pr, now, policy, human, human, fx);
+            let mine = pr_webhook(r, pr, now, policy, human, false, fx);
             if mine {
                 fx.push(EffectKind::Observe(ObserveWhat::Reviews));
             }
@@ -120,21 +120,22 @@ pub(crate) fn apply(
     }
 }
 
-/// A PR or review webhook: its snapshot, and activity when `active`.
+/// A PR or review webhook: its snapshot, and activity (any human event; new code
+/// (`code`: opened, reopened, synchronized) from anyone).
 fn pr_webhook(
     r: &mut PrRecord,
     pr: &PrSnapshot,
     now: i64,
     policy: &Policy,
     human: bool,
-    active: bool,
+    code: bool,
     fx: &mut Fx,
 ) -> bool {
     if !is_this(r, &pr.repo, pr.number) {
         return false;
     }
-    apply_snapshot(r, pr, now, policy, human, fx);
-    if active {
+    apply_snapshot(r, pr, now, policy, human, code, fx);
+    if human || code {
         touch(r, or_now(pr.updated_ms, now), policy, fx);
     }
     true
@@ -247,7 +248,7 @@ fn observed(
     if !is_this(r, &pr.repo, pr.number) {
         return false;
     }
-    apply_snapshot(r, pr, now, policy, true, fx);
+    apply_snapshot(r, pr, now, policy, true, true, fx);
     first_sight(r, pr, now, policy, fx);
     if let Some((contexts, reviews, at_ms)) = resync {
         if let Some(head) = &pr.head_sha {
@@ -348,12 +349,17 @@ pub(crate) fn apply_snapshot(
     now: i64,
     policy: &Policy,
     human: bool,
+    head_source: bool,
     fx: &mut Fx,
 ) {
-    if r.pr
-        .as_ref()
-        .is_some_and(|cur| snap.updated_ms < cur.updated_ms)
-    {
+    // Forgejo's `updated_at` has second resolution: at a tie, only a source that
+    // speaks for the head (a sync, an opened/reopened payload, an API read) may change
+    // it; an equally old label or edit payload may predate the push.
+    let older = r.pr.as_ref().is_some_and(|cur| {
+        snap.updated_ms < cur.updated_ms
+            || (snap.updated_ms == cur.updated_ms && !head_source && snap.head_sha != cur.head_sha)
+    });
+    if older {
         return;
     }
     let head_changed =

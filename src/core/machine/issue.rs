@@ -32,6 +32,21 @@ pub enum IssuePhase {
     Paused,
 }
 
+impl IssuePhase {
+    /// The phase's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IssuePhase::Idle => "idle",
+            IssuePhase::Implementing => "implementing",
+            IssuePhase::AwaitingPr => "awaiting-pr",
+            IssuePhase::Done => "done",
+            IssuePhase::Closed => "closed",
+            IssuePhase::NeedsHuman => "needs-human",
+            IssuePhase::Paused => "paused",
+        }
+    }
+}
+
 /// Where an issue stands and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IssueDecision {
@@ -175,7 +190,7 @@ pub fn step_issue(
     r.version = record.version + 1;
     let d = decide_issue(&r, policy);
     let effects = fx.finish(&r.repo, Scope::Issue, r.number, r.version, policy);
-    let note = super::note(event, &format!("{:?}", d.phase), &d.reason, &effects);
+    let note = super::note(event, d.phase.as_str(), &d.reason, &effects);
     IssueTransition {
         record: r,
         effects,

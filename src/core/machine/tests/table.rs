@@ -1074,3 +1074,29 @@ fn reopening_resumes_the_machine() {
         ])
     );
 }
+
+#[test]
+fn a_label_payload_of_the_same_second_does_not_undo_a_push() {
+    let mut h = H::opened();
+    h.step(pr_event(
+        PrAction::Synchronized,
+        PrSnapshot {
+            mergeable: None,
+            ..snap('b', T0 + 1000)
+        },
+        "alice",
+    ));
+    let late = pr_event(PrAction::Labeled, snap('a', T0 + 1000), "alice");
+    assert_eq!(
+        step(&h.r, &late, h.now, &h.p).record.head_sha(),
+        Some(&sha('b'))
+    );
+    // An API read of the same second is authoritative.
+    let read = Event::ObservedPr {
+        pr: snap('c', T0 + 1000),
+    };
+    assert_eq!(
+        step(&h.r, &read, h.now, &h.p).record.head_sha(),
+        Some(&sha('c'))
+    );
+}
