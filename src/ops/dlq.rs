@@ -97,6 +97,7 @@ impl DeadLetter {
 }
 
 /// Every dead letter of every shard, oldest first per shard.
+#[instrument(skip_all)]
 pub async fn list(ops: &Ops) -> Result<Vec<DeadLetter>, OpsError> {
     Ok(all(ops)
         .await?
@@ -106,6 +107,7 @@ pub async fn list(ops: &Ops) -> Result<Vec<DeadLetter>, OpsError> {
 }
 
 /// One dead letter in full.
+#[instrument(skip_all, fields(id))]
 pub async fn show(ops: &Ops, id: &str) -> Result<DeadLetter, OpsError> {
     let (shard, e) = find(ops, id).await?;
     Ok(DeadLetter::of(shard, &e, true))
@@ -134,6 +136,7 @@ pub async fn drop_entries(ops: &Ops, id: Option<&str>) -> Result<u64, OpsError> 
 
 /// `replay --dead-letter [ID]` and `dlq retry`: re-queue dead letters (all when the id
 /// is empty) onto their streams and delete them; with `dry_run`, step them in memory.
+#[instrument(skip_all, fields(dry_run = req.dry_run))]
 pub async fn replay_dead_letters(
     ops: &Ops,
     req: &ReplayRequest,

@@ -94,6 +94,7 @@ pub async fn inspect(ops: &Ops, target: &str) -> Result<InspectReport, OpsError>
 }
 
 /// One PR in depth.
+#[tracing::instrument(skip_all, fields(repo = %t.repo, pr = t.number))]
 pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError> {
     let repo = t.repo.as_str();
     let key = ops.keys.pr_record(repo, t.number);
@@ -244,7 +245,12 @@ fn render_pr(i: &Inspection, now: i64) -> String {
             serde_json::to_string(h).unwrap_or_default()
         );
     }
-    out += "ci\n";
+    out + &render_lists(i)
+}
+
+/// The list sections of [`render_pr`]: CI, reviews, attempts, effects, timers, history.
+fn render_lists(i: &Inspection) -> String {
+    let mut out = String::from("ci\n");
     for c in &i.ci {
         out += &format!("  {:?}  {}  {}\n", c.state, c.context, c.description);
     }

@@ -61,6 +61,7 @@ pub struct RepoResync {
 }
 
 /// Resyncs the repositories `req` names.
+#[instrument(skip_all, fields(repo = req.repo.as_deref().unwrap_or(""), all = req.all))]
 pub async fn resync(ops: &Ops, req: &ResyncRequest) -> Result<ResyncReport, OpsError> {
     let client = ForgejoClient::from_config(&ops.config, None)
         .map_err(|e| OpsError::Unavailable(format!("resync needs the Forgejo API: {e:#}")))?;

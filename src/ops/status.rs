@@ -220,6 +220,7 @@ pub async fn queue(
 }
 
 /// Everything the status page shows.
+#[tracing::instrument(skip_all)]
 pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     let mut conn = ops.conn();
     let now = now_ms();
@@ -243,16 +244,8 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
         .query_async(&mut conn)
         .await?;
     out.last_resync_ms = last.and_then(|l| l.parse().ok());
-    let mut repos: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ops.keys.repos())
-        .query_async(&mut conn)
-        .await?;
-    repos.sort();
-    repos.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
-    for repo in repos {
-        if let Ok(repo) = repo.parse::<RepoName>() {
-            out.prs.extend(repo_prs(ops, &repo).await?);
-        }
+    for repo in super::resync::known_repos(ops).await? {
+        out.prs.extend(repo_prs(ops, &repo).await?);
     }
     Ok(out)
 }

@@ -100,6 +100,15 @@ async fn admin_api_answers_401_403_and_200() {
     assert_eq!(call(&s, &missing, Some(ADMIN)).await.0, 404);
     let no_dl = (Method::GET, "/api/v1/admin/dlq/1-0".to_owned(), None);
     assert_eq!(call(&s, &no_dl, Some(ADMIN)).await.0, 404);
+    let both = (
+        Method::POST,
+        "/api/v1/admin/dlq/drop".to_owned(),
+        Some(json!({"id": "1-0", "all": true})),
+    );
+    assert_eq!(call(&s, &both, Some(ADMIN)).await.0, 400);
+    let (_, status) = call(&s, &routes(n)[0], Some(ADMIN)).await;
+    assert_eq!(status["prs"][0]["number"], n);
+    assert_eq!(status["dead_letters"], 0);
 
     // The status page: header or ?token=.
     let page = |q: &str| s.http.get(s.app.url(&format!("/{q}"))).send();
