@@ -2,8 +2,10 @@
 //! the real `shepherd run` binary, a real redis-server and the fake Forgejo. Every
 //! Forgejo write and every dispatch is asserted, including that nothing happened twice.
 
+mod dispatch;
 mod faults;
 mod merge;
+mod store;
 mod work;
 
 use crate::support::fake_forgejo::{Call, FakeForgejo};

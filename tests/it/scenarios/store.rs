@@ -1,0 +1,166 @@
+//! The executor's store scripts on a real Redis: finishing an effect queues its events
+//! once, a parked retry comes back with its bookkeeping, a dispatch is appended once per
+//! effect id, and the merge lock is exclusive and released only by its holder.
+
+use std::time::Duration;
+
+use shepherd::core::event::Event;
+use shepherd::store::effects::{self, InternalEvent};
+use shepherd::store::keys::EXECUTORS_GROUP;
+use shepherd::store::{Keys, Store, streams};
+
+use crate::support::redis::{RedisServer, stream_entries};
+
+async fn store(redis: &RedisServer) -> Store {
+    Store::connect(&redis.url(), Keys::new("fx", 1))
+        .await
+        .expect("connect")
+}
+
+/// Adds an effects-stream entry and delivers it to the `executors` group.
+async fn delivered(store: &Store, fields: &[(&str, &str)]) -> String {
+    let keys = store.keys();
+    let mut conn = store.conn();
+    streams::ensure_group(&mut conn, &keys.effects(0), EXECUTORS_GROUP)
+        .await
+        .unwrap();
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(keys.effects(0)).arg("*");
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    let _: String = cmd.query_async(&mut conn).await.unwrap();
+    let read = streams::read_group(
+        &mut conn,
+        &keys.effects(0),
+        EXECUTORS_GROUP,
+        "c1",
+        ">",
+        10,
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+    read.last().expect("delivered").id.clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scenario_store_finish_park_dispatch_and_lock() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let keys = store.keys().clone();
+    let mut conn = store.conn();
+    let mut check = redis.conn().await;
+
+    // Finish: events queued once, even when a reclaimed copy finishes too.
+    let event = Event::WorkResult {
+        work_id: "o:r:pr:1:1".parse().unwrap(),
+        outcome: shepherd::core::event::WorkOutcome::Failed,
+        signature: None,
+        summary: None,
+    };
+    let internal = [InternalEvent::new("o/r/pr/1@2.0", 0, "o/r", &event, 42)];
+    let first = delivered(&store, &[("id", "o/r/pr/1@2.0")]).await;
+    let again = delivered(&store, &[("id", "o/r/pr/1@2.0")]).await;
+    let ttl = Duration::from_secs(60);
+    assert!(
+        effects::finish(&mut conn, &keys, 0, &first, "o/r/pr/1@2.0", &internal, ttl)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !effects::finish(&mut conn, &keys, 0, &again, "o/r/pr/1@2.0", &internal, ttl)
+            .await
+            .unwrap()
+    );
+    assert!(
+        effects::is_done(&mut conn, &keys, 0, "o/r/pr/1@2.0")
+            .await
+            .unwrap()
+    );
+    let events = stream_entries(&mut check, &keys.events(0)).await;
+    assert_eq!(events.len(), 1);
+    let (_, f) = &events[0];
+    assert_eq!(f["kind"], "internal");
+    assert_eq!(f["delivery"], "effect:o/r/pr/1@2.0:0");
+    assert_eq!(f["received"], "42");
+    assert_eq!(serde_json::from_str::<Event>(&f["body"]).unwrap(), event);
+    assert_eq!(
+        streams::pending_count(&mut conn, &keys.effects(0), EXECUTORS_GROUP)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // Park and pop: acked now, back on the stream when due, with its bookkeeping.
+    let entry = delivered(&store, &[("id", "x@1.0"), ("kind", "comment")]).await;
+    let fields = vec![
+        ("id".to_owned(), "x@1.0".to_owned()),
+        ("kind".to_owned(), "comment".to_owned()),
+        ("attempt".to_owned(), "1".to_owned()),
+        ("first_try".to_owned(), "7".to_owned()),
+    ];
+    effects::park_for_retry(&mut conn, &keys, 0, &entry, &fields, 1_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        streams::pending_count(&mut conn, &keys.effects(0), EXECUTORS_GROUP)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        effects::pop_due_retries(&mut conn, &keys, 0, 999, 10)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        effects::pop_due_retries(&mut conn, &keys, 0, 1_000, 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(effects::retry_count(&mut conn, &keys, 0).await.unwrap(), 0);
+    let back = stream_entries(&mut check, &keys.effects(0)).await;
+    let (_, last) = back.last().unwrap();
+    assert_eq!(
+        (last["attempt"].as_str(), last["first_try"].as_str()),
+        ("1", "7")
+    );
+
+    // Dispatch: once per effect id.
+    let first = effects::append_dispatch(&mut conn, &keys, "e@1.0", "work", "{}", ttl)
+        .await
+        .unwrap();
+    let again = effects::append_dispatch(&mut conn, &keys, "e@1.0", "work", "{}", ttl)
+        .await
+        .unwrap();
+    assert!(first.is_some() && again.is_none());
+    assert_eq!(stream_entries(&mut check, &keys.dispatch()).await.len(), 1);
+
+    // Merge lock: exclusive; only the holder releases it.
+    let lock = keys.merge_lock("o/r", "main");
+    assert!(
+        effects::lock_merge(&mut conn, &lock, "a", ttl)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !effects::lock_merge(&mut conn, &lock, "b", ttl)
+            .await
+            .unwrap()
+    );
+    effects::unlock_merge(&mut conn, &lock, "b").await.unwrap();
+    assert!(
+        !effects::lock_merge(&mut conn, &lock, "b", ttl)
+            .await
+            .unwrap()
+    );
+    effects::unlock_merge(&mut conn, &lock, "a").await.unwrap();
+    assert!(
+        effects::lock_merge(&mut conn, &lock, "b", ttl)
+            .await
+            .unwrap()
+    );
+}
