@@ -89,7 +89,7 @@ impl Executor {
                 Ok(Vec::new())
             }
             EffectKind::UpsertComment { body } => {
-                self.upsert_status(repo, n, body).await?;
+                self.upsert_status(effect, body).await?;
                 Ok(Vec::new())
             }
             EffectKind::Comment { number, body } => {
@@ -140,10 +140,33 @@ impl Executor {
     }
 
     /// Edits the sticky status comment in place, or creates it when there is none.
-    async fn upsert_status(&self, repo: &str, n: u64, body: &str) -> Result<(), ForgejoError> {
+    /// The comment carries the effect id that wrote it, so an older effect (a
+    /// redelivery reclaimed after newer ones ran) never puts back a stale status.
+    async fn upsert_status(&self, effect: &Effect, body: &str) -> Result<(), ForgejoError> {
+        let (repo, n) = (effect.repo.as_str(), effect.number);
         let bot = self.ctx.config.bot_login.as_deref();
+        let existing = self
+            .forgejo
+            .find_comment_with_marker(repo, n, texts::STATE_MARKER, bot)
+            .await?;
+        let stamped = stamp(body, &effect.id);
+        let Some(existing) = existing else {
+            return self
+                .forgejo
+                .create_comment(repo, n, &stamped)
+                .await
+                .map(drop);
+        };
+        let written_by = texts::find_effect_marker(&existing.body).and_then(effect_order);
+        if written_by.is_some_and(|w| Some(w) > effect_order(effect.id.as_str())) {
+            tracing::info!("the status comment is newer than this effect; left alone");
+            return Ok(());
+        }
+        if existing.body == stamped || unstamp(&existing.body) == body {
+            return Ok(());
+        }
         self.forgejo
-            .upsert_comment(repo, n, texts::STATE_MARKER, body, bot)
+            .edit_comment(repo, existing.id, &stamped)
             .await
             .map(drop)
     }
@@ -231,4 +254,56 @@ impl Executor {
 pub(super) fn read_time(queued_ms: u64) -> i64 {
     let now = crate::store::streams::now_ms().max(queued_ms + 1);
     i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+/// The status body with the hidden marker of the effect writing it, right after the
+/// state block (the footer stays last).
+fn stamp(body: &str, id: &crate::core::ids::EffectId) -> String {
+    let marker = texts::effect_marker(id);
+    let end = body.find(texts::STATE_MARKER).and_then(|start| {
+        body[start..]
+            .find(" -->")
+            .map(|len| start + len + " -->".len())
+    });
+    match end {
+        Some(at) => format!("{}\n{marker}{}", &body[..at], &body[at..]),
+        None => format!("{body}\n{marker}"),
+    }
+}
+
+/// A stamped status body without its effect marker line.
+fn unstamp(body: &str) -> String {
+    match texts::find_effect_marker(body) {
+        Some(id) => {
+            let marker = format!("\n{}{id} -->", texts::EFFECT_MARKER);
+            body.replacen(&marker, "", 1)
+        }
+        None => body.to_owned(),
+    }
+}
+
+/// The (record version, index) of an effect id `…@<version>.<index>`: orders the
+/// effects of one record.
+fn effect_order(id: &str) -> Option<(u64, u64)> {
+    let (_, tail) = id.rsplit_once('@')?;
+    let (version, index) = tail.split_once('.')?;
+    Some((version.parse().ok()?, index.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_stamps_round_trip_and_order() {
+        let id: crate::core::ids::EffectId = "o/r/pr/3@12.1".parse().unwrap();
+        let body = "**Shepherd status:** x\n\n<!-- SHEPHERD-STATE: {\"a\":1} -->\n---\nfooter";
+        let stamped = stamp(body, &id);
+        assert!(stamped.ends_with("---\nfooter"), "{stamped}");
+        assert_eq!(texts::find_effect_marker(&stamped), Some("o/r/pr/3@12.1"));
+        assert_eq!(unstamp(&stamped), body);
+        assert_eq!(effect_order("o/r/pr/3@12.1"), Some((12, 1)));
+        assert!(effect_order("o/r/pr/3@9.4") < effect_order("o/r/pr/3@12.0"));
+        assert_eq!(effect_order("nonsense"), None);
+    }
 }

@@ -24,7 +24,8 @@ async fn open_green_bot_pr(s: &Scenario) -> (u64, u64) {
 
 /// (7.3) Every effect redelivered as if its executor had died after the Forgejo call
 /// and before the done marker: the comments are found by their markers, the merge is
-/// not attempted again (the re-read shows it merged), and Forgejo ends up unchanged.
+/// not attempted again (the re-read shows it merged), older status updates do not
+/// overwrite the newer status comment, and Forgejo ends up unchanged.
 #[tokio::test(flavor = "multi_thread")]
 async fn executor_crash_before_done_marker_repeats_nothing() {
     let s = Scenario::start("").await;
@@ -39,7 +40,20 @@ async fn executor_crash_before_done_marker_repeats_nothing() {
     })
     .await;
     s.wait_idle().await;
-    let comments_before = (fake.comments_on(REPO, n), fake.comments_on(REPO, issue));
+    let texts = |f: &crate::support::fake_forgejo::FakeForgejo| {
+        [n, issue].map(|k| {
+            f.comments_on(REPO, k)
+                .into_iter()
+                .map(|c| (c.id, c.body))
+                .collect::<Vec<_>>()
+        })
+    };
+    let comments_before = texts(fake);
+    let edits = |f: &crate::support::fake_forgejo::FakeForgejo| {
+        f.calls("PATCH", &format!("/repos/{REPO}/issues/comments/*"))
+            .len()
+    };
+    let edits_before = edits(fake);
     let labels_before = fake.labels_on(REPO, n);
     let posts = |f: &crate::support::fake_forgejo::FakeForgejo| {
         f.calls("POST", &format!("/repos/{REPO}/issues/*/comments"))
@@ -78,9 +92,11 @@ async fn executor_crash_before_done_marker_repeats_nothing() {
         "no second merge call"
     );
     assert_eq!(fake.merges().len(), 1);
+    assert_eq!(texts(fake), comments_before);
     assert_eq!(
-        (fake.comments_on(REPO, n), fake.comments_on(REPO, issue)),
-        comments_before
+        edits(fake),
+        edits_before,
+        "older status effects never edit a newer status"
     );
     assert_eq!(fake.labels_on(REPO, n), labels_before);
     s.assert_no_duplicate_comments(REPO, n);
