@@ -1,74 +1,123 @@
 //! Horizontal scale (issue 4): one `shepherd serve` and three `shepherd work`
-//! processes of the real binary; 2,000 signed deliveries over 200 PRs; one worker is
+//! processes of the real binary (consumers, executors, timers) against the fake
+//! Forgejo; 2,000 signed deliveries over 200 bot PRs whose CI fails; one worker is
 //! SIGKILLed mid-run and another started in its place. At the end every delivery is
-//! committed exactly once in its PR's history, nothing is pending and nothing was
-//! dead-lettered.
+//! committed exactly once in its PR's history, nothing is pending or dead-lettered,
+//! and the fake Forgejo and the dispatch stream saw no duplicate comment, dispatch or
+//! merge: exactly one `ci-fix` per PR and at most one status comment per PR.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use shepherd::store::Keys;
 
-use super::{REPO, history, pending, pr_sync};
+use super::{history, pending};
+use crate::support::fake_forgejo::{FakeForgejo, NewPr};
 use crate::support::poll_until_named;
-use crate::support::redis::{RedisServer, xlen};
+use crate::support::redis::{RedisServer, stream_entries, xlen};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{new_delivery, post, signed};
 
 /// PRs in the run.
 const PRS: u64 = 200;
-/// Deliveries per PR.
-const PER_PR: u32 = 10;
+/// Deliveries per PR: opened, then title edits.
+const PER_PR: usize = 10;
 /// Concurrent webhook POSTs.
 const CONCURRENCY: usize = 32;
+/// The repository.
+const REPO: &str = "fleet/scale";
 
-async fn start_worker(redis: &RedisServer, prefix: &str) -> Shepherd {
+/// A `shepherd work` process on the shared prefix, talking to the fake.
+async fn start_worker(
+    redis: &RedisServer,
+    prefix: &str,
+    fake: &FakeForgejo,
+    policy: &str,
+) -> Shepherd {
     Shepherd::builder(redis)
         .args(["work"])
         .prefix(prefix)
         .env("SHEPHERD_RECLAIM_IDLE_SECS", "2")
+        .env("SHEPHERD_FORGEJO_URL", fake.url())
+        .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
+        .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
+        .env("SHEPHERD_CONFIG", policy)
         .start()
         .await
+}
+
+/// Opens the PRs (red CI on their heads) and prepares every delivery, interleaved
+/// across PRs: (PR, delivery id, event type, body).
+fn prepare(fake: &FakeForgejo) -> Vec<(u64, String, &'static str, Vec<u8>)> {
+    fake.create_repo(REPO);
+    let mut per_pr = Vec::new();
+    for i in 0..PRS {
+        let body = format!("Change {i}.\n\nAutomated by CleverAgents Bot");
+        let n = fake.open_pr(
+            REPO,
+            NewPr::new("agent-bot", &format!("Change {i}")).body(&body),
+        );
+        let sha = fake.head_sha(REPO, n);
+        fake.set_status(REPO, &sha, "ci/test", "failure", "1 test failed");
+        let mut hooks = vec![fake.pr_opened(REPO, n)];
+        let mut title = format!("Change {i}");
+        for k in 1..PER_PR {
+            let old = std::mem::replace(&mut title, format!("Change {i}, take {k}"));
+            fake.set_title(REPO, n, &title);
+            hooks.push(fake.pr_edited(REPO, n, "agent-bot", &old));
+        }
+        per_pr.push((n, hooks));
+    }
+    let mut plan = Vec::new();
+    for k in 0..PER_PR {
+        for (n, hooks) in &per_pr {
+            plan.push((*n, new_delivery(), hooks[k].event_type, hooks[k].body()));
+        }
+    }
+    plan
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     let started = Instant::now();
     let redis = RedisServer::start();
+    let fake = FakeForgejo::start().await;
+    let mut policy = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        policy,
+        "[defaults]\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
+    )
+    .unwrap();
+    let policy_path = policy.path().display().to_string();
     let serve = Shepherd::serve(&redis).await;
     let prefix = serve.prefix().to_owned();
     let keys = serve.keys();
     let mut workers = [
-        start_worker(&redis, &prefix).await,
-        start_worker(&redis, &prefix).await,
-        start_worker(&redis, &prefix).await,
+        start_worker(&redis, &prefix, &fake, &policy_path).await,
+        start_worker(&redis, &prefix, &fake, &policy_path).await,
+        start_worker(&redis, &prefix, &fake, &policy_path).await,
     ];
-    // Every delivery: (PR, delivery id, prepared request), interleaved across PRs.
-    let mut plan = Vec::new();
-    for seq in 0..PER_PR {
-        for n in 1..=PRS {
-            let delivery = new_delivery();
-            let request = signed(&pr_sync(n, seq), "pull_request_sync", &delivery);
-            plan.push((n, delivery, request));
-        }
-    }
+    let plan = prepare(&fake);
     let expected: HashMap<u64, HashSet<String>> =
-        plan.iter().fold(HashMap::new(), |mut m, (n, d, _)| {
+        plan.iter().fold(HashMap::new(), |mut m, (n, d, _, _)| {
             m.entry(*n).or_default().insert(d.clone());
             m
         });
-    let client = reqwest::Client::new();
-    let url = serve.webhook_url();
-    let total = plan.len();
-    let mut sent = 0usize;
+    let (client, url, total) = (reqwest::Client::new(), serve.webhook_url(), plan.len());
     let mut responses = futures_util::stream::iter(plan.iter())
-        .map(|(_, _, request)| {
+        .map(|(_, delivery, event_type, body)| {
             let (client, url) = (client.clone(), url.clone());
-            async move { post(&client, &url, request).await.status().as_u16() }
+            async move {
+                post(&client, &url, &signed(body, event_type, delivery))
+                    .await
+                    .status()
+                    .as_u16()
+            }
         })
         .buffer_unordered(CONCURRENCY);
-    let mut killed = false;
-    let mut restarted = false;
+    let (mut sent, mut killed, mut restarted) = (0usize, false, false);
     while let Some(status) = responses.next().await {
         assert_eq!(status, 202, "every delivery is accepted");
         sent += 1;
@@ -77,20 +126,60 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
             killed = true;
         }
         if !restarted && sent >= 2 * total / 3 {
-            workers[0] = start_worker(&redis, &prefix).await;
+            workers[0] = start_worker(&redis, &prefix, &fake, &policy_path).await;
             restarted = true;
         }
     }
     let sent_at = started.elapsed();
     let mut conn = redis.conn().await;
-    let events = keys.events(0);
+    wait_committed(&conn, &keys, &expected).await;
+    assert_exactly_once(&mut conn, &keys, &expected, total).await;
     poll_until_named(
-        Duration::from_secs(45),
+        Duration::from_secs(20),
+        "one ci-fix dispatched per PR",
+        || {
+            let mut c = conn.clone();
+            let key = keys.dispatch();
+            async move {
+                stream_entries(&mut c, &key)
+                    .await
+                    .iter()
+                    .filter(|(_, f)| f.contains_key("work"))
+                    .count()
+                    >= PRS as usize
+            }
+        },
+    )
+    .await;
+    poll_until_named(Duration::from_secs(10), "nothing pending", || {
+        let mut c = conn.clone();
+        let events = keys.events(0);
+        async move { pending(&mut c, &events).await == 0 }
+    })
+    .await;
+    assert_eq!(
+        xlen(&mut conn, &keys.dead_letters(0)).await,
+        0,
+        "nothing dead-lettered"
+    );
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake).await;
+    eprintln!(
+        "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed and dispatched after {:?}",
+        started.elapsed()
+    );
+}
+
+/// Waits until every delivery is in its PR's history.
+async fn wait_committed(
+    conn: &redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    expected: &HashMap<u64, HashSet<String>>,
+) {
+    poll_until_named(
+        Duration::from_secs(40),
         "every delivery is in its PR's history",
         || {
             let mut c = conn.clone();
-            let keys = keys.clone();
-            let expected = &expected;
             async move {
                 for (n, ds) in expected {
                     let h = history(&mut c, &keys.history(REPO, *n)).await;
@@ -104,10 +193,19 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
         },
     )
     .await;
+}
+
+/// Asserts that each delivery appears exactly once in its PR's history.
+async fn assert_exactly_once(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    expected: &HashMap<u64, HashSet<String>>,
+    total: usize,
+) {
     let mut duplicates = Vec::new();
     let mut committed = 0;
-    for (n, ds) in &expected {
-        let h = history(&mut conn, &keys.history(REPO, *n)).await;
+    for (n, ds) in expected {
+        let h = history(conn, &keys.history(REPO, *n)).await;
         let mut count: HashMap<&str, usize> = HashMap::new();
         for f in &h {
             *count.entry(f["delivery"].as_str()).or_default() += 1;
@@ -124,19 +222,55 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
         "deliveries not committed exactly once: {duplicates:?}"
     );
     assert_eq!(committed, total);
-    poll_until_named(Duration::from_secs(10), "nothing pending", || {
-        let mut c = conn.clone();
-        let events = events.clone();
-        async move { pending(&mut c, &events).await == 0 }
-    })
-    .await;
-    assert_eq!(
-        xlen(&mut conn, &keys.dead_letters(0)).await,
-        0,
-        "nothing dead-lettered"
+}
+
+/// One work item per PR, no comment posted twice, at most one status comment per PR,
+/// no merge.
+async fn assert_no_duplicate_side_effects(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    fake: &FakeForgejo,
+) {
+    let items: Vec<serde_json::Value> = stream_entries(conn, &keys.dispatch())
+        .await
+        .into_iter()
+        .filter_map(|(_, f)| {
+            f.get("work")
+                .map(|w| serde_json::from_str(w).expect("work JSON"))
+        })
+        .collect();
+    let mut per_pr: HashMap<u64, usize> = HashMap::new();
+    let mut ids = HashSet::new();
+    for item in &items {
+        assert!(
+            ids.insert(item["id"].as_str().unwrap().to_owned()),
+            "work item dispatched twice: {item}"
+        );
+        assert_eq!(item["kind"], "ci-fix");
+        *per_pr.entry(item["number"].as_u64().unwrap()).or_default() += 1;
+    }
+    assert_eq!(per_pr.len(), PRS as usize);
+    assert!(
+        per_pr.values().all(|c| *c == 1),
+        "one dispatch per PR: {per_pr:?}"
     );
-    eprintln!(
-        "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed after {:?}",
-        started.elapsed()
-    );
+    for n in 1..=PRS {
+        let comments: Vec<_> = fake
+            .comments_on(REPO, n)
+            .into_iter()
+            .filter(|c| c.user == fake.bot_login())
+            .collect();
+        let bodies: HashSet<&str> = comments.iter().map(|c| c.body.as_str()).collect();
+        assert_eq!(
+            bodies.len(),
+            comments.len(),
+            "a comment posted twice on #{n}"
+        );
+        let sticky = comments
+            .iter()
+            .filter(|c| c.body.contains("<!-- SHEPHERD-STATE: "))
+            .count();
+        assert!(sticky <= 1, "{sticky} status comments on #{n}");
+    }
+    assert!(fake.merges().is_empty(), "red CI: no merge");
 }
