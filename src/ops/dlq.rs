@@ -183,6 +183,9 @@ async fn retry_one(
 ) -> Result<ReplayedEntry, OpsError> {
     let dead = ops.keys.dead_letters(shard);
     let target = e.field(dl::STREAM);
+    if target == ops.keys.results() {
+        return retry_result(ops, shard, e, original).await;
+    }
     let allowed = [ops.keys.events(shard), ops.keys.effects(shard)];
     if !allowed.iter().any(|s| s == target) {
         return Err(OpsError::BadRequest(format!(
@@ -217,6 +220,43 @@ async fn retry_one(
         new_id: Some(new_id),
         delivery: e.field(fields::DELIVERY).to_owned(),
         event: e.field(fields::EVENT).to_owned(),
+        repo: e.field(fields::REPO).to_owned(),
+        transitions: Vec::new(),
+        note: None,
+    })
+}
+
+/// Re-queues a dead-lettered work result onto `<prefix>:results`. That stream has no
+/// shard hash tag (a contract name), so the append and the delete are two commands,
+/// not one script: the delete follows only a successful append (at worst a crash in
+/// between leaves the dead letter to be dropped by hand; the results intake ignores a
+/// second report of the same work item).
+async fn retry_result(
+    ops: &Ops,
+    shard: u16,
+    e: &Archived,
+    original: &str,
+) -> Result<ReplayedEntry, OpsError> {
+    let mut conn = ops.conn();
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(ops.keys.results()).arg("*");
+    let mut names: Vec<&String> = e.fields.keys().collect();
+    names.sort();
+    for k in names.into_iter().filter(|k| !k.starts_with("dl_")) {
+        cmd.arg(k).arg(&e.fields[k]);
+    }
+    let new_id: String = cmd.query_async(&mut conn).await?;
+    let _: u64 = redis::cmd("XDEL")
+        .arg(ops.keys.dead_letters(shard))
+        .arg(&e.id)
+        .query_async(&mut conn)
+        .await?;
+    tracing::info!(replay = original, new_id = %new_id, dead_letter = %e.id, "re-queued a dead-lettered result");
+    Ok(ReplayedEntry {
+        original: original.to_owned(),
+        new_id: Some(new_id),
+        delivery: e.field(fields::DELIVERY).to_owned(),
+        event: "result".to_owned(),
         repo: e.field(fields::REPO).to_owned(),
         transitions: Vec::new(),
         note: None,

@@ -228,7 +228,8 @@ impl From<StoreError> for ApplyError {
 
 /// Applies one job: build the plan from fresh records, commit, retry on conflict.
 async fn apply(ctx: &Context, shard: u16, job: Job) {
-    let span = tracing::info_span!("event", entry = %job.entry.id, delivery = %job.entry.text(fields::DELIVERY), event = %job.name);
+    let replay = job.entry.text(fields::REPLAY);
+    let span = tracing::info_span!("event", entry = %job.entry.id, delivery = %job.entry.text(fields::DELIVERY), event = %job.name, replay = %replay);
     async {
         let processed = &ctx.metrics.events_processed;
         let mut conn = ctx.store.conn();

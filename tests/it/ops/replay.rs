@@ -367,3 +367,86 @@ async fn dry_run_prints_transitions_and_changes_nothing() {
         assert_eq!(a, b, "nothing changed");
     }
 }
+
+#[tokio::test]
+async fn a_dead_lettered_effect_is_retried_onto_the_effects_stream_and_not_done_twice() {
+    use shepherd::store::streams::dead_letter_fields as dl;
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Add the widget");
+    let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+    s.wait_delivery(n, &d).await;
+    let keys = s.keys();
+    let effects = keys.effects(0);
+    // The status comment effect, once the executor has carried it out.
+    crate::support::poll_until_named(super::WAIT, "the status comment is posted", || async {
+        !s.fake.comments_on(REPO, n).is_empty()
+    })
+    .await;
+    let (id, fields) = s
+        .entries(&effects)
+        .await
+        .into_iter()
+        .find(|(_, f)| f["kind"] == "upsert-comment")
+        .expect("a status comment effect");
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(keys.dead_letters(0))
+        .arg("*")
+        .arg(dl::REASON)
+        .arg("executor crashed")
+        .arg(dl::STREAM)
+        .arg(&effects)
+        .arg(dl::ID)
+        .arg(&id)
+        .arg(dl::GROUP)
+        .arg("executors")
+        .arg(dl::DELIVERIES)
+        .arg("6")
+        .arg(dl::AT)
+        .arg(1);
+    for (k, v) in &fields {
+        cmd.arg(k).arg(v);
+    }
+    let dl_id: String = cmd.query_async(&mut s.conn.clone()).await.unwrap();
+    let listed = s.cli_json(&["dlq", "list", "--json"]);
+    assert_eq!(listed[0]["event"], "upsert-comment", "{listed}");
+
+    let report = s.cli_json(&["dlq", "retry", &dl_id, "--json"]);
+    let new_id = new_ids(&report)[0].clone();
+    let (_, requeued) = s
+        .entries(&effects)
+        .await
+        .into_iter()
+        .find(|(i, _)| *i == new_id)
+        .expect("re-queued on the effects stream");
+    assert_eq!(
+        requeued["id"], fields["id"],
+        "same effect id: the executor's idempotency key"
+    );
+    assert_eq!(requeued["replay"], format!("dead-letter:{id}"));
+    assert!(s.entries(&keys.dead_letters(0)).await.is_empty());
+    crate::support::poll_until_named(super::WAIT, "the executor has consumed it", || async {
+        consumed(&s, &effects, &new_id).await
+    })
+    .await;
+    assert_eq!(s.fake.comments_on(REPO, n).len(), 1, "one status comment");
+    s.assert_no_duplicate_writes();
+}
+
+/// Whether the `executors` group has read past `id` and holds nothing pending.
+async fn consumed(s: &Scenario, stream: &str, id: &str) -> bool {
+    let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    groups.groups.iter().any(|g| {
+        g.name == "executors" && g.pending == 0 && {
+            let at = |x: &str| -> (u64, u64) {
+                let (a, b) = x.split_once('-').unwrap_or((x, "0"));
+                (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
+            };
+            at(&g.last_delivered_id) >= at(id)
+        }
+    })
+}
