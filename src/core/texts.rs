@@ -34,6 +34,10 @@ pub struct StatusState {
     pub last_signature: Option<String>,
     /// The head the state is about.
     pub head_sha: Option<Sha>,
+    /// The record version this state belongs to: an executor that finds a comment with
+    /// a higher version is replaying an older upsert and should leave it alone.
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// The hidden marker carrying an effect id.
@@ -79,6 +83,11 @@ pub fn parse_status_comment(body: &str) -> Option<StatusState> {
     let start = body.find(STATE_MARKER)? + STATE_MARKER.len();
     let len = body[start..].find(MARKER_END)?;
     serde_json::from_str(&body[start..start + len]).ok()
+}
+
+/// The record version in a status comment body (0 when absent or unreadable).
+pub fn status_version(body: &str) -> u64 {
+    parse_status_comment(body).map_or(0, |s| s.version)
 }
 
 /// The needs-human comment text (before the marker and footer).
@@ -146,9 +155,12 @@ mod tests {
             attempts: 2,
             last_signature: Some("ci / test: failed -->".into()),
             head_sha: Some("abcd1234".parse().unwrap()),
+            version: 4,
         };
         let body = status_comment(&state, "--footer");
         assert!(body.ends_with("--footer"));
         assert_eq!(parse_status_comment(&body), Some(state));
+        assert_eq!(status_version(&body), 4);
+        assert_eq!(status_version("no block"), 0);
     }
 }

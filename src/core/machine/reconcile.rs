@@ -161,6 +161,9 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         attempts: r.work.attempts.len(),
         last_signature: r.work.attempts.last().map(|a| a.signature.clone()),
         head_sha: r.head_sha().cloned(),
+        // Emitting this effect makes the step a change: the record will be committed
+        // as the next version.
+        version: r.version + 1,
     };
     let key = serde_json::json!([
         state.phase,

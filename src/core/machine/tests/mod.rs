@@ -249,6 +249,7 @@ pub(super) fn check_effects(t: &Transition, p: &Policy) {
         }
         if let EffectKind::UpsertComment { body } = &e.kind {
             assert!(body.ends_with(&p.comment_footer), "{body}");
+            assert_eq!(texts::status_version(body), t.record.version, "{body}");
         }
     }
 }
