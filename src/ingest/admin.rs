@@ -127,15 +127,12 @@ pub fn check(
     }
 }
 
-/// Mounts the admin API and the status page, sharing one [`Ops`] built on the
-/// server's Redis connection.
+/// Mounts the admin API and the status page, sharing one [`Ops`] with a Redis
+/// connection of its own (never the ingest's: scans must not delay deliveries).
 pub fn routes(
     state: &AppState,
 ) -> anyhow::Result<impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static> {
-    let ops = web::Data::from(Arc::new(Ops::new(
-        state.config.clone(),
-        state.redis.clone(),
-    )?));
+    let ops = web::Data::from(Arc::new(Ops::connect(state.config.clone())?));
     Ok(move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(ops.clone())
             .route("/", web::get().to(super::status_page::page))

@@ -14,8 +14,8 @@ use crate::core::event::Event;
 use crate::core::normalize::normalize;
 use crate::store::fields;
 
-/// Entries read per `XRANGE` page while scanning.
-const PAGE: usize = 500;
+/// Entries read per `XRANGE` page while scanning (webhook bodies run to ~15 KB).
+const PAGE: usize = 200;
 
 /// One archived stream entry.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -31,7 +31,9 @@ pub mod status;
 pub mod timefmt;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use redis::aio::ConnectionManager;
 
 use crate::cli::Command;
@@ -39,6 +41,9 @@ use crate::config::Config;
 use crate::core::ids::RepoName;
 use crate::core::policy::PolicyFile;
 use crate::store::{Keys, StoreError};
+
+/// Response timeout of the operator tools' Redis calls (archive scans are large).
+pub const OPS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What an operator tool needs: configuration, Redis, key layout and policy. Cheap to
 /// share (`Arc`); the connection is multiplexed.
@@ -66,10 +71,20 @@ impl Ops {
         })
     }
 
-    /// Tools with a fresh (lazy) connection to `SHEPHERD_REDIS_URL`.
-    pub fn connect(config: Config) -> anyhow::Result<Self> {
-        let conn = crate::ingest::connect_lazy(&config)?;
-        Self::new(Arc::new(config), conn)
+    /// Tools with a connection of their own to `SHEPHERD_REDIS_URL` (lazy and
+    /// self-reconnecting). Archive scans move megabytes per call, so the tools never
+    /// share the ingest's connection — a scan would hold up deliveries behind it — and
+    /// get a longer response timeout ([`OPS_TIMEOUT`]).
+    pub fn connect(config: Arc<Config>) -> anyhow::Result<Self> {
+        let client = redis::Client::open(config.redis_url.as_str())
+            .context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
+        let manager = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.redis_timeout.max(Duration::from_secs(2))))
+            .set_response_timeout(Some(OPS_TIMEOUT.max(config.redis_timeout)))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_lazy_with_config(client, manager)
+            .context("cannot set up the Redis connection")?;
+        Self::new(config, conn)
     }
 
     /// A clone of the shared connection.
@@ -156,11 +171,11 @@ pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()>
         Command::Work(args) => crate::worker::work(config, args.consumer).await,
         Command::Run(args) => crate::worker::run_all(config, args.consumer).await,
         Command::Send(args) => send::run(&args).await,
-        Command::Replay(args) => replay::cli(&Ops::connect(config)?, &args).await,
-        Command::Inspect(args) => inspect::cli(&Ops::connect(config)?, &args).await,
-        Command::Rebuild(args) => rebuild::cli(&Ops::connect(config)?, &args).await,
-        Command::Resync(args) => resync::cli(&Ops::connect(config)?, &args).await,
-        Command::Dlq(args) => dlq::cli(&Ops::connect(config)?, &args).await,
+        Command::Replay(args) => replay::cli(&Ops::connect(Arc::new(config))?, &args).await,
+        Command::Inspect(args) => inspect::cli(&Ops::connect(Arc::new(config))?, &args).await,
+        Command::Rebuild(args) => rebuild::cli(&Ops::connect(Arc::new(config))?, &args).await,
+        Command::Resync(args) => resync::cli(&Ops::connect(Arc::new(config))?, &args).await,
+        Command::Dlq(args) => dlq::cli(&Ops::connect(Arc::new(config))?, &args).await,
     }
 }
 

@@ -33,7 +33,7 @@ pub async fn run_periodic_resync(
             return Ok(());
         }
     };
-    let ops = Ops::new(config.clone(), crate::ingest::connect_lazy(&config)?)?;
+    let ops = Ops::connect(config.clone())?;
     // The first turn comes one interval after start: a restarted fleet does not
     // hammer the API, and `shepherd resync --all` is there for right after an outage.
     loop {
