@@ -53,6 +53,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const RETRY_POLL: Duration = Duration::from_millis(200);
 /// Retries moved per script call.
 const RETRY_POP_LIMIT: usize = 256;
+/// Forgejo calls a merge effect makes at most (PR, status, reviews, merge, re-read).
+const MERGE_CALLS: u32 = 6;
+/// How often the effects streams are trimmed to the retention window.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Everything the executor tasks share.
 pub struct Executor {
@@ -76,6 +80,16 @@ pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> any
              set; effects stay queued"
         );
         return Ok(());
+    }
+    let worst_case = ctx.config.forgejo_timeout * MERGE_CALLS;
+    if ctx.config.reclaim_idle < worst_case {
+        tracing::warn!(
+            reclaim_idle_ms = ctx.config.reclaim_idle.as_millis() as u64,
+            worst_case_ms = worst_case.as_millis() as u64,
+            "SHEPHERD_RECLAIM_IDLE_SECS is shorter than a merge effect's worst case \
+             ({MERGE_CALLS} Forgejo calls at SHEPHERD_FORGEJO_TIMEOUT_MS): a slow but live \
+             executor's effect may be reclaimed and run twice (effects stay idempotent)"
+        );
     }
     let forgejo = ForgejoClient::from_config(&ctx.config, Some(ctx.metrics.clone()))?;
     let sinks = Sinks::new(&ctx.config, ctx.store.keys().clone())?;
@@ -173,11 +187,18 @@ impl Executor {
         join_all(runs).await;
     }
 
-    /// Moves due retries of every shard back onto the effects streams until shutdown.
+    /// Moves due retries of every shard back onto the effects streams until shutdown,
+    /// and trims the streams to the retention window now and then (executed entries
+    /// are acked but stay for `inspect` until then).
     async fn retry_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
+        let mut last_trim = std::time::Instant::now();
         while pause(RETRY_POLL, &shutdown).await {
+            if last_trim.elapsed() >= TRIM_EVERY {
+                last_trim = std::time::Instant::now();
+                self.trim(&mut conn).await;
+            }
             for shard in 0..self.ctx.config.shards {
                 let now = streams::now_ms();
                 match effects::pop_due_retries(&mut conn, keys, shard, now, RETRY_POP_LIMIT).await {
@@ -195,6 +216,24 @@ impl Executor {
             }
         }
         Ok(())
+    }
+
+    /// Drops effects-stream entries older than the retention window (approximately).
+    async fn trim(&self, conn: &mut redis::aio::ConnectionManager) {
+        let retention = u64::try_from(self.ctx.config.retention.as_millis()).unwrap_or(u64::MAX);
+        let minid = streams::now_ms().saturating_sub(retention);
+        for shard in 0..self.ctx.config.shards {
+            let trimmed: Result<i64, _> = redis::cmd("XTRIM")
+                .arg(self.ctx.store.keys().effects(shard))
+                .arg("MINID")
+                .arg("~")
+                .arg(minid)
+                .query_async(conn)
+                .await;
+            if let Err(e) = trimmed {
+                tracing::debug!(shard, error = %e, "trimming the effects stream failed");
+            }
+        }
     }
 
     /// Claims and runs effects left pending by dead executors.
