@@ -1002,3 +1002,59 @@ fn architecture_lists_every_redis_key() {
         );
     }
 }
+
+/// Every `shepherd <subcommand> …` command line written in `text`: in backticks or on
+/// a shell line, up to the closing backtick, the end of the line or a ` #` comment.
+/// Placeholders such as `<id>` become `x`.
+fn command_lines(text: &str, subcommands: &[String]) -> Vec<Vec<String>> {
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        for (at, _) in line.match_indices("shepherd ") {
+            if at > 0 && line[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &line[at + "shepherd ".len()..];
+            let rest = &rest[..rest.find(['`', '…']).unwrap_or(rest.len())];
+            let rest = rest.split(" #").next().unwrap_or_default();
+            let args: Vec<String> = rest
+                .split_whitespace()
+                .map(|a| {
+                    if a.starts_with('<') {
+                        "x".to_owned()
+                    } else {
+                        a.to_owned()
+                    }
+                })
+                .collect();
+            if args.first().is_some_and(|sub| subcommands.contains(sub)) {
+                lines.push(args);
+            }
+        }
+    }
+    lines
+}
+
+#[test]
+fn commands_in_the_operations_guide_are_real() {
+    let subs = subcommands();
+    let lines = command_lines(&read("docs/operations.md"), &subs);
+    let used: BTreeSet<&str> = lines.iter().map(|l| l[0].as_str()).collect();
+    for sub in ["resync", "inspect", "rebuild", "replay", "dlq", "run"] {
+        assert!(
+            used.contains(sub),
+            "the runbook shows `shepherd {sub}`: {used:?}"
+        );
+    }
+    for args in &lines {
+        // Prose may name a flag without its value (`resync --repo`): give it one.
+        let mut with_help: Vec<&str> = args.iter().map(String::as_str).collect();
+        with_help.push("--help");
+        let needs_value = !shepherd(&with_help).status.success()
+            && args.last().is_some_and(|a| a.starts_with("--"));
+        let mut args = args.clone();
+        if needs_value {
+            args.push("x".to_owned());
+        }
+        assert_runs_with_help(&args, "docs/operations.md");
+    }
+}
