@@ -15,6 +15,7 @@
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! ops/        send, replay, inspect, rebuild, resync, dead letters
+//! fuzzing     the fuzz targets' checks (fuzz/ wraps them; a test replays regressions)
 //! ```
 //!
 //! Data flow: Forgejo → `ingest` → events stream → `worker` (`core::step`, CAS commit)
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod forgejo;
+pub mod fuzzing;
 pub mod ingest;
 pub mod ops;
 pub mod shutdown;

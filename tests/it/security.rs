@@ -217,18 +217,33 @@ async fn secrets_never_appear_in_logs_metrics_or_answers() {
             .unwrap();
         answers.push(record(r).await);
     }
-    // Admin and status endpoints (whichever exist in this build), with the admin token.
-    for path in [
-        "/api/v1/admin/status",
-        "/status",
-        "/metrics",
-        "/healthz",
-        "/readyz",
-        "/nope",
-    ] {
+    // The admin API, the status page and the other endpoints, with the admin token,
+    // with the agent token in its place, and the status page's token in the query.
+    for token in [SECRETS[4], SECRETS[5]] {
+        for path in [
+            "/api/v1/admin/status",
+            "/api/v1/admin/dlq",
+            "/api/v1/admin/inspect/acme/web",
+            "/api/v1/admin/inspect/acme/web/1",
+            "/",
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/nope",
+        ] {
+            let r = c.get(s.url(path)).bearer_auth(token).send().await.unwrap();
+            answers.push(record(r).await);
+        }
         let r = c
-            .get(s.url(path))
-            .bearer_auth(SECRETS[4])
+            .get(s.url(&format!("/?token={token}")))
+            .send()
+            .await
+            .unwrap();
+        answers.push(record(r).await);
+        let r = c
+            .post(s.url("/api/v1/admin/resync"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"repo": "acme/web"}))
             .send()
             .await
             .unwrap();
