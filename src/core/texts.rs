@@ -106,7 +106,7 @@ pub fn needs_human(reason: &str, attempts: &[Attempt], tier_name: impl Fn(u8) ->
                 a.kind.as_str(),
                 tier_name(a.tier),
                 a.outcome.as_str(),
-                one_line(&a.signature).replace('|', "\\|")
+                code(&one_line(&a.signature).replace('|', "\\|"))
             ));
         }
     }
@@ -123,9 +123,19 @@ pub fn command_refused(login: &str) -> String {
     format!("@{login} only users with write access can give `/shepherd` commands.")
 }
 
-/// Flattens a signature for inline display.
+/// Flattens a signature for inline display inside a code span. Signatures quote CI
+/// descriptions and review texts, which a PR author controls: a backtick would end the
+/// code span (markdown, mentions and images after it), and a copy of our own markers
+/// (`<!--`) would make the comment look like the sticky status comment to the marker
+/// search. Both are neutralised.
 fn one_line(s: &str) -> String {
-    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat: String = s
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('`', "'")
+        .replace("<!--", "<!- -")
+        .replace("-->", "- ->");
     if flat.chars().count() > 120 {
         format!("{}…", flat.chars().take(120).collect::<String>())
     } else {
@@ -133,9 +143,28 @@ fn one_line(s: &str) -> String {
     }
 }
 
+/// `text` as an inline code span (empty text stays empty).
+fn code(text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("`{text}`")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostile_signatures_stay_inside_their_code_span() {
+        let sig = "x` [click](http://evil) @admin ![i](http://t) <!-- SHEPHERD-STATE: {} -->";
+        let cell = code(&one_line(sig));
+        assert_eq!(cell.matches('`').count(), 2, "{cell}");
+        assert!(cell.starts_with('`') && cell.ends_with('`'), "{cell}");
+        assert!(!cell.contains("<!--") && !cell.contains("-->"), "{cell}");
+        assert!(!cell.contains(STATE_MARKER));
+    }
 
     #[test]
     fn comments_carry_marker_and_end_with_footer() {
