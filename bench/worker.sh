@@ -14,7 +14,8 @@
 # changing); start N workers at once and time until the group has no lag and nothing
 # pending. Rate = entries the group read in that time / time (timer events the run
 # produces count too: they are commits as well). Also: commit conflicts and CPU time of
-# the workers (utime+stime) per event, from /metrics and /proc.
+# the workers (utime+stime) per event, from /metrics and /proc, and Redis CPU per event
+# (INFO cpu).
 # Every process it starts is stopped by pid on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -76,6 +77,10 @@ stop_workers() {
   PIDS=()
 }
 
+redis_cpu() { # used_cpu_sys + used_cpu_user of the bench Redis, seconds
+  rcli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { t += $2 } END { printf "%.3f", t }'
+}
+
 cpu_ticks() { # utime+stime of the running workers, in clock ticks
   local total=0 pid
   for pid in "${PIDS[@]}"; do
@@ -105,7 +110,7 @@ python3 "$ROOT/bench/worker_load.py" warmup "$PREFIX" "$PRS" "$ROOT/webhooks/pul
 python3 "$ROOT/bench/worker_load.py" status "$PREFIX" "$PRS" "$EVENTS" > "$WORK/status.resp"
 TICKS=$(getconf CLK_TCK)
 
-printf '| workers | events read | seconds | events/s | conflicts | worker CPU µs/event |\n|---|---|---|---|---|---|\n' | tee "$WORK/results.md"
+printf '| workers | events read | seconds | events/s | conflicts | worker CPU µs/event | Redis CPU µs/event |\n|---|---|---|---|---|---|---|\n' | tee "$WORK/results.md"
 for rep in $(seq "$REPS"); do
   for n in $WORKERS; do
     rcli FLUSHALL >/dev/null
@@ -115,15 +120,18 @@ for rep in $(seq "$REPS"); do
     stop_workers
     rcli --pipe < "$WORK/status.resp" >/dev/null
     read -r _ _ before < <(group_state)
+    r0=$(redis_cpu)
     t0=$(date +%s.%N)
     start_workers "$n"
     after=$(wait_drained)
     t1=$(date +%s.%N)
+    r1=$(redis_cpu)
     ticks=$(cpu_ticks)
     c=$(conflicts)
     stop_workers
-    awk -v n="$n" -v a="$after" -v b="$before" -v t0="$t0" -v t1="$t1" -v c="$c" -v k="$ticks" -v hz="$TICKS" 'BEGIN {
+    awk -v n="$n" -v a="$after" -v b="$before" -v t0="$t0" -v t1="$t1" -v c="$c" -v k="$ticks" -v hz="$TICKS" \
+        -v r0="$r0" -v r1="$r1" 'BEGIN {
       e = a - b; s = t1 - t0;
-      printf "| %d | %d | %.2f | %.0f | %d | %.0f |\n", n, e, s, e / s, c, k / hz * 1e6 / e }' | tee -a "$WORK/results.md"
+      printf "| %d | %d | %.2f | %.0f | %d | %.0f | %.0f |\n", n, e, s, e / s, c, k / hz * 1e6 / e, (r1 - r0) * 1e6 / e }' | tee -a "$WORK/results.md"
   done
 done
