@@ -153,6 +153,25 @@ async fn scenario_1_bot_pr_from_red_ci_to_merged() {
             c.body
         );
     }
+    // The executor's metrics: effects by kind and outcome, lag to "executed".
+    let metrics = s.metrics().await;
+    let has = |prefix: &str, parts: &[&str]| {
+        metrics
+            .lines()
+            .any(|l| l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)))
+    };
+    assert!(has(
+        "shepherd_effects_total",
+        &["kind=\"merge\"", "outcome=\"done\""]
+    ));
+    assert!(has(
+        "shepherd_effects_total",
+        &["kind=\"dispatch\"", "outcome=\"done\""]
+    ));
+    assert!(
+        has("shepherd_lag_seconds_count", &["stage=\"executed\""]),
+        "{metrics}"
+    );
 }
 
 /// (2) Human PR: two approvals are needed; a change request dispatches
