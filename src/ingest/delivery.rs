@@ -182,20 +182,29 @@ pub const MAX_NESTING: usize = 128;
 /// do not count). One pass, no allocation; meant for input that may not be JSON at all.
 pub fn nesting_exceeds(json: &[u8], limit: usize) -> bool {
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                (false, _) => {}
-            }
-            continue;
-        }
+    let mut i = 0;
+    while let Some(&b) = json.get(i) {
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                // Jump through the string from escape to escape (memchr, not byte by
+                // byte: most of a Forgejo payload is inside strings).
+                i += 1;
+                loop {
+                    let Some(rest) = json.get(i..) else {
+                        return false;
+                    };
+                    match memchr::memchr2(b'"', b'\\', rest) {
+                        // Unterminated: not JSON, which the parser reports.
+                        None => return false,
+                        Some(k) if rest[k] == b'\\' => i += k + 2,
+                        Some(k) => {
+                            i += k + 1;
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
             b'[' | b'{' => {
                 depth += 1;
                 if depth > limit {
@@ -205,6 +214,7 @@ pub fn nesting_exceeds(json: &[u8], limit: usize) -> bool {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        i += 1;
     }
     false
 }
