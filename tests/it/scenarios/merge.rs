@@ -51,8 +51,39 @@ fn assert_merge_body(body: &Value, head: &str, style: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_1_bot_pr_from_red_ci_to_merged() {
     let s = Scenario::start("merge_style = \"rebase\"\n").await;
+    bot_pr_from_red_ci_to_merged(&s).await;
+    // The executor's metrics: effects by kind and outcome, lag to "executed".
+    let metrics = s.metrics().await;
+    let has = |prefix: &str, parts: &[&str]| {
+        metrics
+            .lines()
+            .any(|l| l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)))
+    };
+    assert!(has(
+        "shepherd_effects_total",
+        &["kind=\"merge\"", "outcome=\"done\""]
+    ));
+    assert!(has(
+        "shepherd_effects_total",
+        &["kind=\"dispatch\"", "outcome=\"done\""]
+    ));
+    assert!(
+        has("shepherd_lag_seconds_count", &["stage=\"executed\""]),
+        "{metrics}"
+    );
+}
+
+/// (1) again with `shepherd serve` and `shepherd work` as separate processes.
+#[tokio::test(flavor = "multi_thread")]
+async fn scenario_1_with_separate_serve_and_work_processes() {
+    let s = Scenario::start_split("merge_style = \"rebase\"\n").await;
+    bot_pr_from_red_ci_to_merged(&s).await;
+}
+
+/// The body of scenario (1).
+async fn bot_pr_from_red_ci_to_merged(s: &Scenario) {
     let fake = &s.fake;
-    let (issue, n, sha1) = open_bot_pr(&s, "pending").await;
+    let (issue, n, sha1) = open_bot_pr(s, "pending").await;
     let status_path = format!("/repos/{REPO}/commits/{sha1}/status");
     s.wait_fake("the pending head's CI is polled again", |f| {
         f.calls("GET", &status_path).len() >= 2
@@ -104,7 +135,7 @@ async fn scenario_1_bot_pr_from_red_ci_to_merged() {
     fake.set_status(REPO, sha2, "ci/test", "success", "all green");
     s.wait_phase(REPO, n, "awaiting-review").await;
     assert!(fake.merges().is_empty(), "no merge without an approval");
-    approve(&s, n, "bob").await;
+    approve(s, n, "bob").await;
 
     s.wait_fake("the PR is merged", |f| !f.merges().is_empty())
         .await;
@@ -153,25 +184,6 @@ async fn scenario_1_bot_pr_from_red_ci_to_merged() {
             c.body
         );
     }
-    // The executor's metrics: effects by kind and outcome, lag to "executed".
-    let metrics = s.metrics().await;
-    let has = |prefix: &str, parts: &[&str]| {
-        metrics
-            .lines()
-            .any(|l| l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)))
-    };
-    assert!(has(
-        "shepherd_effects_total",
-        &["kind=\"merge\"", "outcome=\"done\""]
-    ));
-    assert!(has(
-        "shepherd_effects_total",
-        &["kind=\"dispatch\"", "outcome=\"done\""]
-    ));
-    assert!(
-        has("shepherd_lag_seconds_count", &["stage=\"executed\""]),
-        "{metrics}"
-    );
 }
 
 /// (2) Human PR: two approvals are needed; a change request dispatches

@@ -33,8 +33,10 @@ merge_retry_secs = 1
 pub struct Scenario {
     /// The fake Forgejo.
     pub fake: FakeForgejo,
-    /// The `shepherd run` process.
+    /// The `shepherd run` process (or `shepherd serve` in a split scenario).
     pub shepherd: Shepherd,
+    /// The `shepherd work` process of a split scenario.
+    _worker: Option<Shepherd>,
     /// Redis (kept alive for the scenario).
     _redis: RedisServer,
     /// A connection for assertions.
@@ -53,27 +55,44 @@ impl Scenario {
 
     /// [`Scenario::start`] with extra environment variables for `shepherd run`.
     pub async fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
+        Self::launch(extra, env, false).await
+    }
+
+    /// Like [`Scenario::start`], but with `shepherd serve` and `shepherd work` as two
+    /// processes sharing the key prefix (the scaled-out deployment).
+    pub async fn start_split(extra: &str) -> Self {
+        Self::launch(extra, &[], true).await
+    }
+
+    async fn launch(extra: &str, env: &[(&str, &str)], split: bool) -> Self {
         let redis = RedisServer::start();
         let fake = FakeForgejo::start().await;
         let mut policy = tempfile::NamedTempFile::new().expect("policy file");
         write!(policy, "[defaults]\n{FAST_POLICY}{extra}\n").expect("write policy");
-        let shepherd = Shepherd::builder(&redis)
-            .args(["run"])
-            .env("SHEPHERD_FORGEJO_URL", fake.url())
-            .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
-            .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
-            .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
-            .env("SHEPHERD_CONFIG", policy.path().display().to_string())
-            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15");
-        let shepherd = env
-            .iter()
-            .fold(shepherd, |b, (k, v)| b.env(k, *v))
-            .start()
-            .await;
+        let builder = |args: &[&str]| {
+            let b = Shepherd::builder(&redis)
+                .args(args.iter().copied())
+                .env("SHEPHERD_FORGEJO_URL", fake.url())
+                .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
+                .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
+                .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
+                .env("SHEPHERD_CONFIG", policy.path().display().to_string())
+                .env("SHEPHERD_RECLAIM_IDLE_SECS", "15");
+            env.iter().fold(b, |b, (k, v)| b.env(k, *v))
+        };
+        let (shepherd, worker) = match split {
+            false => (builder(&["run"]).start().await, None),
+            true => {
+                let serve = builder(&["serve"]).start().await;
+                let work = builder(&["work"]).prefix(serve.prefix()).start().await;
+                (serve, Some(work))
+            }
+        };
         let conn = redis.conn().await;
         Self {
             fake,
             shepherd,
+            _worker: worker,
             _redis: redis,
             conn,
             http: reqwest::Client::new(),
