@@ -180,6 +180,11 @@ impl Shepherd {
         let _ = self.child.wait();
     }
 
+    /// Whether the process is still running (it has not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
     /// Sends SIGTERM (a graceful stop request).
     pub fn terminate(&self) {
         let status = Command::new("kill")

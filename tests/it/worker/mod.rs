@@ -5,7 +5,7 @@
 mod consume;
 mod results;
 mod run;
-mod scale;
+pub mod scale;
 mod store;
 
 use std::collections::HashMap;

@@ -25,12 +25,13 @@ const PRS: u64 = 200;
 /// Deliveries per PR: opened, then title edits.
 const PER_PR: usize = 10;
 /// Concurrent webhook POSTs.
-const CONCURRENCY: usize = 32;
+pub const CONCURRENCY: usize = 32;
 /// The repository.
-const REPO: &str = "fleet/scale";
+pub const REPO: &str = "fleet/scale";
 
-/// A `shepherd work` process on the shared prefix, talking to the fake.
-async fn start_worker(
+/// A `shepherd work` process on the shared prefix, talking to the fake (also used by
+/// the fault drills).
+pub async fn start_worker(
     redis: &RedisServer,
     prefix: &str,
     fake: &FakeForgejo,
@@ -48,12 +49,26 @@ async fn start_worker(
         .await
 }
 
-/// Opens the PRs (red CI on their heads) and prepares every delivery, interleaved
-/// across PRs: (PR, delivery id, event type, body).
-fn prepare(fake: &FakeForgejo) -> Vec<(u64, String, &'static str, Vec<u8>)> {
+/// One planned delivery: (PR, delivery id, event type, body).
+pub type Planned = (u64, String, &'static str, Vec<u8>);
+
+/// A policy file with a fast CI poll (1 s, capped at 2 s).
+pub fn fast_poll_policy() -> tempfile::NamedTempFile {
+    let mut policy = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        policy,
+        "[defaults]\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
+    )
+    .unwrap();
+    policy
+}
+
+/// Opens `prs` PRs (red CI on their heads) and prepares `per_pr` deliveries for each
+/// (opened, then title edits), interleaved across PRs.
+pub fn prepare(fake: &FakeForgejo, prs: u64, per_pr_count: usize) -> Vec<Planned> {
     fake.create_repo(REPO);
     let mut per_pr = Vec::new();
-    for i in 0..PRS {
+    for i in 0..prs {
         let body = format!("Change {i}.\n\nAutomated by CleverAgents Bot");
         let n = fake.open_pr(
             REPO,
@@ -63,7 +78,7 @@ fn prepare(fake: &FakeForgejo) -> Vec<(u64, String, &'static str, Vec<u8>)> {
         fake.set_status(REPO, &sha, "ci/test", "failure", "1 test failed");
         let mut hooks = vec![fake.pr_opened(REPO, n)];
         let mut title = format!("Change {i}");
-        for k in 1..PER_PR {
+        for k in 1..per_pr_count {
             let old = std::mem::replace(&mut title, format!("Change {i}, take {k}"));
             fake.set_title(REPO, n, &title);
             hooks.push(fake.pr_edited(REPO, n, "agent-bot", &old));
@@ -71,7 +86,7 @@ fn prepare(fake: &FakeForgejo) -> Vec<(u64, String, &'static str, Vec<u8>)> {
         per_pr.push((n, hooks));
     }
     let mut plan = Vec::new();
-    for k in 0..PER_PR {
+    for k in 0..per_pr_count {
         for (n, hooks) in &per_pr {
             plan.push((*n, new_delivery(), hooks[k].event_type, hooks[k].body()));
         }
@@ -84,12 +99,7 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     let started = Instant::now();
     let redis = RedisServer::start();
     let fake = FakeForgejo::start().await;
-    let mut policy = tempfile::NamedTempFile::new().unwrap();
-    write!(
-        policy,
-        "[defaults]\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
-    )
-    .unwrap();
+    let policy = fast_poll_policy();
     let policy_path = policy.path().display().to_string();
     let serve = Shepherd::serve(&redis).await;
     let prefix = serve.prefix().to_owned();
@@ -99,12 +109,8 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
         start_worker(&redis, &prefix, &fake, &policy_path).await,
         start_worker(&redis, &prefix, &fake, &policy_path).await,
     ];
-    let plan = prepare(&fake);
-    let expected: HashMap<u64, HashSet<String>> =
-        plan.iter().fold(HashMap::new(), |mut m, (n, d, _, _)| {
-            m.entry(*n).or_default().insert(d.clone());
-            m
-        });
+    let plan = prepare(&fake, PRS, PER_PR);
+    let expected = by_pr(plan.iter().map(|(n, d, _, _)| (*n, d)));
     let (client, url, total) = (reqwest::Client::new(), serve.webhook_url(), plan.len());
     let mut responses = futures_util::stream::iter(plan.iter())
         .map(|(_, delivery, event_type, body)| {
@@ -132,8 +138,29 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     }
     let sent_at = started.elapsed();
     let mut conn = redis.conn().await;
-    wait_committed(&conn, &keys, &expected).await;
+    wait_committed(&conn, &keys, &expected, Duration::from_secs(40)).await;
     assert_exactly_once(&mut conn, &keys, &expected, total).await;
+    wait_settled(&mut conn, &keys, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    eprintln!(
+        "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed and dispatched after {:?}",
+        started.elapsed()
+    );
+}
+
+/// Delivery ids grouped by PR.
+pub fn by_pr<'a>(
+    deliveries: impl Iterator<Item = (u64, &'a String)>,
+) -> HashMap<u64, HashSet<String>> {
+    deliveries.fold(HashMap::new(), |mut m, (n, d)| {
+        m.entry(n).or_default().insert(d.clone());
+        m
+    })
+}
+
+/// Waits until one `ci-fix` per PR is dispatched and nothing is pending; asserts that
+/// nothing was dead-lettered.
+pub async fn wait_settled(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys, prs: u64) {
     poll_until_named(
         Duration::from_secs(20),
         "one ci-fix dispatched per PR",
@@ -146,7 +173,7 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
                     .iter()
                     .filter(|(_, f)| f.contains_key("work"))
                     .count()
-                    >= PRS as usize
+                    >= prs as usize
             }
         },
     )
@@ -158,45 +185,37 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     })
     .await;
     assert_eq!(
-        xlen(&mut conn, &keys.dead_letters(0)).await,
+        xlen(conn, &keys.dead_letters(0)).await,
         0,
         "nothing dead-lettered"
-    );
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake).await;
-    eprintln!(
-        "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed and dispatched after {:?}",
-        started.elapsed()
     );
 }
 
 /// Waits until every delivery is in its PR's history.
-async fn wait_committed(
+pub async fn wait_committed(
     conn: &redis::aio::MultiplexedConnection,
     keys: &Keys,
     expected: &HashMap<u64, HashSet<String>>,
+    deadline: Duration,
 ) {
-    poll_until_named(
-        Duration::from_secs(40),
-        "every delivery is in its PR's history",
-        || {
-            let mut c = conn.clone();
-            async move {
-                for (n, ds) in expected {
-                    let h = history(&mut c, &keys.history(REPO, *n)).await;
-                    let seen: HashSet<&str> = h.iter().map(|f| f["delivery"].as_str()).collect();
-                    if !ds.iter().all(|d| seen.contains(d.as_str())) {
-                        return false;
-                    }
+    poll_until_named(deadline, "every delivery is in its PR's history", || {
+        let mut c = conn.clone();
+        async move {
+            for (n, ds) in expected {
+                let h = history(&mut c, &keys.history(REPO, *n)).await;
+                let seen: HashSet<&str> = h.iter().map(|f| f["delivery"].as_str()).collect();
+                if !ds.iter().all(|d| seen.contains(d.as_str())) {
+                    return false;
                 }
-                true
             }
-        },
-    )
+            true
+        }
+    })
     .await;
 }
 
 /// Asserts that each delivery appears exactly once in its PR's history.
-async fn assert_exactly_once(
+pub async fn assert_exactly_once(
     conn: &mut redis::aio::MultiplexedConnection,
     keys: &Keys,
     expected: &HashMap<u64, HashSet<String>>,
@@ -226,10 +245,11 @@ async fn assert_exactly_once(
 
 /// One work item per PR, no comment posted twice, at most one status comment per PR,
 /// no merge.
-async fn assert_no_duplicate_side_effects(
+pub async fn assert_no_duplicate_side_effects(
     conn: &mut redis::aio::MultiplexedConnection,
     keys: &Keys,
     fake: &FakeForgejo,
+    prs: u64,
 ) {
     let items: Vec<serde_json::Value> = stream_entries(conn, &keys.dispatch())
         .await
@@ -249,12 +269,12 @@ async fn assert_no_duplicate_side_effects(
         assert_eq!(item["kind"], "ci-fix");
         *per_pr.entry(item["number"].as_u64().unwrap()).or_default() += 1;
     }
-    assert_eq!(per_pr.len(), PRS as usize);
+    assert_eq!(per_pr.len(), prs as usize);
     assert!(
         per_pr.values().all(|c| *c == 1),
         "one dispatch per PR: {per_pr:?}"
     );
-    for n in 1..=PRS {
+    for n in 1..=prs {
         let comments: Vec<_> = fake
             .comments_on(REPO, n)
             .into_iter()

@@ -1,0 +1,319 @@
+//! Fault drills of issue 7 on the real binary and a real redis-server (items 1, 2 and
+//! 5; items 3 and 4 are in `scenarios::faults`): Redis killed while deliveries pour
+//! in, workers SIGKILLed again and again, and Redis unreachable for 10 s from the
+//! workers. Each drill reuses the horizontal-scale harness (`worker::scale`): PRs with
+//! red CI on the fake Forgejo, signed deliveries through `shepherd serve`, and its
+//! exactly-once and no-duplicate-effect assertions. Each prints its figures (the
+//! numbers in docs/reliability.md).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use rand::Rng;
+use shepherd::ops::send::ForgejoRequest;
+
+use crate::support::fake_forgejo::FakeForgejo;
+use crate::support::poll_until_named;
+use crate::support::redis::{Aof, RedisServer, stream_entries};
+use crate::support::shepherd::Shepherd;
+use crate::support::webhook::{post, signed};
+use crate::worker::scale::{
+    CONCURRENCY, Planned, REPO, assert_exactly_once, assert_no_duplicate_side_effects, by_pr,
+    fast_poll_policy, prepare, start_worker, wait_committed, wait_settled,
+};
+
+/// A delivery's answer: (PR, delivery id, HTTP status).
+type Answer = (u64, String, u16);
+
+/// Posts `plan` with [`CONCURRENCY`] requests in flight, counting answers in `done`.
+fn post_in_background(
+    url: String,
+    plan: Vec<Planned>,
+    done: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Vec<Answer>> {
+    // Signed up front: the task then holds no borrowed event names.
+    let requests: Vec<(u64, String, ForgejoRequest)> = plan
+        .into_iter()
+        .map(|(n, d, t, b)| {
+            let request = signed(&b, t, &d);
+            (n, d, request)
+        })
+        .collect();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        futures_util::stream::iter(requests)
+            .map(|(n, delivery, request)| {
+                let (client, url, done) = (client.clone(), url.clone(), done.clone());
+                async move {
+                    let status = post(&client, &url, &request).await.status().as_u16();
+                    done.fetch_add(1, Ordering::Relaxed);
+                    (n, delivery, status)
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await
+    })
+}
+
+/// Waits until `done` reaches `n`.
+async fn wait_count(done: &AtomicUsize, n: usize) {
+    poll_until_named(Duration::from_secs(60), "enough answers", || async {
+        done.load(Ordering::Relaxed) >= n
+    })
+    .await;
+}
+
+/// Delivery ids in the events stream.
+async fn in_stream(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> HashSet<String> {
+    stream_entries(conn, key)
+        .await
+        .into_iter()
+        .filter_map(|(_, f)| f.get("delivery").cloned())
+        .collect()
+}
+
+/// (7.1) Redis is SIGKILLed (AOF, `appendfsync always`) while 1,000 deliveries are
+/// being posted and comes back 1 s later on the same port: every 2xx delivery is in
+/// the stream and committed exactly once, every other got a non-2xx, serve and worker
+/// reconnect by themselves, and no effect is executed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_during_ingest_loses_nothing_acknowledged() {
+    const PRS: u64 = 100;
+    let started = Instant::now();
+    let mut redis = RedisServer::start_with(Aof::Always);
+    let fake = FakeForgejo::start().await;
+    let policy = fast_poll_policy();
+    let policy_path = policy.path().display().to_string();
+    let serve = Shepherd::serve(&redis).await;
+    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let mut worker = start_worker(&redis, &prefix, &fake, &policy_path).await;
+    // Ten rounds during the crash, an eleventh after it.
+    let mut plan = prepare(&fake, PRS, 11);
+    let after = plan.split_off(1000);
+    let done = Arc::new(AtomicUsize::new(0));
+    let posting = post_in_background(serve.webhook_url(), plan, done.clone());
+    wait_count(&done, 400).await;
+    redis.stop();
+    let killed_at = Instant::now();
+    let answered_at_kill = done.load(Ordering::Relaxed);
+    // The outage (a modelled duration, not a wait for a result).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.restart();
+    let restarted_at = Instant::now();
+    let answers = posting.await.expect("posting task");
+    let accepted: Vec<&Answer> = answers
+        .iter()
+        .filter(|(_, _, s)| (200..300).contains(s))
+        .collect();
+    let refused = answers.len() - accepted.len();
+    assert!(
+        answers
+            .iter()
+            .all(|(_, _, s)| (200..300).contains(s) || *s == 503),
+        "only 2xx or 503"
+    );
+    // Serve reconnects by itself: a later delivery is accepted again.
+    let client = reqwest::Client::new();
+    let (n0, d0, t0, b0) = &after[0];
+    poll_until_named(Duration::from_secs(20), "serve accepts again", || async {
+        post(&client, &serve.webhook_url(), &signed(b0, t0, d0))
+            .await
+            .status()
+            .is_success()
+    })
+    .await;
+    let serve_back = restarted_at.elapsed();
+    for (_, d, t, b) in &after[1..] {
+        let status = post(&client, &serve.webhook_url(), &signed(b, t, d))
+            .await
+            .status();
+        assert!(status.is_success(), "after recovery: {status}");
+    }
+    let mut conn = redis.conn().await;
+    let stream = in_stream(&mut conn, &keys.events(0)).await;
+    let lost: Vec<&&Answer> = accepted
+        .iter()
+        .filter(|(_, d, _)| !stream.contains(d))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged but not in the stream: {lost:?}"
+    );
+    let refused_but_stored = answers
+        .iter()
+        .filter(|(_, d, s)| !(200..300).contains(s) && stream.contains(d))
+        .count();
+    let expected = by_pr(
+        accepted
+            .iter()
+            .map(|(n, d, _)| (*n, d))
+            .chain(std::iter::once((*n0, d0)))
+            .chain(after[1..].iter().map(|(n, d, _, _)| (*n, d))),
+    );
+    let total = accepted.len() + after.len();
+    wait_committed(&conn, &keys, &expected, Duration::from_secs(40)).await;
+    let worker_back = restarted_at.elapsed();
+    assert_exactly_once(&mut conn, &keys, &expected, total).await;
+    wait_settled(&mut conn, &keys, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert!(worker.is_running(), "the worker survived the outage");
+    eprintln!(
+        "drill 1: 1000 posted, {} x 2xx, {refused} x 503 ({refused_but_stored} of them stored \
+         anyway), {answered_at_kill} answered before the kill, 0 acknowledged lost; outage \
+         {:?}; serve accepting {serve_back:?} after restart, worker committed all {total} \
+         {worker_back:?} after restart; total {:?}",
+        accepted.len(),
+        restarted_at - killed_at,
+        started.elapsed()
+    );
+}
+
+/// (7.2) Two workers; ten times, at a random moment, one of them is SIGKILLed and a new
+/// one started in its place, while 2,000 deliveries over 200 PRs are posted and
+/// processed: every delivery is committed exactly once, no effect is duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_killed_ten_times_commit_everything_exactly_once() {
+    const PRS: u64 = 200;
+    const KILLS: usize = 10;
+    let started = Instant::now();
+    let redis = RedisServer::start();
+    let fake = FakeForgejo::start().await;
+    let policy = fast_poll_policy();
+    let policy_path = policy.path().display().to_string();
+    let serve = Shepherd::serve(&redis).await;
+    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let mut workers = [
+        start_worker(&redis, &prefix, &fake, &policy_path).await,
+        start_worker(&redis, &prefix, &fake, &policy_path).await,
+    ];
+    let plan = prepare(&fake, PRS, 10);
+    let expected = by_pr(plan.iter().map(|(n, d, _, _)| (*n, d)));
+    let total = plan.len();
+    let done = Arc::new(AtomicUsize::new(0));
+    let posting = post_in_background(serve.webhook_url(), plan, done.clone());
+    // Random kill points: after this many answers (the workers lag behind the
+    // answers, so every kill lands while they are committing and executing).
+    let (points, victims): (Vec<usize>, Vec<usize>) = {
+        let mut rng = rand::rng();
+        let mut points: Vec<usize> = (0..KILLS)
+            .map(|_| rng.random_range(100..total - 100))
+            .collect();
+        points.sort_unstable();
+        let victims = (0..KILLS)
+            .map(|_| rng.random_range(0..workers.len()))
+            .collect();
+        (points, victims)
+    };
+    let mut kills = Vec::new();
+    for (point, victim) in points.into_iter().zip(victims) {
+        wait_count(&done, point).await;
+        kills.push((done.load(Ordering::Relaxed), victim));
+        workers[victim].kill();
+        workers[victim] = start_worker(&redis, &prefix, &fake, &policy_path).await;
+    }
+    let answers = posting.await.expect("posting task");
+    assert!(
+        answers.iter().all(|(_, _, s)| *s == 202),
+        "every delivery is accepted"
+    );
+    let sent_at = started.elapsed();
+    let mut conn = redis.conn().await;
+    wait_committed(&conn, &keys, &expected, Duration::from_secs(50)).await;
+    assert_exactly_once(&mut conn, &keys, &expected, total).await;
+    wait_settled(&mut conn, &keys, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    eprintln!(
+        "drill 2: {total} deliveries over {PRS} PRs, {KILLS} SIGKILLs at (answered, worker) \
+         {kills:?}; posted in {sent_at:?}; all committed exactly once and settled after {:?}",
+        started.elapsed()
+    );
+}
+
+/// (7.5) Redis is unreachable from the worker for 10 s (killed, restarted on the same
+/// port with its AOF) while deliveries are in flight and CI poll timers are due: the
+/// worker backs off without exiting, then commits everything exactly once, and the
+/// timers due during the outage fire after it (CI turned red during the outage is
+/// seen only through them, and dispatches `ci-fix`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_for_ten_seconds_then_workers_resume() {
+    const PRS: u64 = 20;
+    const OUTAGE: Duration = Duration::from_secs(10);
+    let started = Instant::now();
+    let mut redis = RedisServer::start_with(Aof::Always);
+    let fake = FakeForgejo::start().await;
+    let policy = fast_poll_policy();
+    let policy_path = policy.path().display().to_string();
+    let serve = Shepherd::serve(&redis).await;
+    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let mut worker = start_worker(&redis, &prefix, &fake, &policy_path).await;
+    let mut plan = prepare(&fake, PRS, 5);
+    // CI still running: the worker keeps CI poll timers for every PR.
+    set_ci(&fake, PRS, "pending", "running");
+    let last_round = plan.split_off(plan.len() - PRS as usize);
+    let expected = by_pr(plan.iter().chain(&last_round).map(|(n, d, _, _)| (*n, d)));
+    let client = reqwest::Client::new();
+    for (_, d, t, b) in &plan {
+        let status = post(&client, &serve.webhook_url(), &signed(b, t, d))
+            .await
+            .status();
+        assert_eq!(status, 202);
+    }
+    let mut conn = redis.conn().await;
+    let first = by_pr(plan.iter().map(|(n, d, _, _)| (*n, d)));
+    wait_committed(&conn, &keys, &first, Duration::from_secs(30)).await;
+    // The last round is queued, and Redis goes away at once: some of it is in flight.
+    for (_, d, t, b) in &last_round {
+        let status = post(&client, &serve.webhook_url(), &signed(b, t, d))
+            .await
+            .status();
+        assert_eq!(status, 202);
+    }
+    let timers: usize = redis::cmd("ZCARD")
+        .arg(keys.timers(0))
+        .query_async(&mut conn)
+        .await
+        .expect("ZCARD");
+    redis.stop();
+    let killed_at = Instant::now();
+    // CI fails while Redis is away; Forgejo sends no webhook for it.
+    set_ci(&fake, PRS, "failure", "1 test failed");
+    tokio::time::sleep(OUTAGE).await;
+    assert!(worker.is_running(), "the worker outlives the outage");
+    redis.restart();
+    let restarted_at = Instant::now();
+    let mut conn = redis.conn().await;
+    wait_committed(&conn, &keys, &expected, Duration::from_secs(30)).await;
+    let committed_after = restarted_at.elapsed();
+    assert_exactly_once(
+        &mut conn,
+        &keys,
+        &expected,
+        expected.values().map(HashSet::len).sum(),
+    )
+    .await;
+    wait_settled(&mut conn, &keys, PRS).await;
+    let timers_fired_after = restarted_at.elapsed();
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert!(worker.is_running(), "the worker kept running");
+    eprintln!(
+        "drill 5: {} deliveries over {PRS} PRs, {timers} timers pending at the kill, outage \
+         {:?}; all committed exactly once {committed_after:?} after restart, CI failure seen \
+         through the timers and one ci-fix per PR {timers_fired_after:?} after restart; \
+         total {:?}",
+        expected.values().map(HashSet::len).sum::<usize>(),
+        restarted_at - killed_at,
+        started.elapsed()
+    );
+}
+
+/// Sets the `ci/test` status on the head of PRs 1..=prs.
+fn set_ci(fake: &FakeForgejo, prs: u64, state: &str, description: &str) {
+    for n in 1..=prs {
+        let sha = fake.head_sha(REPO, n);
+        fake.set_status(REPO, &sha, "ci/test", state, description);
+    }
+}
