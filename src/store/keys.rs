@@ -207,6 +207,16 @@ impl Keys {
         )
     }
 
+    /// Lock of a PR's sticky status comment: one executor at a time looks it up and
+    /// creates or edits it.
+    pub fn status_lock(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:lock:status:{}#{number}",
+            self.prefix,
+            repo.to_lowercase()
+        )
+    }
+
     /// Lock held by the worker doing the periodic resync.
     pub fn resync_lock(&self) -> String {
         format!("{}:lock:resync", self.prefix)

@@ -15,10 +15,18 @@ use crate::core::effect::{Effect, EffectKind, ObserveWhat};
 use crate::core::event::{Event, Permission};
 use crate::core::texts;
 use crate::forgejo::ForgejoError;
+use crate::store::effects;
 use crate::worker::dispatch::{CancelNotice, SinkError};
 
 use super::Executor;
 use super::observe;
+
+/// Forgejo calls the status lock must outlast (list the comments, then write; one
+/// spare for a second page).
+const STATUS_LOCK_CALLS: u32 = 3;
+
+/// When a status effect that found the lock busy is tried again, at the soonest.
+const STATUS_LOCK_RETRY: Duration = Duration::from_millis(200);
 
 /// Why an effect did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +97,7 @@ impl Executor {
                 Ok(Vec::new())
             }
             EffectKind::UpsertComment { body } => {
-                self.upsert_status(effect, body).await?;
+                self.upsert_status_locked(effect, body).await?;
                 Ok(Vec::new())
             }
             EffectKind::Comment { number, body } => {
@@ -137,6 +145,31 @@ impl Executor {
             // The commit script turns these into timers; one here has nothing to do.
             EffectKind::Schedule(_) => Ok(Vec::new()),
         }
+    }
+
+    /// [`Self::upsert_status`] under the PR's status lock. Without it two executors
+    /// running status effects of one PR at once (a reclaimed one and a newer one) can
+    /// both find no status comment and both create one (found by fault drill 7.2).
+    /// A busy lock is a transient failure, tried again shortly; a holder that died
+    /// frees it when its TTL ends.
+    async fn upsert_status_locked(&self, effect: &Effect, body: &str) -> Result<(), Failure> {
+        let key = (self.ctx.store.keys()).status_lock(effect.repo.as_str(), effect.number);
+        let token = effect.id.to_string();
+        // Covers the look-up and the write, each bounded by the Forgejo timeout.
+        let ttl = self.ctx.config.forgejo_timeout * STATUS_LOCK_CALLS;
+        let mut conn = self.ctx.store.conn();
+        // The merge lock's primitives: SET NX PX, released only by its holder.
+        if !effects::lock_merge(&mut conn, &key, &token, ttl).await? {
+            return Err(Failure::Transient {
+                message: "the status comment is being written by another executor".into(),
+                retry_after: Some(STATUS_LOCK_RETRY),
+            });
+        }
+        let result = self.upsert_status(effect, body).await;
+        if let Err(e) = effects::unlock_merge(&mut conn, &key, &token).await {
+            tracing::warn!(error = %e, "releasing the status lock failed; it expires");
+        }
+        Ok(result?)
     }
 
     /// Edits the sticky status comment in place, or creates it when there is none.
