@@ -174,6 +174,8 @@ pub struct Call {
     pub user_agent: String,
     /// Status answered (0 while the request is in flight).
     pub status: u16,
+    /// When the fake started handling it (its body read), for lag measurements.
+    pub at: Instant,
 }
 
 impl Call {

@@ -114,6 +114,7 @@ pub async fn handle(
                 .unwrap_or("")
                 .to_owned(),
             status: 0,
+            at: std::time::Instant::now(),
         });
         calls.len() - 1
     };
