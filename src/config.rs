@@ -37,7 +37,7 @@ pub struct Settings {
     )]
     pub listen: String,
 
-    /// Redis URL (`redis://`, `rediss://`, `redis+unix://`).
+    /// Redis URL (`redis://`, `redis+unix://` or `unix://`; TLS is not built in).
     #[arg(
         long,
         env = "SHEPHERD_REDIS_URL",
@@ -261,14 +261,20 @@ impl Settings {
                 format!("{:?} is not host:port ({e})", self.listen),
             )
         })?;
+        if self.redis_url.starts_with("rediss://") {
+            return Err(bad(
+                "SHEPHERD_REDIS_URL",
+                "rediss:// (TLS) is not supported by this build; reach Redis over a private \
+                 network or a TLS-terminating sidecar with redis://",
+            ));
+        }
         if !(self.redis_url.starts_with("redis://")
-            || self.redis_url.starts_with("rediss://")
             || self.redis_url.starts_with("redis+unix://")
             || self.redis_url.starts_with("unix://"))
         {
             return Err(bad(
                 "SHEPHERD_REDIS_URL",
-                "must start with redis://, rediss://, redis+unix:// or unix://",
+                "must start with redis://, redis+unix:// or unix://",
             ));
         }
         if self.key_prefix.is_empty()
@@ -456,6 +462,11 @@ mod tests {
     fn errors_name_the_setting() {
         let e = settings(&["--listen", "nope"]).validate().unwrap_err();
         assert_eq!(e.setting, "SHEPHERD_LISTEN");
+        let e = settings(&["--redis-url", "rediss://r:6380"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_REDIS_URL");
+        assert!(e.reason.contains("TLS"), "{e}");
         let e = settings(&["--forgejo-url", "https://f.example/api/v1"])
             .validate()
             .unwrap_err();
