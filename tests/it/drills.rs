@@ -240,6 +240,28 @@ async fn workers_killed_ten_times_commit_everything_exactly_once() {
 /// seen only through them, and dispatches `ci-fix`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_for_ten_seconds_then_workers_resume() {
+    redis_outage_drill(Outage::Down).await;
+}
+
+/// (7.5, hung variant) As above, but Redis hangs for 10 s (SIGSTOP, then SIGCONT):
+/// connections stay open and nothing answers, so calls time out on the client side
+/// while Redis may still run them after it thaws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hung_for_ten_seconds_then_workers_resume() {
+    redis_outage_drill(Outage::Hung).await;
+}
+
+/// How Redis goes away in the outage drill.
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    /// Killed, restarted on the same port with its AOF.
+    Down,
+    /// Frozen with SIGSTOP, thawed with SIGCONT.
+    Hung,
+}
+
+/// The drill of item 7.5 with the given kind of outage.
+async fn redis_outage_drill(outage: Outage) {
     const PRS: u64 = 20;
     const OUTAGE: Duration = Duration::from_secs(10);
     let started = Instant::now();
@@ -277,13 +299,19 @@ async fn redis_unreachable_for_ten_seconds_then_workers_resume() {
         .query_async(&mut conn)
         .await
         .expect("ZCARD");
-    redis.stop();
+    match outage {
+        Outage::Down => redis.stop(),
+        Outage::Hung => redis.pause(),
+    }
     let killed_at = Instant::now();
     // CI fails while Redis is away; Forgejo sends no webhook for it.
     set_ci(&fake, PRS, "failure", "1 test failed");
     tokio::time::sleep(OUTAGE).await;
     assert!(worker.is_running(), "the worker outlives the outage");
-    redis.restart();
+    match outage {
+        Outage::Down => redis.restart(),
+        Outage::Hung => redis.resume(),
+    }
     let restarted_at = Instant::now();
     let mut conn = redis.conn().await;
     wait_committed(&conn, &keys, &expected, Duration::from_secs(30)).await;
@@ -300,9 +328,9 @@ async fn redis_unreachable_for_ten_seconds_then_workers_resume() {
     assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
     assert!(worker.is_running(), "the worker kept running");
     eprintln!(
-        "drill 5: {} deliveries over {PRS} PRs, {timers} timers pending at the kill, outage \
-         {:?}; all committed exactly once {committed_after:?} after restart, CI failure seen \
-         through the timers and one ci-fix per PR {timers_fired_after:?} after restart; \
+        "drill 5 ({outage:?}): {} deliveries over {PRS} PRs, {timers} timers pending at the kill, outage \
+         {:?}; all committed exactly once {committed_after:?} after the outage, CI failure seen \
+         through the timers and one ci-fix per PR {timers_fired_after:?} after it; \
          total {:?}",
         expected.values().map(HashSet::len).sum::<usize>(),
         restarted_at - killed_at,

@@ -73,6 +73,27 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): connections are accepted by the kernel but nothing
+    /// is answered, like a hung Redis.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Sends `signal` (a `kill(1)` option) to the running server.
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("redis-server is running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// Starts the server again on the same port and data directory.
     pub fn restart(&mut self) {
         self.stop();
