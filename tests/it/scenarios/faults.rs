@@ -169,8 +169,8 @@ async fn retry_after_is_honoured() {
     );
 }
 
-/// (7.4) Forgejo down for a while (5xx, then refused connections, then hanging
-/// requests): effects back off, the circuit breaker opens and stops the hammering,
+/// (7.4) Forgejo down for a while (a hanging request, 30 s of 5xx, refused
+/// connections): effects back off, the circuit breaker opens and stops the hammering,
 /// and everything completes after recovery with no failure reported to the machine.
 #[tokio::test(flavor = "multi_thread")]
 async fn forgejo_outage_backs_off_and_recovers() {
@@ -178,10 +178,11 @@ async fn forgejo_outage_backs_off_and_recovers() {
     let fake = &s.fake;
     // The first read hangs past the client's timeout; then everything answers 503.
     fake.inject(Fault::on("GET", "*").stall(Duration::from_secs(2)).times(1));
+    // 30 s of 5xx, as in issue 7's drill 4.
     fake.inject(
         Fault::on("*", "*")
             .status(503)
-            .for_duration(Duration::from_secs(3)),
+            .for_duration(Duration::from_secs(30)),
     );
     let body = format!("Adds u.\n\n{BOT_MARKER}");
     let n = fake.open_pr(REPO, NewPr::new("agent-bot", "Add u").body(&body));
