@@ -136,16 +136,25 @@ fn cards(h: &mut String, o: &Overview) {
         .map(|t| format!("{} ago", duration(o.now_ms - t)))
         .unwrap_or_else(|| "never".into());
     let dl_class = if o.dead_letters > 0 { " alert" } else { "" };
+    let (forgejo_class, forgejo) = match o.forgejo_circuit_open_ms {
+        Some(ms) => (
+            " alert",
+            format!("circuit open, next try in {}", duration(ms)),
+        ),
+        None => ("", "ok".to_owned()),
+    };
     let _ = write!(
         h,
         "<div class=\"cards\">\
          <div class=\"card\" id=\"open-prs\"><b>{}</b>open PRs</div>\
          <div class=\"card\" id=\"events-backlog\"><b>{events_lag}</b>events waiting</div>\
          <div class=\"card{dl_class}\" id=\"dead-letters\"><b>{}</b>dead letters</div>\
-         <div class=\"card\" id=\"last-resync\"><b>{}</b>last resync</div></div>",
+         <div class=\"card\" id=\"last-resync\"><b>{}</b>last resync</div>\
+         <div class=\"card{forgejo_class}\" id=\"forgejo\"><b>{}</b>Forgejo API</div></div>",
         o.prs.len(),
         o.dead_letters,
-        esc(&resync)
+        esc(&resync),
+        esc(&forgejo)
     );
 }
 
@@ -316,6 +325,12 @@ mod tests {
         assert!(html.contains("o/r#2"));
         assert!(html.contains("<b>2</b>dead letters"));
         assert!(html.contains("never"));
+        assert!(html.contains("<b>ok</b>Forgejo API"));
+        let open = render(&Overview {
+            forgejo_circuit_open_ms: Some(12_000),
+            ..o.clone()
+        });
+        assert!(open.contains("circuit open, next try in"), "{open}");
         assert!(!html.contains("<script"));
         assert!(html.find("phase-needs-human") < html.find("phase-awaiting-review"));
     }

@@ -91,6 +91,10 @@ pub struct Overview {
     pub dead_letters: u64,
     /// Last completed resync (unix ms), if any.
     pub last_resync_ms: Option<i64>,
+    /// While an executor's Forgejo circuit breaker is open: milliseconds until its
+    /// next probe.
+    #[serde(default)]
+    pub forgejo_circuit_open_ms: Option<i64>,
 }
 
 /// Summaries of the open PRs of `repo` with a record, by number.
@@ -244,6 +248,11 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
         .query_async(&mut conn)
         .await?;
     out.last_resync_ms = last.and_then(|l| l.parse().ok());
+    let circuit_ttl: i64 = redis::cmd("PTTL")
+        .arg(ops.keys.forgejo_circuit())
+        .query_async(&mut conn)
+        .await?;
+    out.forgejo_circuit_open_ms = (circuit_ttl > 0).then_some(circuit_ttl);
     for repo in super::resync::known_repos(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
     }

@@ -222,6 +222,13 @@ impl Keys {
         format!("{}:lock:resync", self.prefix)
     }
 
+    /// Set by an executor while its Forgejo circuit breaker is open (value: the Forgejo
+    /// base URL; expires when the breaker lets its next probe through), so the status
+    /// page of any process can show it.
+    pub fn forgejo_circuit(&self) -> String {
+        format!("{}:forgejo-circuit", self.prefix)
+    }
+
     /// Time of the last completed resync (unix ms).
     pub fn last_resync(&self) -> String {
         format!("{}:last-resync", self.prefix)

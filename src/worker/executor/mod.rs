@@ -37,6 +37,7 @@ use super::consumer::pause;
 use super::dispatch::Sinks;
 use crate::core::effect::{Effect, EffectKind};
 use crate::core::event::{EffectOutcome, Event, MergeOutcome};
+use crate::forgejo::BreakerState;
 use crate::forgejo::ForgejoClient;
 use crate::store::commit::effect_fields;
 use crate::store::effects::{self, FIRST_TRY, InternalEvent};
@@ -190,6 +191,29 @@ impl Executor {
     /// Moves due retries of every shard back onto the effects streams until shutdown,
     /// and trims the streams to the retention window now and then (executed entries
     /// are acked but stay for `inspect` until then).
+    /// While the Forgejo circuit breaker is open, records it in Redis (expiring when
+    /// the next probe may go through) so the status page of every process shows it.
+    /// Best effort: the breaker works the same without it.
+    async fn publish_open_circuit<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) {
+        let BreakerState::Open { until } = self.forgejo.breaker().state() else {
+            return;
+        };
+        let ms = until
+            .saturating_duration_since(std::time::Instant::now())
+            .as_millis();
+        let url = self.ctx.config.forgejo_url.as_deref().unwrap_or_default();
+        let set: Result<(), redis::RedisError> = redis::cmd("SET")
+            .arg(self.ctx.store.keys().forgejo_circuit())
+            .arg(url)
+            .arg("PX")
+            .arg(ms.max(1) as u64)
+            .query_async(conn)
+            .await;
+        if let Err(e) = set {
+            tracing::debug!(error = %e, "could not record the open circuit for the status page");
+        }
+    }
+
     async fn retry_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
@@ -375,6 +399,7 @@ impl Executor {
                         let due = now + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                         effects::park_for_retry(&mut conn, keys, shard, &entry.id, &fields, due)
                             .await?;
+                        self.publish_open_circuit(&mut conn).await;
                         return Ok("retried");
                     }
                     Next::GiveUp => {

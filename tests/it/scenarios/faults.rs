@@ -196,6 +196,19 @@ async fn forgejo_outage_backs_off_and_recovers() {
     .await;
     let metrics_during = s.wait_metric("shepherd_forgejo_circuit_open", " 1").await;
     assert!(metrics_during.contains("shepherd_forgejo_circuit_open"));
+    // The status page (served by any process) shows the open breaker too.
+    let start = Instant::now();
+    loop {
+        let page = s.status_page().await;
+        if page.contains("circuit open, next try in") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the status page never showed the open circuit: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     fake.refuse_connections().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     fake.accept_connections().await;

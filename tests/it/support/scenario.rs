@@ -286,6 +286,18 @@ impl Scenario {
         self.conn.clone()
     }
 
+    /// The HTML of the status page `GET /` (no admin token in scenarios).
+    pub async fn status_page(&self) -> String {
+        self.http
+            .get(self.shepherd.url("/"))
+            .send()
+            .await
+            .expect("status page answer")
+            .text()
+            .await
+            .expect("status page text")
+    }
+
     /// The Prometheus text of `GET /metrics`.
     pub async fn metrics(&self) -> String {
         self.http
