@@ -123,6 +123,14 @@ pub fn command_refused(login: &str) -> String {
     format!("@{login} only users with write access can give `/shepherd` commands.")
 }
 
+/// The login a refusal comment (see [`command_refused`]) answers, when `body` is one;
+/// the worker logs refusals with it.
+pub fn refused_login(body: &str) -> Option<&str> {
+    let (login, tail) = body.strip_prefix('@')?.split_once(' ')?;
+    tail.starts_with("only users with write access can give")
+        .then_some(login)
+}
+
 /// Flattens a signature for inline display inside a code span. Signatures quote CI
 /// descriptions and review texts, which a PR author controls: a backtick would end the
 /// code span (markdown, mentions and images after it), and a copy of our own markers
@@ -191,5 +199,12 @@ mod tests {
         assert_eq!(parse_status_comment(&body), Some(state));
         assert_eq!(status_version(&body), 4);
         assert_eq!(status_version("no block"), 0);
+    }
+
+    #[test]
+    fn refusals_name_the_commenter() {
+        assert_eq!(refused_login(&command_refused("mallory")), Some("mallory"));
+        assert_eq!(refused_login("@alice thanks!"), None);
+        assert_eq!(refused_login("only users with write access"), None);
     }
 }

@@ -78,6 +78,7 @@ async fn apply_pr(
     let old = decode_pr(&key, stored.as_ref())?.unwrap_or_else(|| PrRecord::new(repo.clone(), n));
     let now = streams::now_ms() as i64;
     let t = step(&old, &job.event, now, policy);
+    log_refusals(repo, n, &t.effects);
     let mut links = old.linked_issues();
     links.extend(t.record.linked_issues());
     let changed = !t.is_noop();
@@ -121,6 +122,7 @@ async fn apply_issue(
     };
     let now = streams::now_ms() as i64;
     let t = step_issue(&old, &job.event, now, policy);
+    log_refusals(repo, n, &t.effects);
     let changed = !t.is_noop();
     let phase = name_of(&decide_issue(&t.record, policy).phase);
     let indexed = t.record.issue.as_ref().is_none_or(|i| i.open);
@@ -353,4 +355,21 @@ fn add_effect(job: &Job, plan: &mut CommitPlan, record_key: &str, version: u64, 
             job.received_ms.to_string(),
         ),
     ]);
+}
+
+/// Says in the log when `/shepherd` commands were refused because the commenter has no
+/// write access (the core answers them with a refusal comment and does nothing else).
+fn log_refusals(repo: &RepoName, number: u64, effects: &[Effect]) {
+    for e in effects {
+        if let EffectKind::Comment { body, .. } = &e.kind
+            && let Some(login) = crate::core::texts::refused_login(body)
+        {
+            tracing::info!(
+                repo = %repo,
+                number,
+                %login,
+                "ignored /shepherd commands: the commenter has no write access"
+            );
+        }
+    }
 }
