@@ -111,13 +111,13 @@ async fn run_rate(rate: u32, secs: f64) {
 
     // Warm-up: connections, scripts, caches; its PRs are not counted.
     let warm_sent = send_paced(&http, &url, warm, rate).await;
-    wait_for_calls(&fake, &warm_sent).await;
+    wait_for_calls(&fake, &warm_sent, WARM_UP).await;
 
     let started = Instant::now();
     let sent = send_paced(&http, &url, measured, rate).await;
     let send_secs = started.elapsed().as_secs_f64();
     let accepted = sent.iter().filter(|s| s.status == 202).count();
-    let first = wait_for_calls(&fake, &sent).await;
+    let first = wait_for_calls(&fake, &sent, WARM_UP + total).await;
 
     let mut lags: Vec<Duration> = sent
         .iter()
@@ -188,17 +188,25 @@ async fn send_paced(
     sent
 }
 
-/// Waits until the fake saw a call naming each PR of `sent`; returns, per PR, the
-/// arrival of the first such call and its kind (`METHOD path` with the number as `{n}`).
-async fn wait_for_calls(fake: &FakeForgejo, sent: &[Sent]) -> HashMap<u64, (Instant, String)> {
-    let mut first = HashMap::new();
-    let what = format!("a Forgejo call for each of {} PRs", sent.len());
+/// Waits until every PR of `sent` has its status comment (`comments` in the repository
+/// in all), then returns, per PR, the arrival of the first call naming it and that
+/// call's kind (`METHOD path` with the number as `{n}`). The wait counts comments in
+/// the model instead of copying the call log on every poll, which would hold the
+/// fake's lock and burn the CPU the run is measuring.
+async fn wait_for_calls(
+    fake: &FakeForgejo,
+    sent: &[Sent],
+    comments: usize,
+) -> HashMap<u64, (Instant, String)> {
+    let what = format!("{comments} status comments");
     poll_until_named(DRAIN_DEADLINE, &what, || {
-        first = first_calls(fake);
-        let done = sent.iter().all(|s| first.contains_key(&s.pr));
+        let done = fake.with_model(|m| m.repo_mut(REPO).comments.len()) >= comments;
         async move { done }
     })
     .await;
+    let first = first_calls(fake);
+    let missing = sent.iter().filter(|s| !first.contains_key(&s.pr)).count();
+    assert_eq!(missing, 0, "every delivery produced a call naming its PR");
     first
 }
 
