@@ -46,6 +46,13 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
 }
 
+/// Whether a reply failed because the connection itself was lost (not because Redis
+/// refused the command): the connection manager reconnects on such errors, and the
+/// first command after an outage often meets the old, broken connection.
+fn connection_lost(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
 /// What happened to a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {
@@ -116,7 +123,14 @@ impl Enqueuer {
         delivery: &Delivery,
     ) -> Result<Enqueued, StoreError> {
         let cmd = self.evalsha(delivery);
-        let reply: Result<(i64, String), _> = cmd.query_async(conn).await;
+        let mut reply: Result<(i64, String), redis::RedisError> = cmd.query_async(conn).await;
+        if reply.as_ref().is_err_and(connection_lost) {
+            // The connection broke (a Redis restart, a failover) and the manager is
+            // already reconnecting: try once more on the new connection, still inside
+            // the timeout. Safe even if the first call did run: the delivery id is
+            // then already marked, and the script answers with the original entry.
+            reply = cmd.query_async(conn).await;
+        }
         let (new, id) = match reply {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Redis restarted or flushed its script cache: load once, retry once.

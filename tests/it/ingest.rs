@@ -596,3 +596,53 @@ async fn ignored_and_unknown_event_types_are_archived() {
         "{text}"
     );
 }
+
+/// After an outage, the first delivery on every server thread is accepted: each actix
+/// worker holds its own Redis connection, and the one that failed during the outage
+/// must not answer its next delivery with the stale error (the drill saw one 503 on
+/// the first delivery reaching the second thread after the restart).
+#[tokio::test]
+async fn every_server_thread_accepts_its_first_delivery_after_redis_returns() {
+    let mut redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    // A new TCP connection per request: actix hands connections to its worker threads
+    // in turn, so these reach every thread.
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    for _ in 0..8 {
+        let r = signed(SMALL, "pull_request", &new_delivery());
+        assert_eq!(status_of(&fresh(), &s, &r).await, StatusCode::ACCEPTED);
+    }
+    redis.stop();
+    for _ in 0..8 {
+        let r = signed(SMALL, "pull_request", &new_delivery());
+        assert_eq!(
+            status_of(&fresh(), &s, &r).await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    // Long enough for every background reconnection attempt to give up.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.restart();
+    let client = reqwest::Client::new();
+    poll_until_named(Duration::from_secs(20), "redis answers /readyz", || {
+        let (client, url) = (client.clone(), s.url("/readyz"));
+        async move { client.get(url).send().await.unwrap().status() == StatusCode::OK }
+    })
+    .await;
+    let ids: Vec<String> = (0..8).map(|_| new_delivery()).collect();
+    for id in &ids {
+        let r = signed(SMALL, "pull_request", id);
+        assert_eq!(
+            status_of(&fresh(), &s, &r).await,
+            StatusCode::ACCEPTED,
+            "first deliveries after the restart"
+        );
+    }
+    let mut conn = redis.conn().await;
+    assert_eq!(xlen(&mut conn, &events(&s)).await, 8);
+}
