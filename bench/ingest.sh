@@ -10,6 +10,7 @@
 #      CEILING (1: redis-benchmark ceilings, 0: skip)  MECHANISMS (1: Lua vs MULTI, 0: skip)
 #      PEERS_SRC (../shared/peers next to the repository)  WORK (target/bench)
 #      PORT (8090, Shepherd's)  BENCH_REDIS_PORT (6390)
+#      BIN (target/release/shepherd, built first; another path for an A/B run)
 #
 # What it does, in order:
 #  1. copies the peers' harness into $WORK/peers (it must be writable; never committed
@@ -61,7 +62,8 @@ sign() { openssl dgst -sha256 -hmac "$SECRET" -r "$1" | cut -d' ' -f1; }
 # ---- 2. build and start everything -----------------------------------------------------
 log "cargo build --release"
 (cd "$ROOT" && cargo build --release --bin shepherd --example enqueue_mechanisms 2>&1 | tail -1)
-BIN="$ROOT/target/release/shepherd"
+# BIN=<path> measures another build of shepherd (an A/B against an older commit).
+BIN="${BIN:-$ROOT/target/release/shepherd}"
 STAMP="$(date +%Y%m%dT%H%M%S)"
 OUT="$WORK/results/$STAMP"
 mkdir -p "$OUT/raw" "$WORK/run"

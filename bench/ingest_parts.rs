@@ -8,7 +8,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use shepherd::ingest::delivery::{MAX_NESTING, nesting_exceeds, repository_of};
+use shepherd::ingest::delivery::repository_of;
+use shepherd::ingest::probe::probe;
 use shepherd::ingest::signature::sign_sha256;
 
 fn median_ns(mut f: impl FnMut()) -> f64 {
@@ -42,11 +43,11 @@ fn main() -> anyhow::Result<()> {
             Box::new(|| _ = black_box(std::str::from_utf8(black_box(&body)))),
         ),
         (
-            "nesting check",
-            Box::new(|| _ = black_box(nesting_exceeds(black_box(&body), MAX_NESTING))),
+            "probe (structure, nesting, names)",
+            Box::new(|| _ = black_box(probe(black_box(&body)))),
         ),
         (
-            "serde_json IgnoredAny",
+            "serde_json IgnoredAny (for comparison)",
             Box::new(|| {
                 _ = black_box(serde_json::from_slice::<serde::de::IgnoredAny>(black_box(
                     &body,
@@ -54,7 +55,7 @@ fn main() -> anyhow::Result<()> {
             }),
         ),
         (
-            "repository_of (all of the above)",
+            "repository_of (UTF-8 + probe)",
             Box::new(|| _ = black_box(repository_of(black_box(&body)))),
         ),
         (

@@ -5,8 +5,9 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
+pub use crate::ingest::probe::MAX_NESTING;
 
+use crate::ingest::probe;
 use crate::ingest::signature::Verified;
 
 /// Headers naming the fine-grained event type, in the order they are consulted
@@ -148,77 +149,6 @@ fn canonical(lower: &'static str) -> &'static str {
     }
 }
 
-/// Just enough of any Forgejo payload to find its repository; every other field is
-/// skipped without being materialised.
-#[derive(Deserialize)]
-struct Probe<'a> {
-    /// Top-level repository (every event except the Actions run events).
-    #[serde(borrow, default)]
-    repository: Option<RepoProbe<'a>>,
-    /// Actions run events carry the repository inside `run` (forgejo-facts §3.7).
-    #[serde(borrow, default)]
-    run: Option<RunProbe<'a>>,
-}
-
-#[derive(Deserialize)]
-struct RunProbe<'a> {
-    #[serde(borrow, default)]
-    repository: Option<RepoProbe<'a>>,
-}
-
-#[derive(Deserialize)]
-struct RepoProbe<'a> {
-    #[serde(borrow, default)]
-    full_name: Option<Cow<'a, str>>,
-}
-
-/// Deepest accepted nesting of JSON arrays and objects. Forgejo's payloads stay under
-/// 10; serde_json refuses 128 when it builds values, but skips ignored fields to any
-/// depth, so the probe checks it itself (a payload the core could not parse later must
-/// not be queued).
-pub const MAX_NESTING: usize = 128;
-
-/// Whether `[`/`{` nest deeper than `limit` anywhere in `json` (brackets inside strings
-/// do not count). One pass, no allocation; meant for input that may not be JSON at all.
-pub fn nesting_exceeds(json: &[u8], limit: usize) -> bool {
-    let mut depth = 0usize;
-    let mut i = 0;
-    while let Some(&b) = json.get(i) {
-        match b {
-            b'"' => {
-                // Jump through the string from escape to escape (memchr, not byte by
-                // byte: most of a Forgejo payload is inside strings).
-                i += 1;
-                loop {
-                    let Some(rest) = json.get(i..) else {
-                        return false;
-                    };
-                    match memchr::memchr2(b'"', b'\\', rest) {
-                        // Unterminated: not JSON, which the parser reports.
-                        None => return false,
-                        Some(k) if rest[k] == b'\\' => i += k + 2,
-                        Some(k) => {
-                            i += k + 1;
-                            break;
-                        }
-                    }
-                }
-                continue;
-            }
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        i += 1;
-    }
-    false
-}
-
 /// Checks that the payload is one JSON object and returns its repository full name
 /// (`""` when it has none). One pass over the bytes, no tree built.
 ///
@@ -228,30 +158,16 @@ pub fn nesting_exceeds(json: &[u8], limit: usize) -> bool {
 /// different repositories (top-level `repository` and `run.repository`) is refused:
 /// the secret must be chosen by the same name the event is later routed by.
 pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
-    if payload.trim_ascii_start().first() != Some(&b'{') {
-        return Err(DeliveryError::NotJson("expected an object".into()));
-    }
-    // serde_json does not check UTF-8 inside the strings it skips; JSON is UTF-8
-    // (RFC 8259), and the core parses every field later.
+    // JSON is UTF-8 (RFC 8259) and the core parses every field later; checked once
+    // here over the whole body, so the scanner below only looks at structure.
     if let Err(e) = std::str::from_utf8(payload) {
         return Err(DeliveryError::NotJson(format!(
             "not UTF-8 (byte {})",
             e.valid_up_to()
         )));
     }
-    if nesting_exceeds(payload, MAX_NESTING) {
-        return Err(DeliveryError::NotJson(format!(
-            "nested deeper than {MAX_NESTING} levels"
-        )));
-    }
-    let probe: Probe<'_> =
-        serde_json::from_slice(payload).map_err(|e| DeliveryError::NotJson(e.to_string()))?;
-    let top = probe.repository.and_then(|r| r.full_name);
-    let run = probe
-        .run
-        .and_then(|r| r.repository)
-        .and_then(|r| r.full_name);
-    let repo = match (top, run) {
+    let names = probe::probe(payload).map_err(|e| DeliveryError::NotJson(e.to_string()))?;
+    let repo = match (names.top, names.run) {
         (Some(a), Some(b)) if !a.eq_ignore_ascii_case(&b) => {
             return Err(DeliveryError::NotJson(
                 "repository and run.repository disagree".into(),
@@ -324,7 +240,6 @@ mod tests {
         // Brackets inside strings, escaped quotes included, are text.
         let text = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));
         assert_eq!(repository_of(text.as_bytes()), Ok(String::new()));
-        assert!(!nesting_exceeds(b"]]]]}}}{", 1));
         assert!(matches!(
             repository_of(b"{\"x\":\"\xff\"}"),
             Err(DeliveryError::NotJson(_))

@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod delivery;
+pub mod probe;
 pub mod secrets;
 pub mod signature;
 pub mod status_page;
