@@ -12,6 +12,9 @@ use shepherd::ingest::delivery::repository_of;
 use shepherd::ingest::probe::probe;
 use shepherd::ingest::signature::sign_sha256;
 
+/// A named step, run once per call.
+type Row<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
 fn median_ns(mut f: impl FnMut()) -> f64 {
     const CALLS: u32 = 2_000;
     let mut rounds: Vec<f64> = (0..7)
@@ -37,7 +40,7 @@ fn main() -> anyhow::Result<()> {
     });
     let body = std::fs::read(&path)?;
     println!("{path}: {} bytes", body.len());
-    let rows: [(&str, Box<dyn FnMut()>); 5] = [
+    let rows: [Row<'_>; 5] = [
         (
             "utf-8 check",
             Box::new(|| _ = black_box(std::str::from_utf8(black_box(&body)))),

@@ -76,6 +76,49 @@ pub fn form(data: &[u8]) {
     }
 }
 
+/// Errors of the repository probe that are policy, not JSON syntax: the body is valid
+/// JSON, but not one the ingest queues.
+const PROBE_POLICY: [&str; 6] = [
+    "nested too deeply",
+    "duplicate repository field",
+    "repository or run is not an object",
+    "full_name is not a string",
+    "invalid escape in full_name",
+    "repository and run.repository disagree",
+];
+
+/// Target `json_probe`: the hand-written validating scanner
+/// (`ingest::delivery::repository_of`) against serde_json. It never accepts what
+/// serde_json refuses (or what is not UTF-8, or not an object); it refuses valid JSON
+/// objects only for a policy reason ([`PROBE_POLICY`]); the name it returns is the one
+/// serde_json finds at `repository.full_name` or `run.repository.full_name`.
+pub fn json_probe(data: &[u8]) {
+    let ours = repository_of(data);
+    let object = data.trim_ascii_start().first() == Some(&b'{');
+    let valid = std::str::from_utf8(data).is_ok()
+        && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
+        && object;
+    match ours {
+        Ok(name) => {
+            assert!(valid, "accepted a body serde_json refuses: {name:?}");
+            if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+                let at = |path: &str| value.pointer(path).and_then(|v| v.as_str());
+                let expected = at("/repository/full_name")
+                    .or_else(|| at("/run/repository/full_name"))
+                    .unwrap_or_default();
+                assert_eq!(name, expected);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                !valid || PROBE_POLICY.iter().any(|p| message.contains(p)),
+                "refused a valid JSON object: {message}"
+            );
+        }
+    }
+}
+
 /// Event types the `normalize` target picks from: every type `normalize` routes, and
 /// a few it ignores.
 const EVENTS: [&str; 18] = [
@@ -143,11 +186,12 @@ mod tests {
     #[test]
     fn fuzz_regressions_still_pass() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
-        let targets: [(&str, Harness); 4] = [
+        let targets: [(&str, Harness); 5] = [
             ("signature", super::signature),
             ("form", super::form),
             ("normalize", super::normalize_payload),
             ("command", super::commands),
+            ("json_probe", super::json_probe),
         ];
         let mut seen = 0;
         for (name, check) in targets {

@@ -96,14 +96,14 @@ impl<'a> Scanner<'a> {
         Err(ProbeError { what, at: self.pos })
     }
 
-    #[inline]
+    #[inline(always)]
     fn peek(&self) -> Option<u8> {
         self.json.get(self.pos).copied()
     }
 
     /// Skips whitespace; runs of spaces (pretty-printed payloads are a third
     /// indentation) eight bytes at a time.
-    #[inline]
+    #[inline(always)]
     fn skip_ws(&mut self) {
         loop {
             match self.peek() {
@@ -203,6 +203,7 @@ impl<'a> Scanner<'a> {
 
     /// The value about to be scanned sits on a repository path: it must have the
     /// type the probe expects (an object or null, a string or null for the names).
+    #[inline(always)]
     fn check_type(&self, first: u8) -> Result<(), ProbeError> {
         let Some(target) = self.target() else {
             return Ok(());
@@ -223,6 +224,7 @@ impl<'a> Scanner<'a> {
     /// Which repository path the value about to be scanned is on, if any: the last
     /// key of the path (`Repository` or `Run` for the containers, `FullName` for a
     /// name).
+    #[inline(always)]
     fn target(&self) -> Option<Key> {
         let in_object = self.depth > 0 && self.stack[self.depth - 1];
         if !in_object {
@@ -266,6 +268,7 @@ impl<'a> Scanner<'a> {
 
     /// An object key (the scanner is on its opening quote), then the `:`. Records the
     /// key in the path when it is shallow enough to matter.
+    #[inline(always)]
     fn key(&mut self) -> Result<(), ProbeError> {
         if self.peek() != Some(b'"') {
             return self.err("expected a key");
@@ -312,7 +315,7 @@ impl<'a> Scanner<'a> {
 
     /// A string (the scanner is on its opening quote); leaves the scanner after the
     /// closing quote. Returns whether it held an escape.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self) -> Result<bool, ProbeError> {
         let json = self.json;
         let mut i = self.pos + 1;
@@ -365,6 +368,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    #[inline(always)]
     fn literal(&mut self, word: &'static [u8]) -> Result<(), ProbeError> {
         if self.json[self.pos..].starts_with(word) {
             self.pos += word.len();
@@ -375,6 +379,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    #[inline(always)]
     fn number(&mut self) -> Result<(), ProbeError> {
         if self.peek() == Some(b'-') {
             self.pos += 1;
@@ -404,7 +409,7 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn digits(&mut self) {
         while let Some(b'0'..=b'9') = self.peek() {
             self.pos += 1;
@@ -451,10 +456,31 @@ mod tests {
     #[test]
     fn refuses_what_is_not_json() {
         for json in [
-            "", "[1]", "{", "{}x", r#"{"a"}"#, r#"{"a":}"#, r#"{"a":1,}"#, r#"{,}"#,
-            r#"{"a":[1,]}"#, r#"{"a":01}"#, r#"{"a":1.}"#, r#"{"a":-}"#, r#"{"a":1e}"#,
-            r#"{"a":tru}"#, r#"{"a":"\x"}"#, r#"{"a":"\u12G4"}"#, "{\"a\":\"\t\"}",
-            r#"{"a":"b"#, r#"{"a":[}"#, r#"{"a":{]}"#, r#"{a:1}"#, "{\"a\":1}\u{a0}",
+            "",
+            "[1]",
+            "{",
+            "{}x",
+            r#"{"a"}"#,
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"{,}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":-}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":"\x"}"#,
+            r#"{"a":"\u12G4"}"#,
+            "{\"a\":\"\t\"}",
+            r#"{"a":"b"#,
+            r#"{"a":[}"#,
+            r#"{"a":1x}"#,
+            r#"{"a":"b"x}"#,
+            r#"{"a":[1]x}"#,
+            r#"{"a":{]}"#,
+            r#"{a:1}"#,
+            "{\"a\":1}\u{a0}",
         ] {
             bad(json);
         }
@@ -498,5 +524,99 @@ mod tests {
         // Multi-byte UTF-8 (high bytes) never counts as special.
         let n = ok("{\"repository\":{\"full_name\":\"ö/ß€😀\"}}");
         assert_eq!(n.top.as_deref(), Some("ö/ß€😀"));
+    }
+
+    /// JSON values with the keys on the repository paths among the generated ones.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+            "[a-z/]{0,12}".prop_map(Value::String),
+        ];
+        let key = prop_oneof![
+            Just("repository".to_owned()),
+            Just("run".to_owned()),
+            Just("full_name".to_owned()),
+            any::<String>(),
+        ];
+        leaf.prop_recursive(5, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((key.clone(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A byte to put into a JSON text: mostly one that means something to a parser.
+    fn json_byte() -> impl proptest::strategy::Strategy<Value = u8> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => proptest::sample::select(b"{}[]:,\"\\ \n-+0123456789.eEtrufalsnx\x01\x7f".to_vec()),
+            1 => any::<u8>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+
+        /// Generated objects, compact and pretty, then with up to three bytes replaced,
+        /// inserted or removed: the scanner agrees with serde_json
+        /// (`fuzzing::json_probe` holds the oracle).
+        #[test]
+        fn agrees_with_serde_json(
+            fields in proptest::collection::vec(
+                (proptest::prelude::prop_oneof![
+                    proptest::strategy::Just("repository".to_owned()),
+                    proptest::strategy::Just("run".to_owned()),
+                    "[a-z_]{1,8}",
+                ], json_value()),
+                0..6,
+            ),
+            pretty in proptest::prelude::any::<bool>(),
+            edits in proptest::collection::vec(
+                (
+                    proptest::prelude::any::<usize>(),
+                    0u8..3,
+                    json_byte(),
+                    proptest::prelude::any::<bool>(),
+                ),
+                0..4,
+            ),
+        ) {
+            let object = serde_json::Value::Object(fields.into_iter().collect());
+            let mut bytes = if pretty {
+                serde_json::to_vec_pretty(&object).unwrap()
+            } else {
+                serde_json::to_vec(&object).unwrap()
+            };
+            crate::fuzzing::json_probe(&bytes);
+            for (at, kind, byte, near_structure) in edits {
+                // Half the edits land on or right after a structural byte, where a
+                // parser's decisions are.
+                let structural: Vec<usize> = (0..bytes.len())
+                    .filter(|&i| b"{}[],:\"\\".contains(&bytes[i]))
+                    .collect();
+                let at = if near_structure && !structural.is_empty() {
+                    structural[at % structural.len()] + (at / structural.len()) % 2
+                } else {
+                    at % (bytes.len() + 1)
+                };
+                match kind {
+                    0 if at < bytes.len() => bytes[at] = byte,
+                    1 => bytes.insert(at, byte),
+                    _ if at < bytes.len() => {
+                        bytes.remove(at);
+                    }
+                    _ => {}
+                }
+                crate::fuzzing::json_probe(&bytes);
+            }
+        }
     }
 }
