@@ -171,10 +171,19 @@ async fn workers_resync_periodically_one_at_a_time() {
         pttl == -2 || (0..=1000).contains(&pttl),
         "the resync lock expires: PTTL {pttl}"
     );
-    let last: Option<i64> = redis::cmd("GET")
-        .arg(s.keys().last_resync())
-        .query_async(&mut s.conn.clone())
-        .await
-        .unwrap();
-    assert!(last.is_some());
+    // The pass records its end after queueing its observations, so the PR can reach
+    // its phase a moment before the time is written.
+    poll_until_named(WAIT, "the resync time is recorded", || {
+        let mut conn = s.conn.clone();
+        let key = s.keys().last_resync();
+        async move {
+            let last: Option<i64> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            last.is_some()
+        }
+    })
+    .await;
 }
