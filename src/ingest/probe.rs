@@ -279,10 +279,10 @@ impl<'a> Scanner<'a> {
         if level < self.path.len() {
             let raw = &self.json[start + 1..self.pos - 1];
             let key = if escaped {
-                match serde_json::from_slice::<String>(&self.json[start..self.pos]) {
-                    Ok(k) => classify(k.as_bytes()),
-                    Err(_) => return self.err("invalid key"),
-                }
+                // A key that does not decode (a lone surrogate in `\u` escapes) is
+                // still JSON, and cannot be one of the names looked for.
+                serde_json::from_slice::<String>(&self.json[start..self.pos])
+                    .map_or(Key::Other, |k| classify(k.as_bytes()))
             } else {
                 classify(raw)
             };
@@ -451,6 +451,8 @@ mod tests {
         // An escaped key is the same key.
         let n = ok(r#"{"repo\u0073itory":{"full\u005fname":"o/e"}}"#);
         assert_eq!(n.top.as_deref(), Some("o/e"));
+        // A lone surrogate is valid JSON in a key (found by the json_probe fuzzer).
+        assert_eq!(ok(r#"{"a\ud800":1}"#), Names::default());
     }
 
     #[test]
