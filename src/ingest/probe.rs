@@ -105,9 +105,14 @@ impl<'a> Scanner<'a> {
     /// indentation) eight bytes at a time.
     #[inline(always)]
     fn skip_ws(&mut self) {
-        loop {
-            match self.peek() {
-                Some(b' ') => match self.json.get(self.pos..self.pos + 8) {
+        // Plain comparisons, most frequent first: a `match` here became a jump table
+        // whose indirect branch was the probe's hottest instruction.
+        while let Some(&b) = self.json.get(self.pos) {
+            if b > b' ' {
+                return;
+            }
+            if b == b' ' {
+                match self.json.get(self.pos..self.pos + 8) {
                     Some(chunk) => {
                         let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
                         let other = word ^ splat(b' ');
@@ -119,9 +124,11 @@ impl<'a> Scanner<'a> {
                         };
                     }
                     None => self.pos += 1,
-                },
-                Some(b'\n' | b'\r' | b'\t') => self.pos += 1,
-                _ => return,
+                }
+            } else if b == b'\n' || b == b'\r' || b == b'\t' {
+                self.pos += 1;
+            } else {
+                return;
             }
         }
     }
