@@ -16,7 +16,7 @@ use shepherd::store::Keys;
 use super::{history, pending};
 use crate::support::fake_forgejo::{FakeForgejo, NewPr};
 use crate::support::poll_until_named;
-use crate::support::redis::{RedisServer, stream_entries, xlen};
+use crate::support::redis::{RedisServer, stream_entries};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{new_delivery, post, signed};
 
@@ -184,11 +184,12 @@ pub async fn wait_settled(conn: &mut redis::aio::MultiplexedConnection, keys: &K
         async move { pending(&mut c, &events).await == 0 }
     })
     .await;
-    assert_eq!(
-        xlen(conn, &keys.dead_letters(0)).await,
-        0,
-        "nothing dead-lettered"
-    );
+    let dead: Vec<(String, Option<String>)> = stream_entries(conn, &keys.dead_letters(0))
+        .await
+        .into_iter()
+        .map(|(id, f)| (id, f.get("dl_reason").cloned()))
+        .collect();
+    assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
 }
 
 /// Waits until every delivery is in its PR's history.
