@@ -110,9 +110,15 @@ impl RedisServer {
 
     /// A multiplexed connection for assertions.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        // The tests' own reads (a whole stream after a drill, say) must not fail on
+        // redis-rs's default 500 ms response timeout when CI loads both cores; the
+        // code under test keeps its own, configured timeouts.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
         redis::Client::open(self.url())
             .expect("valid url")
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("connect to the test redis-server")
     }
