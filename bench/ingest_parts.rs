@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
     for (name, mut f) in rows {
         let ns = median_ns(&mut f);
         println!(
-            "{name:<34} {:>8.2} µs  {:>6.2} GB/s",
+            "{name:<40} {:>8.2} µs  {:>6.2} GB/s",
             ns / 1000.0,
             body.len() as f64 / ns
         );

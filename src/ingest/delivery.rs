@@ -5,8 +5,6 @@
 
 use std::borrow::Cow;
 
-pub use crate::ingest::probe::MAX_NESTING;
-
 use crate::ingest::probe;
 use crate::ingest::signature::Verified;
 
@@ -183,6 +181,7 @@ pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::probe::MAX_NESTING;
 
     #[test]
     fn finds_the_repository() {
