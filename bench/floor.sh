@@ -29,14 +29,8 @@ PORT="${PORT:-8091}"
 export BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-6390}"
 SECRET=bench-secret
 
-P="$WORK/peers"
-if [ ! -x "$P/setup.sh" ]; then
-  [ -d "$PEERS_SRC" ] || { echo "peers harness not found at $PEERS_SRC (set PEERS_SRC)" >&2; exit 1; }
-  mkdir -p "$WORK"; cp -r "$PEERS_SRC" "$P"; chmod -R u+w "$P"
-fi
-(cd "$P" && ./setup.sh) > "$WORK/setup.log" 2>&1 || { cat "$WORK/setup.log"; exit 1; }
-PAYLOAD="$P/payload/pull_request_opened.json"
-rcli() { redis-cli -h 127.0.0.1 -p "$BENCH_REDIS_PORT" "$@"; }
+. "$ROOT/bench/lib.sh"
+peers_harness
 
 (cd "$ROOT" && cargo build --release --bin shepherd --example floor 2>&1 | tail -1)
 OUT="$WORK/results/floor-$(date +%Y%m%dT%H%M%S)"
@@ -44,22 +38,11 @@ mkdir -p "$OUT"
 
 SPID=""
 started_redis=0
-stop_server() {
-  if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-    kill "$SPID"; for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$SPID" 2>/dev/null && kill -9 "$SPID"
-  fi
-  SPID=""
-  return 0
-}
+stop_server() { [ -n "$SPID" ] && stop_pid "$SPID"; SPID=""; }
 cleanup() { stop_server; [ "$started_redis" = 1 ] && "$P/redis.sh" stop >/dev/null; return 0; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-if rcli ping >/dev/null 2>&1; then
-  echo "something already answers on $BENCH_REDIS_PORT; the benchmark needs a fresh redis-server" >&2
-  exit 1
-fi
-"$P/redis.sh" start >/dev/null; started_redis=1
+start_bench_redis
 
 start_server() { # mode
   if [ "$1" = shepherd ]; then
@@ -82,7 +65,6 @@ start_server() { # mode
 SIG="$(openssl dgst -sha256 -hmac "$SECRET" -r "$PAYLOAD" | cut -d' ' -f1)"
 export BENCH_PAYLOAD="$PAYLOAD" BENCH_PATH=/webhooks/forgejo BENCH_SIG="$SIG"
 ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
-st() { local v; v="$(sed -n "s/^$2=//p" "$1" | head -1)"; echo "${v:-0}"; }
 TSV="$OUT/runs.tsv"
 printf 'mode\tconns\trep\trps\tp50_ms\tp99_ms\trequests\ts202\tcpu_us_per_request\n' > "$TSV"
 {

@@ -49,14 +49,8 @@ STREAM="{$PREFIX:0}:events"
 log() { printf '== %s\n' "$*"; }
 
 # ---- 1. the peers' harness, in a writable copy ---------------------------------------
-P="$WORK/peers"
-if [ ! -x "$P/setup.sh" ]; then
-  [ -d "$PEERS_SRC" ] || { echo "peers harness not found at $PEERS_SRC (set PEERS_SRC)" >&2; exit 1; }
-  mkdir -p "$WORK"; cp -r "$PEERS_SRC" "$P"; chmod -R u+w "$P"
-fi
-(cd "$P" && ./setup.sh) > "$WORK/setup.log" 2>&1 || { cat "$WORK/setup.log"; exit 1; }
-PAYLOAD="$P/payload/pull_request_opened.json"
-rcli() { redis-cli -h 127.0.0.1 -p "$BENCH_REDIS_PORT" "$@"; }
+. "$ROOT/bench/lib.sh"
+peers_harness
 sign() { openssl dgst -sha256 -hmac "$SECRET" -r "$1" | cut -d' ' -f1; }
 
 # ---- 2. build and start everything -----------------------------------------------------
@@ -72,26 +66,15 @@ declare -A PEER_PORT=([node]=8081 [node-cluster2]=8083 [fastapi-1w]=8082 [fastap
 declare -A PID=()
 started_redis=0
 cleanup() {
-  local l pid
-  for l in "${!PID[@]}"; do
-    pid="${PID[$l]}"
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid"
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    fi
-  done
+  local l
+  for l in "${!PID[@]}"; do stop_pid "${PID[$l]}"; done
   [ "$started_redis" = 1 ] && "$P/redis.sh" stop >/dev/null
   return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if rcli ping >/dev/null 2>&1; then
-  echo "something already answers on $BENCH_REDIS_PORT; the benchmark needs a fresh redis-server" >&2
-  exit 1
-fi
-"$P/redis.sh" start >/dev/null; started_redis=1
+start_bench_redis
 
 wait_http() { # label url
   for _ in $(seq 150); do
@@ -182,7 +165,6 @@ settle() { local a b; a="$(rcli xlen "$1")"; for _ in $(seq 20); do sleep 0.25; 
 run_wrk() { # conns duration sig run_id stats out
   BENCH_SIG="$3" BENCH_RUN_ID="$4" BENCH_STATS="$5" wrk -t1 -c"$1" -d"$2" --latency -s "$P/post.lua" "$URL" > "$6"
 }
-st() { local v; v="$(sed -n "s/^$2=//p" "$1" | head -1)"; echo "${v:-0}"; }
 
 TSV="$OUT/runs.tsv"
 printf 'label\tconns\tduration\trps\tp50_ms\tp90_ms\tp99_ms\tp999_ms\trequests\ts202\ts200\tnon2xx\tsock_err\txlen\txlen_minus_202\txlen_check\tbadsig_req\tbadsig_401\tbadsig_check\tserver_cpu_pct\tredis_cpu_pct\tcpu_us_per_accepted\tpeak_rss_mib\traw\n' > "$TSV"
