@@ -38,6 +38,10 @@ pub enum DeliveryError {
     /// The payload is not a JSON object; says where parsing failed.
     #[error("payload is not a JSON object: {0}")]
     NotJson(String),
+    /// The payload may be JSON, but not one Shepherd queues: nested too deeply, or its
+    /// repository fields repeated, mistyped or naming two repositories; says which.
+    #[error("payload refused: {0}")]
+    Refused(String),
 }
 
 /// A verified, classified webhook delivery, ready to be queued.
@@ -164,10 +168,16 @@ pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
             e.valid_up_to()
         )));
     }
-    let names = probe::probe(payload).map_err(|e| DeliveryError::NotJson(e.to_string()))?;
+    let names = probe::probe(payload).map_err(|e| {
+        if e.refused {
+            DeliveryError::Refused(e.to_string())
+        } else {
+            DeliveryError::NotJson(e.to_string())
+        }
+    })?;
     let repo = match (names.top, names.run) {
         (Some(a), Some(b)) if !a.eq_ignore_ascii_case(&b) => {
-            return Err(DeliveryError::NotJson(
+            return Err(DeliveryError::Refused(
                 "repository and run.repository disagree".into(),
             ));
         }
@@ -207,7 +217,7 @@ mod tests {
             repository_of(
                 br#"{"repository":{"full_name":"o/b"},"run":{"repository":{"full_name":"o/a"}}}"#
             ),
-            Err(DeliveryError::NotJson(_))
+            Err(DeliveryError::Refused(_))
         ));
         assert_eq!(
             repository_of(
@@ -220,7 +230,7 @@ mod tests {
             repository_of(
                 br#"{"repository":{"full_name":"o/b"},"repository":{"full_name":"o/a"}}"#
             ),
-            Err(DeliveryError::NotJson(_))
+            Err(DeliveryError::Refused(_))
         ));
     }
 
@@ -230,11 +240,11 @@ mod tests {
         assert!(repository_of(deep(MAX_NESTING - 1).as_bytes()).is_ok());
         assert!(matches!(
             repository_of(deep(MAX_NESTING).as_bytes()),
-            Err(DeliveryError::NotJson(_))
+            Err(DeliveryError::Refused(_))
         ));
         assert!(matches!(
             repository_of(deep(100_000).as_bytes()),
-            Err(DeliveryError::NotJson(_))
+            Err(DeliveryError::Refused(_))
         ));
         // Brackets inside strings, escaped quotes included, are text.
         let text = format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000));

@@ -33,6 +33,10 @@ pub struct ProbeError {
     pub what: &'static str,
     /// Byte offset in the body.
     pub at: usize,
+    /// The body may well be JSON, but not one the ingest takes: nested deeper than
+    /// [`MAX_NESTING`], or a field on a repository path repeated, mistyped or with an
+    /// escape that names no string. `false`: the body is not JSON at all.
+    pub refused: bool,
 }
 
 /// The keys on the paths to the two repository names.
@@ -92,8 +96,22 @@ struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
+    /// The body is not JSON.
     fn err<T>(&self, what: &'static str) -> Result<T, ProbeError> {
-        Err(ProbeError { what, at: self.pos })
+        Err(ProbeError {
+            what,
+            at: self.pos,
+            refused: false,
+        })
+    }
+
+    /// The body may be JSON, but not one the ingest takes (see [`ProbeError::refused`]).
+    fn refuse<T>(&self, what: &'static str) -> Result<T, ProbeError> {
+        Err(ProbeError {
+            what,
+            at: self.pos,
+            refused: true,
+        })
     }
 
     #[inline(always)]
@@ -148,7 +166,7 @@ impl<'a> Scanner<'a> {
                 b'{' | b'[' => {
                     let object = b == b'{';
                     if self.depth == MAX_NESTING {
-                        return self.err("nested too deeply");
+                        return self.refuse("nested too deeply");
                     }
                     self.stack[self.depth] = object;
                     self.depth += 1;
@@ -222,9 +240,9 @@ impl<'a> Scanner<'a> {
         if ok {
             Ok(())
         } else if target == Key::FullName {
-            self.err("full_name is not a string")
+            self.refuse("full_name is not a string")
         } else {
-            self.err("repository or run is not an object")
+            self.refuse("repository or run is not an object")
         }
     }
 
@@ -256,6 +274,7 @@ impl<'a> Scanner<'a> {
             let decoded: String = serde_json::from_slice(raw).map_err(|_| ProbeError {
                 what: "invalid escape in full_name",
                 at: start,
+                refused: true,
             })?;
             Cow::Owned(decoded)
         } else {
@@ -307,7 +326,7 @@ impl<'a> Scanner<'a> {
             };
             if let Some(slot) = slot {
                 if self.seen[slot] {
-                    return self.err("duplicate repository field");
+                    return self.refuse("duplicate repository field");
                 }
                 self.seen[slot] = true;
             }
@@ -445,6 +464,15 @@ mod tests {
         probe(json.as_bytes()).expect_err(json)
     }
 
+    /// Refused as JSON the ingest does not take, not as a syntax error.
+    fn refused(json: &str) {
+        let e = bad(json);
+        assert!(
+            e.refused,
+            "{json}: {e} should be a refusal, not a syntax error"
+        );
+    }
+
     #[test]
     fn finds_both_names_and_only_those() {
         let n = ok(r#"{"repository":{"id":1,"full_name":"o/r"},"x":{"full_name":"no"}}"#);
@@ -491,19 +519,22 @@ mod tests {
             r#"{a:1}"#,
             "{\"a\":1}\u{a0}",
         ] {
-            bad(json);
+            let e = bad(json);
+            assert!(!e.refused, "{json}: {e} is a syntax error, not a refusal");
         }
     }
 
     #[test]
     fn refuses_wrong_types_and_duplicates_on_the_repository_paths() {
-        bad(r#"{"repository":"o/r"}"#);
-        bad(r#"{"repository":{"full_name":1}}"#);
-        bad(r#"{"run":[]}"#);
-        bad(r#"{"repository":{"full_name":"o/b"},"repository":{"full_name":"o/a"}}"#);
-        bad(r#"{"repository":{},"repository":{}}"#);
-        bad(r#"{"repository":{"full_name":"a","full_name":"b"}}"#);
-        bad(r#"{"run":{"repository":{}},"run":{}}"#);
+        refused(r#"{"repository":"o/r"}"#);
+        refused(r#"{"repository":{"full_name":1}}"#);
+        refused(r#"{"run":[]}"#);
+        refused(r#"{"repository":{"full_name":"o/b"},"repository":{"full_name":"o/a"}}"#);
+        refused(r#"{"repository":{},"repository":{}}"#);
+        refused(r#"{"repository":{"full_name":"a","full_name":"b"}}"#);
+        refused(r#"{"run":{"repository":{}},"run":{}}"#);
+        // Valid JSON (a lone surrogate escape), but no name a repository can have.
+        refused(r#"{"repository":{"full_name":"o/\ud800"}}"#);
         // Elsewhere, duplicates and odd types are the core's business.
         ok(r#"{"a":1,"a":2,"x":{"repository":1,"repository":2}}"#);
     }
@@ -513,7 +544,8 @@ mod tests {
         let deep = |n: usize| format!("{{\"x\":{}{}}}", "[".repeat(n), "]".repeat(n));
         ok(&deep(MAX_NESTING - 1));
         assert_eq!(bad(&deep(MAX_NESTING)).what, "nested too deeply");
-        bad(&deep(100_000));
+        refused(&deep(MAX_NESTING));
+        refused(&deep(100_000));
         // Brackets inside strings are text.
         ok(&format!("{{\"x\":\"\\\"{}\"}}", "[".repeat(1000)));
     }
