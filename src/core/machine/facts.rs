@@ -24,6 +24,14 @@ use super::{Fx, commands, work};
 const CI_SHAS_KEPT: usize = 3;
 /// After this long without the reviews read, a merge verification starts over (ms).
 pub(crate) const VERIFY_TIMEOUT_MS: i64 = 60_000;
+/// After this long without the outcome of a `Merge` effect, the record stops waiting
+/// for it (ms): an effect that fails reports its outcome within the executor's retry
+/// budget (10 min), but one dead-lettered as poison never does. Well past that budget,
+/// so a slow merge is never doubled by a second one.
+pub(crate) const MERGE_TIMEOUT_MS: i64 = 30 * 60_000;
+/// How long a record given up on a lost merge waits, after asking for the PR again,
+/// before it may merge again (ms): the read shows a merge that did happen first.
+pub(crate) const LOST_MERGE_BACKOFF_MS: i64 = 60_000;
 
 /// Folds `event` into the record's facts; returns whether it concerns this record.
 pub(crate) fn apply(
@@ -516,6 +524,19 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             }
             MergeState::Verifying { since_ms, .. } if now - since_ms >= VERIFY_TIMEOUT_MS => {
                 r.merge = MergeState::Idle;
+                true
+            }
+            // The merge's outcome never came (its effect was dead-lettered): read the PR
+            // (it may be merged after all) and back off before any second merge.
+            MergeState::InFlight { since_ms, .. } if now - since_ms >= MERGE_TIMEOUT_MS => {
+                let not_before_ms = now.saturating_add(LOST_MERGE_BACKOFF_MS);
+                r.merge = MergeState::Backoff { not_before_ms };
+                fx.push(EffectKind::Observe(ObserveWhat::Pr));
+                fx.push(EffectKind::Schedule(Timer {
+                    due_ms: not_before_ms,
+                    kind: TimerKind::MergeRetry,
+                    id: "merge-retry".into(),
+                }));
                 true
             }
             MergeState::Backoff { .. }

@@ -368,7 +368,11 @@ fn ready_bot_pr_rereads_reviews_then_merges() {
     let fx = h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
     assert_eq!(
         fx,
-        lines(&["merge aaa Squash delete=true", "status merging"])
+        lines(&[
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
+        ])
     );
     assert_eq!(h.phase(), Phase::Merging);
 }
@@ -1046,6 +1050,45 @@ fn lost_verification_read_is_retried_by_the_watchdog() {
     let now = h.now;
     assert_eq!(
         h.step(timer(TimerKind::MergeRetry, now)),
+        lines(&["observe reviews", "timer merge-retry +60s"])
+    );
+}
+
+#[test]
+fn a_merge_whose_outcome_never_comes_is_given_up_after_the_watchdog() {
+    let mut h = ready_bot();
+    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
+    h.later(1);
+    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
+    assert!(matches!(h.r.merge, MergeState::InFlight { .. }));
+    // The verify timer, replaced by the watchdog, may still fire: nothing happens.
+    let early = h.now;
+    assert!(step(&h.r, &timer(TimerKind::MergeRetry, early), early, &h.p).is_noop());
+    // No outcome for 30 minutes (the effect was dead-lettered): read the PR, back off.
+    h.later(1800);
+    let due = h.now;
+    assert_eq!(
+        h.step(timer(TimerKind::MergeRetry, due)),
+        lines(&[
+            "observe pr",
+            "timer merge-retry +60s",
+            "status ready-to-merge"
+        ])
+    );
+    assert!(matches!(h.r.merge, MergeState::Backoff { .. }));
+    // The late outcome of that merge still counts if it says merged ...
+    let late = step(&h.r, &merged(MergeOutcome::Merged), h.now, &h.p);
+    assert_eq!(
+        late.record.pr.as_ref().map(|pr| pr.state),
+        Some(PrState::Merged)
+    );
+    // ... and is ignored otherwise.
+    assert!(step(&h.r, &merged(MergeOutcome::Conflict), h.now, &h.p).is_noop());
+    // Still open a minute later: verify again, then merge again.
+    h.later(60);
+    let due = h.now;
+    assert_eq!(
+        h.step(timer(TimerKind::MergeRetry, due)),
         lines(&["observe reviews", "timer merge-retry +60s"])
     );
 }

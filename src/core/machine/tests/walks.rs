@@ -103,7 +103,11 @@ fn bot_pr_ci_failure_escalation_fix_approval_merge() {
     let fx = h.step(reviews(&[("carol", ReviewState::Approved, 'c')], h.now));
     assert_eq!(
         fx,
-        lines(&["merge ccc Squash delete=true", "status merging"])
+        lines(&[
+            "merge ccc Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
+        ])
     );
     let fx = h.step(merged(MergeOutcome::Merged));
     assert_eq!(fx, lines(&["comment #9", "status merged"]));
