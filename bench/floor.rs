@@ -187,7 +187,7 @@ fn signed(head: &[u8], body: &[u8]) -> bool {
     let Some(sig) = header(head, b"x-forgejo-signature") else {
         return false;
     };
-    let Some(expected) = unhex(sig) else {
+    let Ok(expected) = hex::decode(sig) else {
         return false;
     };
     let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(SECRET) else {
@@ -205,13 +205,6 @@ fn header<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
             .eq_ignore_ascii_case(name)
             .then(|| line[colon + 1..].trim_ascii())
     })
-}
-
-fn unhex(s: &[u8]) -> Option<Vec<u8>> {
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    s.chunks(2)
-        .map(|p| Some(digit(*p.first()?)? << 4 | digit(*p.get(1)?)?))
-        .collect()
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

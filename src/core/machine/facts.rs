@@ -350,6 +350,22 @@ fn schedule_mergeability(now: i64, policy: &Policy, fx: &mut Fx) {
     }));
 }
 
+/// Schedules the record's one merge timer (`merge-retry`): back-off over, verification
+/// lost, or a merge whose outcome never came. A new schedule replaces the last.
+pub(crate) fn schedule_merge_retry(due_ms: i64, fx: &mut Fx) {
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms,
+        kind: TimerKind::MergeRetry,
+        id: "merge-retry".into(),
+    }));
+}
+
+/// No merge before `not_before_ms`; the timer then lets the record try again.
+fn back_off_merge(r: &mut PrRecord, not_before_ms: i64, fx: &mut Fx) {
+    r.merge = MergeState::Backoff { not_before_ms };
+    schedule_merge_retry(not_before_ms, fx);
+}
+
 /// A PR snapshot, unless an equally new or newer one is already known.
 pub(crate) fn apply_snapshot(
     r: &mut PrRecord,
@@ -529,14 +545,8 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             // The merge's outcome never came (its effect was dead-lettered): read the PR
             // (it may be merged after all) and back off before any second merge.
             MergeState::InFlight { since_ms, .. } if now - since_ms >= MERGE_TIMEOUT_MS => {
-                let not_before_ms = now.saturating_add(LOST_MERGE_BACKOFF_MS);
-                r.merge = MergeState::Backoff { not_before_ms };
                 fx.push(EffectKind::Observe(ObserveWhat::Pr));
-                fx.push(EffectKind::Schedule(Timer {
-                    due_ms: not_before_ms,
-                    kind: TimerKind::MergeRetry,
-                    id: "merge-retry".into(),
-                }));
+                back_off_merge(r, now.saturating_add(LOST_MERGE_BACKOFF_MS), fx);
                 true
             }
             MergeState::Backoff { .. }
@@ -579,13 +589,7 @@ fn on_outcome(
         }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {
             let delay = i64::try_from(policy.merge_retry_secs.saturating_mul(1000)).unwrap_or(0);
-            let not_before_ms = now.saturating_add(delay);
-            r.merge = MergeState::Backoff { not_before_ms };
-            fx.push(EffectKind::Schedule(Timer {
-                due_ms: not_before_ms,
-                kind: TimerKind::MergeRetry,
-                id: "merge-retry".into(),
-            }));
+            back_off_merge(r, now.saturating_add(delay), fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }) => {

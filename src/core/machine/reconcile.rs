@@ -8,7 +8,7 @@ use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, MergeState, PrRecord};
 use super::super::texts::{self, StatusState};
-use super::facts::{MERGE_TIMEOUT_MS, VERIFY_TIMEOUT_MS, ci_poll_delay_ms};
+use super::facts::{MERGE_TIMEOUT_MS, VERIFY_TIMEOUT_MS, ci_poll_delay_ms, schedule_merge_retry};
 use super::plan::{self, CiView, Plan, Want};
 use super::{Fx, work};
 
@@ -98,11 +98,7 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
             since_ms: now,
         };
         fx.push(EffectKind::Observe(ObserveWhat::Reviews));
-        fx.push(EffectKind::Schedule(Timer {
-            due_ms: now.saturating_add(VERIFY_TIMEOUT_MS),
-            kind: TimerKind::MergeRetry,
-            id: "merge-retry".into(),
-        }));
+        schedule_merge_retry(now.saturating_add(VERIFY_TIMEOUT_MS), fx);
         return;
     }
     fx.push(EffectKind::Merge {
@@ -117,11 +113,7 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
         since_ms: now,
     };
     // The watchdog of a merge whose outcome never comes (replaces the verify timer).
-    fx.push(EffectKind::Schedule(Timer {
-        due_ms: now.saturating_add(MERGE_TIMEOUT_MS),
-        kind: TimerKind::MergeRetry,
-        id: "merge-retry".into(),
-    }));
+    schedule_merge_retry(now.saturating_add(MERGE_TIMEOUT_MS), fx);
 }
 
 /// Poll the head's combined status with backoff while contexts are pending or
