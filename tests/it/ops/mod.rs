@@ -237,7 +237,10 @@ async fn start_app(
     prefix: Option<&str>,
     env: &[(String, String)],
 ) -> Shepherd {
-    let mut b = Shepherd::builder(redis).args(["run"]);
+    // The tests count transitions and effects: no timer of the default policy may add one.
+    let mut b = Shepherd::builder(redis)
+        .args(["run"])
+        .policy(crate::support::QUIET_POLICY);
     if let Some(p) = prefix {
         b = b.prefix(p);
     }

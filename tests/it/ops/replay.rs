@@ -91,7 +91,7 @@ async fn replay_by_pr_replays_its_deliveries_in_original_order_and_only_them() {
     // the core keeps the newer of two snapshots (a tie would let the replayed older
     // snapshot win — see docs/operations.md, "Replaying").
     let mut opened = s.fake.pr_opened(REPO, n1);
-    opened.payload["pull_request"]["updated_at"] = "2026-01-01T00:00:00Z".into();
+    opened.payload["pull_request"]["updated_at"] = crate::support::fixture_time(0).into();
     let d1 = s.send(&opened).await;
     let d2 = s.send(&s.fake.pr_opened(REPO, n2)).await;
     s.fake.push(REPO, n1, &format!("{:040x}", 0xabcdef_u64));

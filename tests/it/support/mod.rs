@@ -13,6 +13,31 @@ use std::time::{Duration, Instant};
 /// The webhook secret every test instance accepts by default.
 pub const TEST_SECRET: &str = "it-webhook-secret";
 
+/// Policy for processes whose tests count history entries or effects: the timers the
+/// default policy arms for real (the stale check fires a day after the last activity)
+/// are set explicitly here, far beyond any test's run, so no test depends on the date
+/// or on whether a timer poll happens to run before its assertion.
+pub const QUIET_POLICY: &str = "\
+[defaults]
+stale_after_secs = 31536000
+";
+
+/// The time fixtures are dated from: the test process's start, less one hour, in
+/// whole seconds (Forgejo's `updated_at` has second resolution). Fixture times are
+/// relative to it, never to a calendar date.
+pub fn fixture_epoch_secs() -> i64 {
+    static EPOCH: std::sync::LazyLock<i64> =
+        std::sync::LazyLock::new(|| chrono::Utc::now().timestamp() - 3_600);
+    *EPOCH
+}
+
+/// `secs` after [`fixture_epoch_secs`] as RFC 3339 UTC (`…Z`), as Forgejo writes times.
+pub fn fixture_time(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(fixture_epoch_secs() + secs, 0)
+        .expect("a representable time")
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 /// Interval between two checks of a condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 

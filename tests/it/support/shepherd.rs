@@ -23,6 +23,8 @@ pub struct Shepherd {
     base: String,
     /// Its `SHEPHERD_KEY_PREFIX`.
     prefix: String,
+    /// The policy file given with [`Builder::policy`] (deleted on drop).
+    _policy: Option<tempfile::NamedTempFile>,
 }
 
 /// Options for starting `shepherd`.
@@ -37,6 +39,8 @@ pub struct Builder {
     prefix: Option<String>,
     /// File receiving the process's stderr (default: inherited).
     stderr: Option<std::fs::File>,
+    /// Policy file contents (`SHEPHERD_CONFIG`), when the test sets one.
+    policy: Option<String>,
 }
 
 impl Builder {
@@ -60,6 +64,13 @@ impl Builder {
     /// `serve` process queues).
     pub fn prefix(mut self, prefix: &str) -> Self {
         self.prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// Runs the process with this policy file (TOML, written to a temporary file that
+    /// lives as long as the process), e.g. [`super::QUIET_POLICY`].
+    pub fn policy(mut self, toml: &str) -> Self {
+        self.policy = Some(toml.to_owned());
         self
     }
 
@@ -91,6 +102,12 @@ impl Builder {
             .env("SHEPHERD_WEBHOOK_SECRETS", TEST_SECRET)
             .env("SHEPHERD_REDIS_TIMEOUT_MS", "500")
             .env("SHEPHERD_LOG", "warn,shepherd=info");
+        let policy = self.policy.as_deref().map(|toml| {
+            let mut file = tempfile::NamedTempFile::new().expect("policy file");
+            std::io::Write::write_all(&mut file, toml.as_bytes()).expect("write policy");
+            cmd.env("SHEPHERD_CONFIG", file.path());
+            file
+        });
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -103,6 +120,7 @@ impl Builder {
             child,
             base: format!("http://127.0.0.1:{port}"),
             prefix,
+            _policy: policy,
         };
         shepherd.wait_healthy().await;
         shepherd
@@ -118,6 +136,7 @@ impl Shepherd {
             redis_url: redis.url(),
             prefix: None,
             stderr: None,
+            policy: None,
         }
     }
 
@@ -130,6 +149,7 @@ impl Shepherd {
             redis_url: url.to_owned(),
             prefix: None,
             stderr: None,
+            policy: None,
         }
     }
 

@@ -4,16 +4,20 @@
 use std::time::Duration;
 
 use super::{REPO, history, internal_fields, pending, pr_sync, webhook_fields, xadd};
-use crate::support::poll_until_named;
+use crate::support::{QUIET_POLICY, poll_until_named};
 use crate::support::redis::{RedisServer, xlen};
 use crate::support::shepherd::Shepherd;
 
 /// Generous bound for a condition the worker should reach quickly.
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Starts `shepherd work` on `redis` with `prefix` and extra settings.
+/// Starts `shepherd work` on `redis` with `prefix` and extra settings, under the quiet
+/// policy (these tests count history entries: no timer may add one).
 async fn worker(redis: &RedisServer, prefix: &str, env: &[(&str, &str)]) -> Shepherd {
-    let mut b = Shepherd::builder(redis).args(["work"]).prefix(prefix);
+    let mut b = Shepherd::builder(redis)
+        .args(["work"])
+        .prefix(prefix)
+        .policy(QUIET_POLICY);
     for (k, v) in env {
         b = b.env(k, *v);
     }

@@ -14,7 +14,8 @@ use crate::support::redis::{Entry, stream_entries};
 
 /// The fixture `webhooks/pull_request_sync.json` rewritten for PR `number` of the
 /// fixture's repository, with head sha and `updated_at` derived from `seq` (so each
-/// delivery is a newer observation) and no linked issue.
+/// delivery is a newer observation; times relative to the test run, never a calendar
+/// date) and no linked issue.
 pub fn pr_sync(number: u64, seq: u32) -> Vec<u8> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -28,8 +29,7 @@ pub fn pr_sync(number: u64, seq: u32) -> Vec<u8> {
     pr["id"] = (10_000 + number).into();
     pr["body"] = "Load test PR".into();
     pr["head"]["sha"] = format!("{:040x}", (u128::from(number) << 32) | u128::from(seq)).into();
-    let (h, m, s) = (seq / 3600, (seq / 60) % 60, seq % 60);
-    pr["updated_at"] = format!("2026-11-30T{:02}:{m:02}:{s:02}Z", 10 + h).into();
+    pr["updated_at"] = crate::support::fixture_time(i64::from(seq)).into();
     serde_json::to_vec_pretty(&v).expect("serialize")
 }
 

@@ -57,7 +57,7 @@ pub fn fast_poll_policy() -> tempfile::NamedTempFile {
     let mut policy = tempfile::NamedTempFile::new().unwrap();
     write!(
         policy,
-        "[defaults]\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
+        "[defaults]\nstale_after_secs = 31536000\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
     )
     .unwrap();
     policy
