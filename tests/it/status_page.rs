@@ -1,7 +1,7 @@
 //! The status page (`GET /`) rendered by a real browser: headless Chromium loads it
 //! from the real `shepherd run` after a known scenario and must show its PRs, grouped
 //! by phase, with the active work. The test fails — naming `chromium` — when the
-//! browser is missing (CI installs Debian's `chromium`; see `.ci/run`).
+//! browser is missing (`scripts/test`, which CI runs, installs Debian's `chromium`).
 //!
 //! `SHEPHERD_UPDATE_SCREENSHOT=1` also writes the screenshot to
 //! `docs/screenshot-status.png` (the one docs/operations.md shows).
