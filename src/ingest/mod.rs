@@ -151,8 +151,7 @@ async fn healthz() -> HttpResponse {
 /// `GET /readyz`: Redis answers a `PING` within the timeout.
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut conn = state.redis.clone();
-    let cmd = redis::cmd("PING");
-    let ping = cmd.query_async::<String>(&mut conn);
+    let ping = crate::store::enqueue::ping(&mut conn);
     match tokio::time::timeout(state.config.redis_timeout, ping).await {
         Ok(Ok(_)) => HttpResponse::Ok().body("ready\n"),
         Ok(Err(e)) => {

@@ -53,6 +53,19 @@ fn connection_lost(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
+/// `PING` on the ingest's connection, once more on the reconnected connection when the
+/// connection itself was lost: after a Redis restart, each server thread's connection
+/// reports the broken pipe once before the manager has reconnected, and a readiness
+/// probe must not call a Redis that is back unavailable.
+pub async fn ping(conn: &mut ConnectionManager) -> Result<(), redis::RedisError> {
+    let cmd = redis::cmd("PING");
+    let mut reply: Result<String, redis::RedisError> = cmd.query_async(conn).await;
+    if reply.as_ref().is_err_and(connection_lost) {
+        reply = cmd.query_async(conn).await;
+    }
+    reply.map(drop)
+}
+
 /// What happened to a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {

@@ -597,6 +597,50 @@ async fn ignored_and_unknown_event_types_are_archived() {
     );
 }
 
+/// After an outage, every server thread answers its first `/readyz` with 200 once Redis
+/// is back: like the webhook path, the probe must not report the stale error of its
+/// thread's connection (seen as a 503 from `status_matrix` under a CPU hog).
+#[tokio::test]
+async fn every_server_thread_is_ready_at_its_first_probe_after_redis_returns() {
+    let mut redis = RedisServer::start();
+    let s = Shepherd::serve(&redis).await;
+    // A new TCP connection per request reaches every worker thread in turn.
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    let probe = |client: reqwest::Client| {
+        let url = s.url("/readyz");
+        async move { client.get(url).send().await.unwrap().status() }
+    };
+    for _ in 0..8 {
+        assert_eq!(probe(fresh()).await, StatusCode::OK);
+    }
+    redis.stop();
+    for _ in 0..8 {
+        assert_eq!(probe(fresh()).await, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Long enough for every background reconnection attempt to give up.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.restart();
+    let back = new_delivery();
+    poll_until_named(Duration::from_secs(20), "a delivery is accepted", || {
+        let r = signed(SMALL, "pull_request", &back);
+        let (client, s) = (fresh(), &s);
+        async move { status_of(&client, s, &r).await == StatusCode::ACCEPTED }
+    })
+    .await;
+    for n in 0..8 {
+        assert_eq!(
+            probe(fresh()).await,
+            StatusCode::OK,
+            "probe {n} after the restart"
+        );
+    }
+}
+
 /// After an outage, the first delivery on every server thread is accepted: each actix
 /// worker holds its own Redis connection, and the one that failed during the outage
 /// must not answer its next delivery with the stale error (the drill saw one 503 on
