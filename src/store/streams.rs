@@ -204,7 +204,8 @@ async fn delivery_counts<'a>(
             .arg(id)
             .arg(1);
     }
-    let replies: Vec<redis::streams::StreamPendingCountReply> = pipe.query_async(conn).await?;
+    let replies: Vec<redis::streams::StreamPendingCountReply> =
+        super::client::query_pipeline(conn, &pipe).await?;
     Ok(replies
         .into_iter()
         .flat_map(|r| r.ids)

@@ -301,3 +301,37 @@ async fn dead_letter_keeps_the_reason_and_the_fields_and_acks() {
     assert!(!again);
     assert_eq!(xlen(&mut raw, &keys.dead_letters(0)).await, 1);
 }
+
+/// Finding 6 of issue 12: a pipeline over zero keys (a repository with no open PR
+/// record) was sent to Redis as an empty command and failed; it must answer "nothing".
+/// A plan that writes no record must still commit and acknowledge its entry.
+#[tokio::test]
+async fn empty_key_lists_are_answered_empty_not_sent_as_an_empty_command() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "empty").await;
+    let mut conn = store.conn();
+    let none = commit::load_many(&mut conn, &[])
+        .await
+        .expect("no keys, no error");
+    assert!(none.is_empty());
+
+    let entry = pending_entry(&store, "c1").await;
+    let plan = CommitPlan {
+        shard: 0,
+        entry_id: Some(entry),
+        ended_ttl_secs: 60,
+        ..CommitPlan::default()
+    };
+    let outcome = commit::commit(&mut conn, store.keys(), &plan).await;
+    assert!(
+        matches!(outcome, Ok(CommitOutcome::Committed)),
+        "{outcome:?}"
+    );
+    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+        .arg(store.keys().events(0))
+        .arg(WORKERS_GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.count(), 0, "the entry is acknowledged");
+}

@@ -1,0 +1,69 @@
+//! Issue 12, the findings of the store, executor and operator tools: events and pages
+//! that reach no record, a 403 from the merge endpoint, and the stream bounds.
+
+use redis::streams::StreamInfoGroupsReply;
+
+use super::{ADMIN, REPO, Scenario, WAIT};
+use crate::support::poll_until_named;
+use crate::support::redis::xlen;
+
+/// True when the workers' group has read and acknowledged every events-stream entry
+/// (processed, or moved to the dead letters).
+async fn events_drained(s: &Scenario) -> bool {
+    let groups: StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(s.keys().events(0))
+        .query_async(&mut s.conn.clone())
+        .await
+        .expect("XINFO GROUPS");
+    groups
+        .groups
+        .iter()
+        .find(|g| g.name == "workers")
+        .is_some_and(|g| g.pending == 0 && g.lag == Some(0))
+}
+
+/// Finding 6: a repository Shepherd knows but holds no open PR record for. Its push
+/// used to fail with Redis's "empty command" (an empty pipeline) on every delivery and
+/// end in the dead letters; the status page, the admin status and `inspect` answered
+/// 503. The push must be a no-op and every view must answer.
+#[tokio::test]
+async fn repository_without_open_prs_poisons_neither_events_nor_status_pages() {
+    // Redelivered quickly, and dead-lettered at the second delivery: the bug shows
+    // within seconds.
+    let s = Scenario::start(&[
+        ("SHEPHERD_RECLAIM_IDLE_SECS", "1"),
+        ("SHEPHERD_MAX_DELIVERIES", "2"),
+    ])
+    .await;
+    let push = s
+        .fake
+        .push_event(REPO, "main", &"0".repeat(40), &"a".repeat(40), "alice");
+    s.send(&push).await;
+    poll_until_named(WAIT, "the push is read and acknowledged", || {
+        events_drained(&s)
+    })
+    .await;
+    let dead = xlen(&mut s.conn.clone(), &s.keys().dead_letters(0)).await;
+    assert_eq!(dead, 0, "a valid push reaching no record was dead-lettered");
+
+    let get = |path: &str| s.http.get(s.app.url(path)).bearer_auth(ADMIN).send();
+    let status = get("/api/v1/admin/status").await.expect("an answer");
+    assert_eq!(status.status().as_u16(), 200, "admin status");
+    let body: serde_json::Value = status.json().await.expect("JSON");
+    assert_eq!(body["dead_letters"], 0);
+    let page = get("/").await.expect("an answer");
+    assert_eq!(page.status().as_u16(), 200, "status page");
+    let repo = get(&format!("/api/v1/admin/inspect/{REPO}"))
+        .await
+        .expect("an answer");
+    assert_eq!(
+        repo.status().as_u16(),
+        200,
+        "admin inspect of the repository"
+    );
+    assert_eq!(
+        s.cli_json(&["inspect", REPO, "--json"]),
+        serde_json::json!([])
+    );
+}
