@@ -4,6 +4,7 @@
 use redis::streams::StreamInfoGroupsReply;
 
 use super::{ADMIN, REPO, Scenario, WAIT};
+use crate::support::fake_forgejo::{Fault, NewPr};
 use crate::support::poll_until_named;
 use crate::support::redis::xlen;
 
@@ -66,4 +67,48 @@ async fn repository_without_open_prs_poisons_neither_events_nor_status_pages() {
         s.cli_json(&["inspect", REPO, "--json"]),
         serde_json::json!([])
     );
+}
+
+/// By reading (issue 12): any 403 from `POST …/merge` was taken as "merged". Forgejo
+/// answers 403 after a merge that could not delete the branch, but also when the
+/// token or user may not merge at all: the PR must be re-read, and a PR that is not
+/// merged is not recorded as merged (a human is asked instead).
+#[tokio::test(flavor = "multi_thread")]
+async fn merge_refused_with_403_is_not_recorded_as_merged() {
+    let s = crate::support::scenario::Scenario::start("").await;
+    let fake = &s.fake;
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("alice", "Refactor widgets").body("By hand."),
+    );
+    let sha = fake.head_sha(REPO, n);
+    fake.set_status(REPO, &sha, "ci/test", "success", "green");
+    let merge = format!("/repos/{REPO}/pulls/{n}/merge");
+    // What Forgejo's token-scope check answers before the merge handler runs.
+    fake.inject(Fault::on("POST", &merge).status_message(
+        403,
+        "token does not have at least one of required scope(s): [write:repository]",
+    ));
+    s.send(&fake.pr_opened(REPO, n)).await;
+    s.wait_phase(REPO, n, "awaiting-review").await;
+    for reviewer in ["bob", "dave"] {
+        let id = fake.add_review(REPO, n, reviewer, "APPROVED");
+        s.send(&fake.pr_reviewed(REPO, n, id)).await;
+    }
+    s.wait_fake("the merge is attempted", |f| {
+        !f.calls("POST", &merge).is_empty()
+    })
+    .await;
+    s.wait_phase(REPO, n, "needs-human").await;
+    s.wait_idle().await;
+    assert!(
+        !fake.issue(REPO, n).pull.unwrap().merged,
+        "the fake never merged"
+    );
+    assert_eq!(
+        s.phase(REPO, n).await,
+        "needs-human",
+        "not recorded as merged"
+    );
+    assert!(fake.merges().is_empty());
 }
