@@ -170,6 +170,7 @@ pub async fn run(
 
 /// `shepherd work`: the worker plus its health/metrics endpoint, until SIGINT/SIGTERM.
 pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
+    config.require_bot_login_for_executor()?;
     let shutdown = crate::shutdown::on_signals();
     let metrics = Metrics::new();
     let config = Arc::new(config);
@@ -189,6 +190,7 @@ pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()
 /// when none answers at `SHEPHERD_REDIS_URL` (see [`redis_server`]).
 pub async fn run_all(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
     config.require_webhook_secrets()?;
+    config.require_bot_login_for_executor()?;
     let shutdown = crate::shutdown::on_signals();
     let supervised = redis_server::ensure(&config.redis_url, &config.data_dir).await?;
     let metrics = Metrics::new();

@@ -112,3 +112,50 @@ async fn merge_refused_with_403_is_not_recorded_as_merged() {
     );
     assert!(fake.merges().is_empty());
 }
+
+/// By reading (issue 12): without `SHEPHERD_BOT_LOGIN`, Shepherd's comment markers
+/// from anyone were trusted. `work` and `run` with the executor on (Forgejo URL and
+/// token) must refuse to start, naming the setting.
+#[test]
+fn executor_without_bot_login_would_trust_anyones_markers_so_it_does_not_start() {
+    for command in ["work", "run"] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("SHEPHERD_") {
+                cmd.env_remove(key);
+            }
+        }
+        let data = tempfile::tempdir().expect("a data dir");
+        cmd.arg(command)
+            // Nothing listens here: the refusal must come before any connection.
+            .env("SHEPHERD_REDIS_URL", "redis://127.0.0.1:9")
+            .env("SHEPHERD_DATA_DIR", data.path())
+            .env("SHEPHERD_LISTEN", "127.0.0.1:0")
+            .env("SHEPHERD_WEBHOOK_SECRETS", crate::support::TEST_SECRET)
+            .env("SHEPHERD_FORGEJO_URL", "http://127.0.0.1:9")
+            .env("SHEPHERD_FORGEJO_TOKEN", "a-token")
+            .env("SHEPHERD_LOG", "warn")
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("run the shepherd binary");
+        let end = std::time::Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for shepherd") {
+                break status;
+            }
+            if std::time::Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("`{command}` started without SHEPHERD_BOT_LOGIN and kept running");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr)
+            .expect("stderr");
+        assert!(!status.success(), "`{command}` started: {stderr}");
+        assert!(
+            stderr.contains("SHEPHERD_BOT_LOGIN"),
+            "`{command}`: {stderr}"
+        );
+    }
+}
