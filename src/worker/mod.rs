@@ -26,6 +26,7 @@ pub mod results;
 pub mod results_api;
 pub mod resync;
 pub mod timers;
+pub mod trim;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,6 +149,7 @@ pub async fn run(
         shutdown.clone(),
     ));
     tasks.spawn(consumer::gauge_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(trim::trim_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(executor::run_executor(ctx.clone(), shutdown.clone()));
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {

@@ -159,3 +159,50 @@ fn executor_without_bot_login_would_trust_anyones_markers_so_it_does_not_start()
         );
     }
 }
+
+/// By reading (issue 12): every accepted delivery trimmed the events stream by age
+/// (`XADD MINID ~ now-retention`), also the entries no worker had processed yet (a
+/// worker outage longer than the window lost them). An accepted delivery is never
+/// dropped: ingest no longer trims, and the workers trim only acknowledged entries.
+#[tokio::test]
+async fn ingest_never_trims_events_no_worker_has_processed() {
+    let redis = crate::support::redis::RedisServer::start();
+    let app = crate::support::shepherd::Shepherd::serve(&redis).await;
+    let events = app.keys().events(0);
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&events)
+        .arg("workers")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // 300 entries from long before the retention window, never delivered to a worker.
+    for seq in 1..=300 {
+        let _: String = redis::cmd("XADD")
+            .arg(&events)
+            .arg(format!("1000-{seq}"))
+            .arg(&["kind", "internal", "event", "old-but-unprocessed"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let fake = crate::support::fake_forgejo::FakeForgejo::start().await;
+    fake.create_repo(REPO);
+    let push = fake.push_event(REPO, "main", &"0".repeat(40), &"b".repeat(40), "alice");
+    let delivery = crate::support::webhook::new_delivery();
+    let answer = crate::support::webhook::post(
+        &reqwest::Client::new(),
+        &app.webhook_url(),
+        &crate::support::webhook::signed(&push.body(), push.event_type, &delivery),
+    )
+    .await;
+    assert_eq!(answer.status().as_u16(), 202);
+    assert_eq!(
+        xlen(&mut conn, &events).await,
+        301,
+        "unprocessed entries were trimmed"
+    );
+}
