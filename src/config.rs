@@ -69,6 +69,7 @@ pub struct Settings {
     pub forgejo_token: Option<SecretString>,
 
     /// Login of the bot user; events it causes update facts but never start work.
+    /// Required by `work` and `run` when the executor is on (Forgejo URL and token set).
     #[arg(long, env = "SHEPHERD_BOT_LOGIN", global = true)]
     pub bot_login: Option<String>,
 
@@ -418,6 +419,26 @@ impl Config {
         Ok(())
     }
 
+    /// Fails naming `SHEPHERD_BOT_LOGIN` when the executor would run (`work`/`run` with
+    /// both `SHEPHERD_FORGEJO_URL` and `_TOKEN`) without it: Shepherd's own comments are
+    /// recognised by their marker *and* their author, so without the bot login a marker
+    /// pasted by anyone would be trusted (issue 12).
+    pub fn require_bot_login_for_executor(&self) -> Result<(), ConfigError> {
+        let executor_on = self.forgejo_url.is_some() && self.forgejo_token.is_some();
+        let missing = self
+            .bot_login
+            .as_deref()
+            .is_none_or(|l| l.trim().is_empty());
+        if executor_on && missing {
+            return Err(bad(
+                "SHEPHERD_BOT_LOGIN",
+                "is required when SHEPHERD_FORGEJO_URL and SHEPHERD_FORGEJO_TOKEN are set \
+                 (the executor runs): without it, comment markers from anyone are trusted",
+            ));
+        }
+        Ok(())
+    }
+
     /// Fails naming the missing setting when Forgejo API access is not configured.
     pub fn require_forgejo(&self) -> Result<(&str, &SecretString), ConfigError> {
         let url = self
@@ -480,6 +501,27 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(e.setting, "SHEPHERD_DISPATCH_SECRET");
+    }
+
+    /// Issue 12: without the bot login, comment markers from anyone would be trusted.
+    #[test]
+    fn executor_without_bot_login_trusts_markers_from_anyone_so_it_is_refused() {
+        let forgejo = [
+            "--forgejo-url",
+            "https://f.example",
+            "--forgejo-token",
+            "t0k",
+        ];
+        let c = settings(&forgejo).validate().unwrap();
+        let e = c.require_bot_login_for_executor().unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_BOT_LOGIN");
+        let mut with_bot = forgejo.to_vec();
+        with_bot.extend(["--bot-login", "shepherd-bot"]);
+        let c = settings(&with_bot).validate().unwrap();
+        assert!(c.require_bot_login_for_executor().is_ok());
+        // No executor (no Forgejo access): nothing acts on markers, nothing required.
+        let c = settings(&[]).validate().unwrap();
+        assert!(c.require_bot_login_for_executor().is_ok());
     }
 
     #[test]

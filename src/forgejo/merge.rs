@@ -64,7 +64,8 @@ fn classify(e: ForgejoError) -> Result<MergeOutcome, ForgejoError> {
     };
     let message = message.clone();
     match code {
-        403 => Ok(MergeOutcome::MergedBranchNotDeleted { message }),
+        // Merged-but-branch-kept or refused: the caller re-reads the PR (§4.3).
+        403 => Ok(MergeOutcome::Forbidden { message }),
         404 => Ok(MergeOutcome::NotFound { message }),
         405 => Ok(MergeOutcome::NotAllowed {
             refusal: refusal(&message),

@@ -261,16 +261,17 @@ pub enum MergeConflictKind {
 }
 
 /// The outcome of `POST …/pulls/{n}/merge`, one variant per way it can end. Only
-/// [`MergeOutcome::Merged`] and [`MergeOutcome::MergedBranchNotDeleted`] mean merged
-/// for sure; [`MergeOutcome::Ambiguous`] must be resolved by re-reading the PR.
+/// [`MergeOutcome::Merged`] means merged for sure; [`MergeOutcome::Forbidden`] and
+/// [`MergeOutcome::Ambiguous`] must be resolved by re-reading the PR.
 #[derive(Debug)]
 pub enum MergeOutcome {
     /// 200: merged.
     Merged,
-    /// 403: merged, but the head branch could not be deleted (protected, default
-    /// branch, or no permission). Also what a token without write scope gets, so a
-    /// re-read is still wise.
-    MergedBranchNotDeleted {
+    /// 403: either merged with a head branch that could not be deleted (protected,
+    /// default branch, no permission), or refused before merging (a token without the
+    /// write scope, a user without write access). The answer cannot tell them apart:
+    /// only a re-read of the PR can.
+    Forbidden {
         /// Forgejo's message.
         message: String,
     },
@@ -302,9 +303,9 @@ pub enum MergeOutcome {
 }
 
 impl MergeOutcome {
-    /// True when the PR is certainly merged.
+    /// True when the PR is certainly merged (a 403 is not: see [`Self::Forbidden`]).
     pub fn is_merged(&self) -> bool {
-        matches!(self, Self::Merged | Self::MergedBranchNotDeleted { .. })
+        matches!(self, Self::Merged)
     }
 }
 

@@ -7,7 +7,8 @@
 //! PR, plus repository-wide events (pushes, statuses) once the PR is known, each
 //! stepped at the time it was received. Only the replay window is archived: a PR older
 //! than the window folds from its first retained event. Effects of the fold are
-//! discarded — they happened when the events were first processed.
+//! discarded — they happened when the events were first processed; the work index and
+//! claim timers are brought in line with the rebuilt record instead (`track_work`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,11 +17,16 @@ use tracing::instrument;
 use super::diff::{self, Change};
 use super::{Ops, OpsError, PrTarget, archive, parse_pr};
 use crate::cli::RebuildArgs;
-use crate::core::event::Target;
+use crate::core::effect::{Timer, TimerKind};
+use crate::core::event::{Event, Target};
+use crate::core::ids::Scope;
 use crate::core::machine::{decide, step};
 use crate::core::record::PrRecord;
-use crate::store::commit::{self, CommitOutcome, CommitPlan, RecordWrite, history_fields};
+use crate::store::commit::{
+    self, CommitOutcome, CommitPlan, RecordWrite, TimerWrite, history_fields,
+};
 use crate::store::fields;
+use crate::store::work::WorkOwner;
 
 /// What `rebuild` asks for.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -83,7 +89,11 @@ pub async fn rebuild(ops: &Ops, req: &RebuildRequest) -> Result<RebuildReport, O
                 "no archived events for {t}: nothing to rebuild from"
             )));
         }
-        let version = apply(ops, &t, folded, stored_version).await?;
+        let stored_work = stored
+            .as_ref()
+            .and_then(|s| PrRecord::from_json(&s.data).ok())
+            .and_then(|r| r.work.active.map(|a| a.item.id.to_string()));
+        let version = apply(ops, &t, folded, stored_version, stored_work).await?;
         folded_json["version"] = version.into();
         report.folded = folded_json;
         report.applied = true;
@@ -128,11 +138,14 @@ pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError
 }
 
 /// Writes `folded` over the stored record at `expect` (CAS); returns the new version.
+/// `stored_work` is the active work id of the record replaced: the work index must
+/// follow the record, as on every worker commit (see [`track_work`]).
 async fn apply(
     ops: &Ops,
     t: &PrTarget,
     mut folded: PrRecord,
     expect: u64,
+    stored_work: Option<String>,
 ) -> Result<u64, OpsError> {
     let repo = t.repo.as_str();
     let version = expect + 1;
@@ -153,7 +166,7 @@ async fn apply(
         (history_fields::EFFECTS.to_owned(), "0".to_owned()),
         (history_fields::AT.to_owned(), now.to_string()),
     ];
-    let plan = CommitPlan {
+    let mut plan = CommitPlan {
         shard: ops.keys.shard_of(repo),
         entry_id: None,
         records: vec![RecordWrite {
@@ -169,6 +182,7 @@ async fn apply(
         ended_ttl_secs: ops.config.retention.as_secs(),
         ..CommitPlan::default()
     };
+    track_work(&mut plan, &folded, stored_work, t);
     match commit::commit(&mut ops.conn(), &ops.keys, &plan).await? {
         CommitOutcome::Committed => {
             tracing::info!(target = %t, version, "rebuilt record applied");
@@ -179,6 +193,56 @@ async fn apply(
         ))),
         CommitOutcome::Stale => Err(OpsError::Conflict(format!("{t}: commit refused"))),
     }
+}
+
+/// Keeps the work index and the claim timers true to the rebuilt record. The fold
+/// discards effects, so without this (issue 12) the replaced record's work id stayed
+/// in the index for good (results accepted for work no record holds), and a work item
+/// the fold made active had no index entry (its result refused) and no claim-expiry
+/// timer (nothing would ever end it).
+///
+/// - The replaced record's active work, unless the rebuilt record holds the same id,
+///   ends (index entry removed, ended marker set).
+/// - A work item only the rebuilt record holds was never dispatched by this fold: it
+///   gets its index entry and its claim-expiry timer at its recorded expiry (already
+///   due when that is past), so the core itself expires it and dispatches again.
+fn track_work(plan: &mut CommitPlan, folded: &PrRecord, stored: Option<String>, t: &PrTarget) {
+    let active = folded.work.active.as_ref().map(|a| &a.item);
+    let new = active.map(|item| item.id.to_string());
+    if new == stored {
+        return;
+    }
+    if let Some(old) = stored {
+        plan.work_end.push(old);
+    }
+    let Some(item) = active else { return };
+    let id = item.id.to_string();
+    let record = plan.records[0].key.clone();
+    plan.work_add.push((
+        id.clone(),
+        WorkOwner::encode(false, t.repo.as_str(), t.number),
+    ));
+    let timer = Timer {
+        due_ms: item.claim_expires_at,
+        kind: TimerKind::ClaimExpiry {
+            work_id: item.id.clone(),
+        },
+        id: format!("claim:{id}"),
+    };
+    let fired = Event::TimerFired {
+        repo: t.repo.clone(),
+        scope: Scope::Pr,
+        number: t.number,
+        timer: timer.clone(),
+    };
+    plan.timers.push(TimerWrite {
+        due_ms: u64::try_from(timer.due_ms).unwrap_or(0),
+        record,
+        id: timer.id,
+        repo: t.repo.to_string(),
+        event: fired.name(),
+        body: serde_json::to_string(&fired).unwrap_or_default(),
+    });
 }
 
 /// A record's JSON without its version (which a fold cannot reproduce).

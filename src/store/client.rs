@@ -9,6 +9,20 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{Keys, StoreError};
 
+/// Runs `pipe` on `conn`: one reply per command. An empty pipeline is answered here with
+/// no replies and never sent: Redis refuses it ("empty command"), while a pipeline built
+/// over zero keys is an ordinary case (a repository with no open PR record), not an
+/// error. Every pipeline of the store goes through here.
+pub async fn query_pipeline<T: redis::FromRedisValue>(
+    conn: &mut ConnectionManager,
+    pipe: &redis::Pipeline,
+) -> Result<Vec<T>, StoreError> {
+    if pipe.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
 /// How long a short command may take before it counts as failed.
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.

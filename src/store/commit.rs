@@ -312,7 +312,8 @@ pub async fn load(
     }
 }
 
-/// Loads several records in one round trip (a repository-wide event).
+/// Loads several records in one round trip (a repository-wide event); no keys, no
+/// records (and no round trip).
 pub async fn load_many(
     conn: &mut ConnectionManager,
     keys: &[String],
@@ -321,7 +322,8 @@ pub async fn load_many(
     for k in keys {
         pipe.cmd("HMGET").arg(k).arg("v").arg("data");
     }
-    let replies: Vec<(Option<String>, Option<String>)> = pipe.query_async(conn).await?;
+    let replies: Vec<(Option<String>, Option<String>)> =
+        super::client::query_pipeline(conn, &pipe).await?;
     keys.iter()
         .zip(replies)
         .map(|(key, (v, data))| match (v, data) {

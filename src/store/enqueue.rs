@@ -164,16 +164,12 @@ impl Enqueuer {
     fn evalsha(&self, d: &Delivery) -> redis::Cmd {
         let shard = self.keys.shard_of(d.repo());
         let retention_ms = u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX);
-        let minid = u64::try_from(d.received_ms())
-            .unwrap_or(0)
-            .saturating_sub(retention_ms);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash())
             .arg(2)
             .arg(self.keys.seen(shard, d.id()))
             .arg(self.keys.events(shard))
             .arg(retention_ms)
-            .arg(minid)
             .arg(fields::KIND)
             .arg(fields::KIND_WEBHOOK)
             .arg(fields::DELIVERY)

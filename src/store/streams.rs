@@ -204,7 +204,8 @@ async fn delivery_counts<'a>(
             .arg(id)
             .arg(1);
     }
-    let replies: Vec<redis::streams::StreamPendingCountReply> = pipe.query_async(conn).await?;
+    let replies: Vec<redis::streams::StreamPendingCountReply> =
+        super::client::query_pipeline(conn, &pipe).await?;
     Ok(replies
         .into_iter()
         .flat_map(|r| r.ids)
@@ -325,4 +326,49 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// A stream id as `(ms, seq)` for comparisons; `None` when malformed.
+fn parse_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// Trims `stream` of the entries older than `older_than_ms` (unix ms) that every
+/// consumer group has delivered and acknowledged: the bound is the oldest of the age
+/// bound, each group's oldest pending entry and each group's last-delivered id (what
+/// follows it was never delivered). A stream with no group (dispatch, dead letters) is
+/// trimmed by age alone. Exact `MINID` (not `~`): it runs once a minute and must never
+/// remove an entry at or above the bound. Returns how many entries went.
+pub async fn trim_acknowledged(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    older_than_ms: u64,
+) -> Result<u64, StoreError> {
+    let exists: bool = redis::cmd("EXISTS").arg(stream).query_async(conn).await?;
+    if !exists {
+        return Ok(0);
+    }
+    let groups: redis::streams::StreamInfoGroupsReply = conn.xinfo_groups(stream).await?;
+    let mut bound = (older_than_ms, 0);
+    for g in &groups.groups {
+        let delivered = parse_id(&g.last_delivered_id).unwrap_or((0, 0));
+        bound = bound.min(delivered);
+        if g.pending > 0 {
+            let summary: redis::streams::StreamPendingReply =
+                conn.xpending(stream, &g.name).await?;
+            if let redis::streams::StreamPendingReply::Data(d) = summary {
+                bound = bound.min(parse_id(&d.start_id).unwrap_or((0, 0)));
+            }
+        }
+    }
+    if bound == (0, 0) {
+        return Ok(0);
+    }
+    Ok(redis::cmd("XTRIM")
+        .arg(stream)
+        .arg("MINID")
+        .arg(format!("{}-{}", bound.0, bound.1))
+        .query_async(conn)
+        .await?)
 }

@@ -78,7 +78,7 @@ pub async fn lookup(
         pipe.exists(keys.work_ended(shard, work_id));
     }
     let replies: Vec<(Option<String>, bool)> = {
-        let flat: Vec<redis::Value> = pipe.query_async(conn).await?;
+        let flat: Vec<redis::Value> = super::client::query_pipeline(conn, &pipe).await?;
         flat.chunks(2)
             .map(|c| {
                 let owner: Option<String> = redis::from_redis_value_ref(&c[0]).unwrap_or(None);

@@ -26,6 +26,7 @@ pub mod results;
 pub mod results_api;
 pub mod resync;
 pub mod timers;
+pub mod trim;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,6 +149,7 @@ pub async fn run(
         shutdown.clone(),
     ));
     tasks.spawn(consumer::gauge_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(trim::trim_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(executor::run_executor(ctx.clone(), shutdown.clone()));
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {
@@ -170,6 +172,7 @@ pub async fn run(
 
 /// `shepherd work`: the worker plus its health/metrics endpoint, until SIGINT/SIGTERM.
 pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
+    config.require_bot_login_for_executor()?;
     let shutdown = crate::shutdown::on_signals();
     let metrics = Metrics::new();
     let config = Arc::new(config);
@@ -189,6 +192,7 @@ pub async fn work(config: Config, consumer: Option<String>) -> anyhow::Result<()
 /// when none answers at `SHEPHERD_REDIS_URL` (see [`redis_server`]).
 pub async fn run_all(config: Config, consumer: Option<String>) -> anyhow::Result<()> {
     config.require_webhook_secrets()?;
+    config.require_bot_login_for_executor()?;
     let shutdown = crate::shutdown::on_signals();
     let supervised = redis_server::ensure(&config.redis_url, &config.data_dir).await?;
     let metrics = Metrics::new();

@@ -288,6 +288,7 @@ fn env_example_lists_every_variable_of_the_binary() {
         "SHEPHERD_WEBHOOK_SECRETS",
         "SHEPHERD_FORGEJO_URL",
         "SHEPHERD_FORGEJO_TOKEN",
+        "SHEPHERD_BOT_LOGIN",
     ] {
         assert_eq!(listed.get(required), Some(&false), "{required} must be set");
     }

@@ -581,7 +581,7 @@ async fn merge_conflicts_moved_heads_and_closed_prs() {
 }
 
 #[tokio::test]
-async fn merge_that_cannot_delete_the_branch_is_still_merged() {
+async fn merge_that_cannot_delete_the_branch_answers_403_which_alone_is_not_merged() {
     let fake = FakeForgejo::start().await;
     let n = fake.open_pr(REPO, NewPr::new("alice", "Release").head_ref("release"));
     fake.protect_branch(REPO, "release");
@@ -590,7 +590,7 @@ async fn merge_that_cannot_delete_the_branch_is_still_merged() {
         .await
         .unwrap();
     assert!(
-        matches!(o, MergeOutcome::MergedBranchNotDeleted { .. }) && o.is_merged(),
+        matches!(o, MergeOutcome::Forbidden { .. }) && !o.is_merged(),
         "{o:?}"
     );
     assert!(fake.issue(REPO, n).pull.unwrap().merged);

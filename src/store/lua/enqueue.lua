@@ -7,16 +7,16 @@
 -- KEYS[1]  dedup marker of the delivery id   ({prefix:shard}:seen:<delivery>)
 -- KEYS[2]  events stream of the shard        ({prefix:shard}:events)
 -- ARGV[1]  retention in milliseconds: TTL of the marker
--- ARGV[2]  MINID for trimming: now - retention, in unix milliseconds. Trimming is
---          approximate (~) so it only ever removes whole old macro nodes, never an
---          entry younger than the window.
--- ARGV[3..] field/value pairs of the stream entry
+-- ARGV[2..] field/value pairs of the stream entry
+--
+-- No trimming here: an age bound at append time would drop entries no worker has
+-- processed yet. The workers trim what every group has acknowledged (worker/trim.rs).
 --
 -- Returns {1, id} when queued, {0, id} when the delivery id was already queued as id.
 local prev = redis.call('GET', KEYS[1])
 if prev then
   return {0, prev}
 end
-local id = redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[2], '*', unpack(ARGV, 3))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
 redis.call('SET', KEYS[1], id, 'PX', ARGV[1])
 return {1, id}

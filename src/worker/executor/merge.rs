@@ -9,9 +9,11 @@
 //!    go back to the machine (a `ResyncObserved` event) with `TryAgain`.
 //! 4. `POST …/merge` with `Do`, `head_commit_id` and `delete_branch_after_merge` —
 //!    never `force_merge`.
-//! 5. A 405/409/404 or an ambiguous answer (timeout, 5xx) is never retried blindly:
-//!    the PR is re-read; merged means `Merged`, anything else is reported as the
-//!    outcome (`Conflict`, `HeadMoved`, `TryAgain`, `FailedPermanent`).
+//! 5. A 403/405/409/404 or an ambiguous answer (timeout, 5xx) is never retried
+//!    blindly: the PR is re-read; merged means `Merged`, anything else is reported as
+//!    the outcome (`Conflict`, `HeadMoved`, `TryAgain`, `FailedPermanent`). A 403 is
+//!    never taken as "merged" on its own: Forgejo answers it both after a merge that
+//!    could not delete the branch and for a refused one.
 
 use crate::core::effect::Effect;
 use crate::core::event::{EffectOutcome, Event, MergeOutcome};
@@ -106,8 +108,15 @@ impl Executor {
         let answer = self.forgejo.merge(repo, effect.number, &request).await?;
         tracing::info!(?answer, "merge answered");
         let outcome = match answer {
-            forgejo::MergeOutcome::Merged
-            | forgejo::MergeOutcome::MergedBranchNotDeleted { .. } => MergeOutcome::Merged,
+            forgejo::MergeOutcome::Merged => MergeOutcome::Merged,
+            // A 403 comes after a merge whose branch could not be deleted, and also
+            // from a refusal (token scope, write access): only the PR tells which.
+            forgejo::MergeOutcome::Forbidden { message } => {
+                let refused = MergeOutcome::FailedPermanent {
+                    message: format!("merge refused (403): {message}"),
+                };
+                self.reread(effect, ask.head_sha, refused).await?
+            }
             forgejo::MergeOutcome::NotAllowed { refusal, message } => match refusal {
                 MergeRefusal::NotMergeable => MergeOutcome::TryAgain,
                 MergeRefusal::AlreadyMerged | MergeRefusal::WorkInProgress => {

@@ -56,8 +56,6 @@ const RETRY_POLL: Duration = Duration::from_millis(200);
 const RETRY_POP_LIMIT: usize = 256;
 /// Forgejo calls a merge effect makes at most (PR, status, reviews, merge, re-read).
 const MERGE_CALLS: u32 = 6;
-/// How often the effects streams are trimmed to the retention window.
-const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Everything the executor tasks share.
 pub struct Executor {
@@ -217,12 +215,7 @@ impl Executor {
     async fn retry_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
-        let mut last_trim = std::time::Instant::now();
         while pause(RETRY_POLL, &shutdown).await {
-            if last_trim.elapsed() >= TRIM_EVERY {
-                last_trim = std::time::Instant::now();
-                self.trim(&mut conn).await;
-            }
             for shard in 0..self.ctx.config.shards {
                 let now = streams::now_ms();
                 match effects::pop_due_retries(&mut conn, keys, shard, now, RETRY_POP_LIMIT).await {
@@ -240,24 +233,6 @@ impl Executor {
             }
         }
         Ok(())
-    }
-
-    /// Drops effects-stream entries older than the retention window (approximately).
-    async fn trim(&self, conn: &mut redis::aio::ConnectionManager) {
-        let retention = u64::try_from(self.ctx.config.retention.as_millis()).unwrap_or(u64::MAX);
-        let minid = streams::now_ms().saturating_sub(retention);
-        for shard in 0..self.ctx.config.shards {
-            let trimmed: Result<i64, _> = redis::cmd("XTRIM")
-                .arg(self.ctx.store.keys().effects(shard))
-                .arg("MINID")
-                .arg("~")
-                .arg(minid)
-                .query_async(conn)
-                .await;
-            if let Err(e) = trimmed {
-                tracing::debug!(shard, error = %e, "trimming the effects stream failed");
-            }
-        }
     }
 
     /// Claims and runs effects left pending by dead executors.

@@ -168,3 +168,76 @@ async fn inspect_shows_the_record_phase_effects_and_history() {
     assert!(!none.status.success());
     assert!(String::from_utf8_lossy(&none.stderr).contains("no record"));
 }
+
+/// The active work id of the stored record of PR `n`, if any.
+async fn active_work(s: &Scenario, n: u64) -> Option<String> {
+    let (_, record) = s.record(n).await;
+    record["work"]["active"]["item"]["id"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The owner the work index gives `work_id`.
+async fn indexed(s: &Scenario, work_id: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(s.keys().work_index(0))
+        .arg(work_id)
+        .query_async(&mut s.conn.clone())
+        .await
+        .expect("HGET")
+}
+
+/// Issue 12 (by reading): `rebuild --apply` discarded the fold's effects and left the
+/// work index alone, so the replaced record's work id stayed active in the index for
+/// good (a result for it accepted although no record holds it). Here the archive has
+/// lost the events after the PR's opening (as the replay window drops old ones), so
+/// the fold holds no work while the stored record holds a dispatched ci-fix.
+#[tokio::test]
+async fn rebuild_apply_leaves_no_work_id_active_for_good() {
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Add the widget");
+    let sha = s.fake.head_sha(REPO, n);
+    s.fake
+        .set_status(REPO, &sha, "ci/test", "failure", "3 tests failed");
+    let opened = s.send(&s.fake.pr_opened(REPO, n)).await;
+    crate::support::poll_until_named(super::WAIT, "a ci-fix is dispatched", || async {
+        active_work(&s, n).await.is_some()
+    })
+    .await;
+    let mut s = s;
+    s.stop_app();
+    let work = active_work(&s, n).await.unwrap();
+    assert!(
+        indexed(&s, &work).await.is_some(),
+        "dispatched work is indexed"
+    );
+
+    let events = s.keys().events(0);
+    for (id, f) in s.entries(&events).await {
+        if f.get("delivery") != Some(&opened) {
+            let _: u64 = redis::cmd("XDEL")
+                .arg(&events)
+                .arg(&id)
+                .query_async(&mut s.conn.clone())
+                .await
+                .unwrap();
+        }
+    }
+    let report = s.cli_json(&["rebuild", &format!("{REPO}#{n}"), "--apply", "--json"]);
+    assert_eq!(report["applied"], true, "{report}");
+    assert_eq!(active_work(&s, n).await, None, "the fold holds no work");
+    assert_eq!(
+        indexed(&s, &work).await,
+        None,
+        "the replaced record's work id is still active in the work index"
+    );
+    let ended: bool = redis::cmd("EXISTS")
+        .arg(s.keys().work_ended(0, &work))
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    assert!(
+        ended,
+        "the replaced work is marked ended (a late result is refused)"
+    );
+}

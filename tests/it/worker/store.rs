@@ -301,3 +301,133 @@ async fn dead_letter_keeps_the_reason_and_the_fields_and_acks() {
     assert!(!again);
     assert_eq!(xlen(&mut raw, &keys.dead_letters(0)).await, 1);
 }
+
+/// Finding 6 of issue 12: a pipeline over zero keys (a repository with no open PR
+/// record) was sent to Redis as an empty command and failed; it must answer "nothing".
+/// A plan that writes no record must still commit and acknowledge its entry.
+#[tokio::test]
+async fn empty_key_lists_are_answered_empty_not_sent_as_an_empty_command() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "empty").await;
+    let mut conn = store.conn();
+    let none = commit::load_many(&mut conn, &[])
+        .await
+        .expect("no keys, no error");
+    assert!(none.is_empty());
+
+    let entry = pending_entry(&store, "c1").await;
+    let plan = CommitPlan {
+        shard: 0,
+        entry_id: Some(entry),
+        ended_ttl_secs: 60,
+        ..CommitPlan::default()
+    };
+    let outcome = commit::commit(&mut conn, store.keys(), &plan).await;
+    assert!(
+        matches!(outcome, Ok(CommitOutcome::Committed)),
+        "{outcome:?}"
+    );
+    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+        .arg(store.keys().events(0))
+        .arg(WORKERS_GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.count(), 0, "the entry is acknowledged");
+}
+
+/// Appends entries `ms-1 ..= ms-n` (explicit, long-past ids) to `stream`.
+async fn old_entries(conn: &mut redis::aio::ConnectionManager, stream: &str, ms: u64, n: u64) {
+    for seq in 1..=n {
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg(format!("{ms}-{seq}"))
+            .arg(&["kind", "internal"])
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Issue 12 (by reading): streams were trimmed by age even where a consumer group had
+/// not acknowledged, and dispatch/results/dead letters never. Only entries older than
+/// the bound that every group has delivered and acknowledged may go.
+#[tokio::test]
+async fn trimming_never_drops_what_a_consumer_group_has_not_acknowledged() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "trim").await;
+    let mut conn = store.conn();
+    let mut check = redis.conn().await;
+    let now = streams::now_ms();
+    let stream = "trim:grouped";
+    old_entries(&mut conn, stream, 1000, 10).await;
+    streams::ensure_group(&mut conn, stream, "g").await.unwrap();
+    let read = streams::read_group(
+        &mut conn,
+        stream,
+        "g",
+        "c",
+        ">",
+        6,
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(read.len(), 6);
+    for seq in [1, 2, 3, 5] {
+        let _: i64 = redis::cmd("XACK")
+            .arg(stream)
+            .arg("g")
+            .arg(format!("1000-{seq}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    // 1000-4 and 1000-6 are pending, 1000-7.. were never delivered: only 1..3 may go.
+    let trimmed = streams::trim_acknowledged(&mut conn, stream, now)
+        .await
+        .unwrap();
+    assert_eq!(trimmed, 3);
+    assert_eq!(xlen(&mut check, stream).await, 7);
+
+    // A second group that has read nothing holds everything.
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg("late")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("XACK")
+        .arg(stream)
+        .arg("g")
+        .arg("1000-4")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        streams::trim_acknowledged(&mut conn, stream, now)
+            .await
+            .unwrap(),
+        0
+    );
+
+    // No group (dispatch, dead letters): by age only; the young entries stay.
+    let plain = "trim:plain";
+    old_entries(&mut conn, plain, 1000, 4).await;
+    old_entries(&mut conn, plain, now + 60_000, 2).await;
+    assert_eq!(
+        streams::trim_acknowledged(&mut conn, plain, now)
+            .await
+            .unwrap(),
+        4
+    );
+    assert_eq!(xlen(&mut check, plain).await, 2);
+    assert_eq!(
+        streams::trim_acknowledged(&mut conn, "trim:missing", now)
+            .await
+            .unwrap(),
+        0
+    );
+}
