@@ -427,29 +427,53 @@ impl HasSchema for IssueRecord {
     }
 }
 
+/// Most linked issues taken from one PR body. Each one is a record the worker loads,
+/// steps and commits with the PR's events, so the number must stay small whatever the
+/// body says: links past the first `MAX_LINKED_ISSUES` distinct ones are ignored (a
+/// body with 100,000 `Closes #N` once stalled a shard for minutes).
+pub const MAX_LINKED_ISSUES: usize = 20;
+
+/// The verbs that link an issue (Forgejo's closing keywords).
+const LINK_VERBS: [&str; 9] = [
+    "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
+];
+
 /// Issue numbers a body links with `close[sd]`, `fix(e[sd])`, `resolve[sd]` + `#N`
-/// (case-insensitive, same repository only).
+/// (case-insensitive, same repository only): the first [`MAX_LINKED_ISSUES`] distinct
+/// ones. One pass over the words without copying the body, stopping at the cap, so a
+/// hostile body costs time linear in its length at most.
 pub fn linked_issues(body: &str) -> BTreeSet<u64> {
-    const VERBS: [&str; 9] = [
-        "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
-    ];
-    let lower = body.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
-        .filter(|w| !w.is_empty())
-        .collect();
     let mut out = BTreeSet::new();
-    for pair in words.windows(2) {
-        let verb = pair[0].trim_end_matches(':');
-        if !VERBS.contains(&verb) {
-            continue;
-        }
-        let target = pair[1].trim_end_matches(['.', ';', ':', '!']);
-        if let Some(n) = target.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+    let mut words = body
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .filter(|w| !w.is_empty());
+    let Some(mut prev) = words.next() else {
+        return out;
+    };
+    for word in words {
+        if is_link_verb(prev)
+            && let Some(n) = issue_ref(word)
+        {
             out.insert(n);
+            if out.len() >= MAX_LINKED_ISSUES {
+                break;
+            }
         }
+        prev = word;
     }
     out
+}
+
+/// Whether `word` (with an optional trailing `:`) is a linking verb.
+fn is_link_verb(word: &str) -> bool {
+    let verb = word.trim_end_matches(':');
+    LINK_VERBS.iter().any(|v| v.eq_ignore_ascii_case(verb))
+}
+
+/// `#N` (with optional trailing punctuation) → `N`.
+fn issue_ref(word: &str) -> Option<u64> {
+    let target = word.trim_end_matches(['.', ';', ':', '!']);
+    target.strip_prefix('#')?.parse().ok()
 }
 
 #[cfg(test)]
@@ -460,6 +484,20 @@ mod tests {
     fn linked_issues_are_found() {
         let body = "Fixes #12, closes #3.\nResolves: #7\nsee #9\nfix#10 Closed #x";
         assert_eq!(linked_issues(body), BTreeSet::from([3, 7, 12]));
+        assert_eq!(linked_issues(""), BTreeSet::new());
+        assert_eq!(linked_issues("CLOSES #4"), BTreeSet::from([4]));
+    }
+
+    #[test]
+    fn linked_issue_fan_out_of_a_100_000_link_body_is_capped() {
+        let body: String = (1..=100_000).map(|n| format!("Closes #{n}\n")).collect();
+        let links = linked_issues(&body);
+        assert_eq!(links.len(), MAX_LINKED_ISSUES);
+        let first: BTreeSet<u64> = (1..=MAX_LINKED_ISSUES as u64).collect();
+        assert_eq!(links, first, "the first ones in the body");
+        // Repeats do not use up the cap.
+        let repeated = format!("{}Fixes #77", "Closes #1\n".repeat(50_000));
+        assert_eq!(linked_issues(&repeated), BTreeSet::from([1, 77]));
     }
 
     #[test]
