@@ -77,12 +77,51 @@ pub struct WorkState {
     pub permissions: BTreeMap<Login, PermissionFact>,
     /// Commands waiting for the commenter's permission to be observed.
     pub pending_commands: Vec<PendingCommand>,
-    /// Ids of comments whose commands were handled (a redelivery does nothing twice);
-    /// the most recent [`HANDLED_COMMENTS_KEPT`].
+    /// Ids of comments whose commands were handled (a redelivery does nothing twice):
+    /// the [`HANDLED_COMMENTS_KEPT`] highest; lower ones are covered by
+    /// `handled_floor`.
     pub handled_comments: Vec<i64>,
+    /// Comments with an id at or below this are never handled again: it is the
+    /// highest id dropped from `handled_comments`, so every comment ever handled is
+    /// either in that list or at or below the floor, and a replayed delivery of it,
+    /// however old, runs nothing (O(1) state for the life of the record).
+    #[serde(default)]
+    pub handled_floor: i64,
 }
 
-/// How many handled comment ids a record remembers.
+/// Most commands a record holds while their authors' permissions are looked up.
+/// Commands past it are dropped (the comment still counts as handled): one lookup
+/// answers in seconds and empties the queue, so only a flood loses anything.
+pub const MAX_PENDING_COMMANDS: usize = 32;
+
+/// Longest agent summary kept in a record (bytes); longer ones are cut on a char
+/// boundary and marked (see [`bounded_text`]). The summary is copied into every
+/// later work item of the record.
+pub const MAX_SUMMARY_BYTES: usize = 2_000;
+
+/// Longest agent-reported failure signature kept in a record (bytes), cut likewise.
+pub const MAX_REPORTED_SIGNATURE_BYTES: usize = 200;
+
+/// How many earlier attempts a work item's context carries: the most recent ones.
+pub const WORK_ITEM_ATTEMPTS: usize = 10;
+
+/// `text` cut to at most `max` bytes on a char boundary, with a note saying how long
+/// it was when cut (the note fits within `max`).
+pub fn bounded_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let note = format!(" … [truncated from {} bytes]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end])
+}
+
+/// How many handled comment ids a record remembers beside the floor (room for
+/// deliveries that arrive out of id order: a comment is only missed if it arrives
+/// after this many newer command comments were handled).
 pub const HANDLED_COMMENTS_KEPT: usize = 64;
 
 /// What is known about conflicts (Forgejo's `mergeable` is also false while a conflict
@@ -498,6 +537,16 @@ mod tests {
         // Repeats do not use up the cap.
         let repeated = format!("{}Fixes #77", "Closes #1\n".repeat(50_000));
         assert_eq!(linked_issues(&repeated), BTreeSet::from([1, 77]));
+    }
+
+    #[test]
+    fn oversized_agent_text_is_cut_on_a_char_boundary_and_says_so() {
+        assert_eq!(bounded_text("short", 10), "short");
+        let long = "é".repeat(3_000_000);
+        let cut = bounded_text(&long, MAX_SUMMARY_BYTES);
+        assert!(cut.len() <= MAX_SUMMARY_BYTES, "{}", cut.len());
+        assert!(cut.ends_with(" … [truncated from 6000000 bytes]"), "{cut}");
+        assert!(cut.starts_with("éé"));
     }
 
     #[test]
