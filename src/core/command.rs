@@ -26,7 +26,13 @@ pub enum Command {
 /// The word that starts a command.
 const PREFIX: &str = "/shepherd";
 
-/// Every command in `body`, in order. Unknown words after `/shepherd` are skipped.
+/// Most commands taken from one comment; the rest are ignored. There are six
+/// commands, so a human never needs more, and the bound keeps what one comment can
+/// queue in a record small (a 1.8 MB comment once queued 100,000 commands).
+pub const MAX_COMMANDS_PER_COMMENT: usize = 10;
+
+/// Every command in `body`, in order, up to [`MAX_COMMANDS_PER_COMMENT`]. Unknown
+/// words after `/shepherd` are skipped.
 pub fn parse(body: &str) -> Vec<Command> {
     let mut out = Vec::new();
     let mut fence: Option<&str> = None;
@@ -52,6 +58,9 @@ pub fn parse(body: &str) -> Vec<Command> {
         }
         if let Some(command) = parse_line(trimmed) {
             out.push(command);
+            if out.len() >= MAX_COMMANDS_PER_COMMENT {
+                break;
+            }
         }
     }
     out
@@ -93,6 +102,14 @@ mod tests {
         assert_eq!(parse(body), vec![Command::Resume]);
         // An unclosed fence swallows the rest.
         assert_eq!(parse("```\n/shepherd retry"), vec![]);
+    }
+
+    #[test]
+    fn a_comment_flooded_with_commands_yields_at_most_the_cap() {
+        let body = "/shepherd status\n".repeat(100_000);
+        assert_eq!(parse(&body).len(), MAX_COMMANDS_PER_COMMENT);
+        let few = "/shepherd pause\n/shepherd resume\n";
+        assert_eq!(parse(few), vec![Command::Pause, Command::Resume]);
     }
 
     proptest::proptest! {

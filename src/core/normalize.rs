@@ -253,6 +253,18 @@ fn label_names(labels: Option<&Vec<payload::Label>>) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// Longest PR or issue description kept in a snapshot (bytes); longer ones are cut on
+/// a char boundary and marked. The snapshot is stored in the record and decoded,
+/// stepped and encoded again with every later event, so a 5 MiB description would
+/// cost that on every event; what the core reads from it (linked issues, the bot
+/// marker) belongs near the top.
+pub const MAX_BODY_KEPT: usize = 64 * 1024;
+
+/// A description as kept in a snapshot (see [`MAX_BODY_KEPT`]).
+fn kept_body(body: Option<&str>) -> String {
+    super::record::bounded_text(body.unwrap_or_default(), MAX_BODY_KEPT)
+}
+
 /// Forgejo's default `WORK_IN_PROGRESS_PREFIXES`.
 const WIP_PREFIXES: [&str; 2] = ["WIP:", "[WIP]"];
 
@@ -272,7 +284,7 @@ pub fn pr_snapshot(repo: &RepoName, pr: &payload::PullRequest) -> PrSnapshot {
         state,
         draft: pr.draft || title_wip,
         title: pr.title.clone(),
-        body: pr.body.clone().unwrap_or_default(),
+        body: kept_body(pr.body.as_deref()),
         author: login(pr.user.as_ref()),
         head_sha: pr.head.sha.parse().ok(),
         head_ref: pr.head.ref_.clone(),
@@ -290,7 +302,7 @@ pub fn issue_snapshot(repo: &RepoName, issue: &payload::Issue) -> IssueSnapshot 
         number: issue.number,
         open: issue.state != "closed",
         title: issue.title.clone(),
-        body: issue.body.clone().unwrap_or_default(),
+        body: kept_body(issue.body.as_deref()),
         author: login(issue.user.as_ref()),
         labels: label_names(issue.labels.as_ref()),
         updated_ms: time_ms(issue.updated_at.as_deref()),

@@ -332,3 +332,18 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_huge_pr_description_is_cut_before_it_enters_the_snapshot() {
+    let text = include_str!("../../webhooks/pull_request_sync.json");
+    let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+    let body: String = (1..=100_000).map(|n| format!("Closes #{n}\n")).collect();
+    v["pull_request"]["body"] = body.into();
+    let bytes = serde_json::to_vec(&v).unwrap();
+    let Some(Event::PullRequest { pr, .. }) = norm("pull_request_sync", &bytes) else {
+        panic!("not a PR event");
+    };
+    assert!(pr.body.len() <= MAX_BODY_KEPT, "{}", pr.body.len());
+    assert!(pr.body.ends_with(" bytes]"), "says it was cut");
+    assert!(pr.body.starts_with("Closes #1\nCloses #2\n"));
+}

@@ -77,12 +77,51 @@ pub struct WorkState {
     pub permissions: BTreeMap<Login, PermissionFact>,
     /// Commands waiting for the commenter's permission to be observed.
     pub pending_commands: Vec<PendingCommand>,
-    /// Ids of comments whose commands were handled (a redelivery does nothing twice);
-    /// the most recent [`HANDLED_COMMENTS_KEPT`].
+    /// Ids of comments whose commands were handled (a redelivery does nothing twice):
+    /// the [`HANDLED_COMMENTS_KEPT`] highest; lower ones are covered by
+    /// `handled_floor`.
     pub handled_comments: Vec<i64>,
+    /// Comments with an id at or below this are never handled again: it is the
+    /// highest id dropped from `handled_comments`, so every comment ever handled is
+    /// either in that list or at or below the floor, and a replayed delivery of it,
+    /// however old, runs nothing (O(1) state for the life of the record).
+    #[serde(default)]
+    pub handled_floor: i64,
 }
 
-/// How many handled comment ids a record remembers.
+/// Most commands a record holds while their authors' permissions are looked up.
+/// Commands past it are dropped (the comment still counts as handled): one lookup
+/// answers in seconds and empties the queue, so only a flood loses anything.
+pub const MAX_PENDING_COMMANDS: usize = 32;
+
+/// Longest agent summary kept in a record (bytes); longer ones are cut on a char
+/// boundary and marked (see [`bounded_text`]). The summary is copied into every
+/// later work item of the record.
+pub const MAX_SUMMARY_BYTES: usize = 2_000;
+
+/// Longest agent-reported failure signature kept in a record (bytes), cut likewise.
+pub const MAX_REPORTED_SIGNATURE_BYTES: usize = 200;
+
+/// How many earlier attempts a work item's context carries: the most recent ones.
+pub const WORK_ITEM_ATTEMPTS: usize = 10;
+
+/// `text` cut to at most `max` bytes on a char boundary, with a note saying how long
+/// it was when cut (the note fits within `max`).
+pub fn bounded_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let note = format!(" … [truncated from {} bytes]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end])
+}
+
+/// How many handled comment ids a record remembers beside the floor (room for
+/// deliveries that arrive out of id order: a comment is only missed if it arrives
+/// after this many newer command comments were handled).
 pub const HANDLED_COMMENTS_KEPT: usize = 64;
 
 /// What is known about conflicts (Forgejo's `mergeable` is also false while a conflict
@@ -427,29 +466,53 @@ impl HasSchema for IssueRecord {
     }
 }
 
+/// Most linked issues taken from one PR body. Each one is a record the worker loads,
+/// steps and commits with the PR's events, so the number must stay small whatever the
+/// body says: links past the first `MAX_LINKED_ISSUES` distinct ones are ignored (a
+/// body with 100,000 `Closes #N` once stalled a shard for minutes).
+pub const MAX_LINKED_ISSUES: usize = 20;
+
+/// The verbs that link an issue (Forgejo's closing keywords).
+const LINK_VERBS: [&str; 9] = [
+    "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
+];
+
 /// Issue numbers a body links with `close[sd]`, `fix(e[sd])`, `resolve[sd]` + `#N`
-/// (case-insensitive, same repository only).
+/// (case-insensitive, same repository only): the first [`MAX_LINKED_ISSUES`] distinct
+/// ones. One pass over the words without copying the body, stopping at the cap, so a
+/// hostile body costs time linear in its length at most.
 pub fn linked_issues(body: &str) -> BTreeSet<u64> {
-    const VERBS: [&str; 9] = [
-        "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
-    ];
-    let lower = body.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
-        .filter(|w| !w.is_empty())
-        .collect();
     let mut out = BTreeSet::new();
-    for pair in words.windows(2) {
-        let verb = pair[0].trim_end_matches(':');
-        if !VERBS.contains(&verb) {
-            continue;
-        }
-        let target = pair[1].trim_end_matches(['.', ';', ':', '!']);
-        if let Some(n) = target.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+    let mut words = body
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .filter(|w| !w.is_empty());
+    let Some(mut prev) = words.next() else {
+        return out;
+    };
+    for word in words {
+        if is_link_verb(prev)
+            && let Some(n) = issue_ref(word)
+        {
             out.insert(n);
+            if out.len() >= MAX_LINKED_ISSUES {
+                break;
+            }
         }
+        prev = word;
     }
     out
+}
+
+/// Whether `word` (with an optional trailing `:`) is a linking verb.
+fn is_link_verb(word: &str) -> bool {
+    let verb = word.trim_end_matches(':');
+    LINK_VERBS.iter().any(|v| v.eq_ignore_ascii_case(verb))
+}
+
+/// `#N` (with optional trailing punctuation) → `N`.
+fn issue_ref(word: &str) -> Option<u64> {
+    let target = word.trim_end_matches(['.', ';', ':', '!']);
+    target.strip_prefix('#')?.parse().ok()
 }
 
 #[cfg(test)]
@@ -460,6 +523,30 @@ mod tests {
     fn linked_issues_are_found() {
         let body = "Fixes #12, closes #3.\nResolves: #7\nsee #9\nfix#10 Closed #x";
         assert_eq!(linked_issues(body), BTreeSet::from([3, 7, 12]));
+        assert_eq!(linked_issues(""), BTreeSet::new());
+        assert_eq!(linked_issues("CLOSES #4"), BTreeSet::from([4]));
+    }
+
+    #[test]
+    fn linked_issue_fan_out_of_a_100_000_link_body_is_capped() {
+        let body: String = (1..=100_000).map(|n| format!("Closes #{n}\n")).collect();
+        let links = linked_issues(&body);
+        assert_eq!(links.len(), MAX_LINKED_ISSUES);
+        let first: BTreeSet<u64> = (1..=MAX_LINKED_ISSUES as u64).collect();
+        assert_eq!(links, first, "the first ones in the body");
+        // Repeats do not use up the cap.
+        let repeated = format!("{}Fixes #77", "Closes #1\n".repeat(50_000));
+        assert_eq!(linked_issues(&repeated), BTreeSet::from([1, 77]));
+    }
+
+    #[test]
+    fn oversized_agent_text_is_cut_on_a_char_boundary_and_says_so() {
+        assert_eq!(bounded_text("short", 10), "short");
+        let long = "é".repeat(3_000_000);
+        let cut = bounded_text(&long, MAX_SUMMARY_BYTES);
+        assert!(cut.len() <= MAX_SUMMARY_BYTES, "{}", cut.len());
+        assert!(cut.ends_with(" … [truncated from 6000000 bytes]"), "{cut}");
+        assert!(cut.starts_with("éé"));
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //! `BLOCK` on a dedicated connection), the reclaimer (`XAUTOCLAIM` of entries left
 //! pending by dead consumers), and the gauge sampler.
 //!
-//! Shutdown: a reader checks the token between batches and never abandons a read or a
-//! batch half-way — the block time is short, so "stop reading, finish in-flight
-//! entries" takes at most one block time plus one batch.
+//! Shutdown: a reader checks the token between batches, and processing checks it
+//! between the entries of a batch and between the records one entry fans out to. An
+//! entry not finished when the token fires is left pending, never acked, so the next
+//! reader of the shard (this consumer after a restart, or the reclaimer of another)
+//! processes it: stopping takes at most one block time plus one record's step and
+//! commit, and loses nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +105,7 @@ pub async fn consume_shard(
             }
         }
         if !batch.is_empty() {
-            process::process_batch(&ctx, shard, batch).await;
+            process::process_batch(&ctx, shard, batch, &shutdown).await;
         }
     }
     Ok(())
@@ -163,7 +166,7 @@ async fn reclaim_shard(
                 count = claimed.len(),
                 "reclaimed entries of a dead or slow consumer"
             );
-            process::process_batch(ctx, shard, claimed).await;
+            process::process_batch(ctx, shard, claimed, shutdown).await;
         }
         if next == "0-0" || shutdown.is_cancelled() {
             return Ok(());

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use super::Context;
@@ -22,11 +23,15 @@ use crate::store::streams;
 use crate::store::work::WorkOwner;
 
 /// Loads the records the job targets, steps each, and assembles the commit plan.
+/// `shutdown` is checked before each record after the first: a stop interrupts an
+/// entry that fans out to many records ([`ApplyError::Interrupted`], nothing
+/// committed, the entry stays pending).
 #[instrument(skip_all)]
 pub(super) async fn build_plan(
     ctx: &Context,
     shard: u16,
     job: &Job,
+    shutdown: &CancellationToken,
 ) -> Result<CommitPlan, ApplyError> {
     if let Some(repo) = target_repo(&job.event)
         && ctx.store.keys().shard_of(repo.as_str()) != shard
@@ -48,6 +53,7 @@ pub(super) async fn build_plan(
             let prev_links = apply_pr(ctx, job, &policy, &repo, n, true, &mut plan).await?;
             if matches!(job.event, Event::PullRequest { .. }) {
                 for issue in prev_links {
+                    interrupted(shutdown)?;
                     apply_issue(ctx, job, &policy, &repo, issue, false, &mut plan).await?;
                 }
             }
@@ -56,10 +62,18 @@ pub(super) async fn build_plan(
             let policy = ctx.policy.for_repo(&repo);
             apply_issue(ctx, job, &policy, &repo, n, true, &mut plan).await?;
         }
-        Target::Repo(repo) => apply_repo(ctx, job, &repo, &mut plan).await?,
+        Target::Repo(repo) => apply_repo(ctx, job, &repo, &mut plan, shutdown).await?,
         Target::None => {}
     }
     Ok(plan)
+}
+
+/// `Err(Interrupted)` once shutdown has fired.
+fn interrupted(shutdown: &CancellationToken) -> Result<(), ApplyError> {
+    match shutdown.is_cancelled() {
+        true => Err(ApplyError::Interrupted),
+        false => Ok(()),
+    }
 }
 
 /// Steps the PR record `repo#n` and adds it to the plan; returns the issues its body
@@ -151,6 +165,7 @@ async fn apply_repo(
     job: &Job,
     repo: &RepoName,
     plan: &mut CommitPlan,
+    shutdown: &CancellationToken,
 ) -> Result<(), ApplyError> {
     let keys = ctx.store.keys();
     let mut conn = ctx.store.conn();
@@ -160,6 +175,7 @@ async fn apply_repo(
     let policy = ctx.policy.for_repo(repo);
     let now = streams::now_ms() as i64;
     for (key, stored) in pr_keys.iter().zip(stored) {
+        interrupted(shutdown)?;
         let Some(old) = decode_pr(key, stored.as_ref())? else {
             continue;
         };

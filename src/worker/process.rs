@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use rand::Rng;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{Context, plan};
@@ -48,7 +49,14 @@ enum Decoded {
 
 /// Processes a batch of entries of one shard; returns when every entry is committed,
 /// acked, dead-lettered, or left pending after an error (to be retried by reclaim).
-pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
+/// Once `shutdown` fires, entries not yet started are left pending (never acked), so
+/// a stop does not wait for the rest of a batch and loses none of it.
+pub async fn process_batch(
+    ctx: &Context,
+    shard: u16,
+    entries: Vec<Entry>,
+    shutdown: &CancellationToken,
+) {
     let mut groups: HashMap<String, Vec<Job>> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
     let mut ignored: Vec<String> = Vec::new();
@@ -86,7 +94,11 @@ pub async fn process_batch(ctx: &Context, shard: u16, entries: Vec<Entry>) {
         .filter_map(|k| groups.remove(&k))
         .map(|jobs| async move {
             for job in jobs {
-                apply(ctx, shard, job).await;
+                if shutdown.is_cancelled() {
+                    tracing::info!(entry = %job.entry.id, "shutting down; the entry stays pending");
+                    continue;
+                }
+                apply(ctx, shard, job, shutdown).await;
             }
         });
     join_all(runs).await;
@@ -213,6 +225,8 @@ pub(super) enum ApplyError {
     Store(StoreError),
     /// Permanent for this entry: dead-letter it.
     Poison(String),
+    /// Shutdown fired half-way: leave the entry pending (nothing was committed).
+    Interrupted,
 }
 
 impl From<StoreError> for ApplyError {
@@ -227,14 +241,15 @@ impl From<StoreError> for ApplyError {
 }
 
 /// Applies one job: build the plan from fresh records, commit, retry on conflict.
-async fn apply(ctx: &Context, shard: u16, job: Job) {
+/// Shutdown stops it between attempts and between the records of its plan.
+async fn apply(ctx: &Context, shard: u16, job: Job, shutdown: &CancellationToken) {
     let replay = job.entry.text(fields::REPLAY);
     let span = tracing::info_span!("event", entry = %job.entry.id, delivery = %job.entry.text(fields::DELIVERY), event = %job.name, replay = %replay);
     async {
         let processed = &ctx.metrics.events_processed;
         let mut conn = ctx.store.conn();
         for attempt in 1..=MAX_ATTEMPTS {
-            let plan = match plan::build_plan(ctx, shard, &job).await {
+            let plan = match plan::build_plan(ctx, shard, &job, shutdown).await {
                 Ok(plan) => plan,
                 Err(ApplyError::Poison(reason)) => {
                     processed
@@ -247,6 +262,9 @@ async fn apply(ctx: &Context, shard: u16, job: Job) {
                         .with_label_values(&[job.name.as_str(), "error"])
                         .inc();
                     return tracing::warn!(error = %e, "loading failed; the entry stays pending");
+                }
+                Err(ApplyError::Interrupted) => {
+                    return tracing::info!("shutting down mid-entry; the entry stays pending");
                 }
             };
             match commit::commit(&mut conn, ctx.store.keys(), &plan).await {

@@ -17,6 +17,7 @@ use super::Context;
 use super::consumer::pause;
 use crate::core::event::{Event, WorkOutcome};
 use crate::core::ids::WorkId;
+use crate::core::record::{MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, bounded_text};
 use crate::store::keys::RESULTS_GROUP;
 use crate::store::work::{self, ReportOutcome, ResultEvent, WorkState};
 use crate::store::{Keys, StoreError, streams};
@@ -39,7 +40,7 @@ pub struct ResultReport {
     /// The agent's failure signature.
     #[serde(default)]
     pub signature: Option<String>,
-    /// One line for the history.
+    /// One line for the history (cut to `MAX_SUMMARY_BYTES`, marked, when longer).
     #[serde(default)]
     pub summary: Option<String>,
 }
@@ -77,8 +78,16 @@ pub async fn submit(
     let event = Event::WorkResult {
         work_id: id,
         outcome: report.outcome,
-        signature: report.signature.clone(),
-        summary: report.summary.clone(),
+        // Bounded before it is queued, so an oversized report never reaches the events
+        // stream (the core bounds it again where it enters the record).
+        signature: report
+            .signature
+            .as_deref()
+            .map(|s| bounded_text(s, MAX_REPORTED_SIGNATURE_BYTES)),
+        summary: report
+            .summary
+            .as_deref()
+            .map(|s| bounded_text(s, MAX_SUMMARY_BYTES)),
     };
     let body = serde_json::to_string(&event).map_err(|e| StoreError::Protocol {
         script: "report",

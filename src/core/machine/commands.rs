@@ -1,15 +1,19 @@
 //! `/shepherd` commands with trust: users in the policy's `trusted_users` act at once;
 //! anyone else's commands wait for an `Observe(Permission)` and run when it says write
 //! or admin (a read-only commenter gets one refusal comment). The bot's own comments
-//! never carry commands. Each comment's commands run once, however often the comment
-//! is delivered.
+//! never carry commands. Each comment's commands run once for the life of the record,
+//! however often and however late the comment is delivered or replayed: the record
+//! keeps the highest handled comment ids and a floor below which nothing runs (an
+//! edit of a comment already handled runs nothing either; post a new comment).
 
 use super::super::command::Command;
 use super::super::effect::{EffectKind, ObserveWhat};
 use super::super::event::Permission;
 use super::super::ids::Login;
 use super::super::policy::Policy;
-use super::super::record::{HANDLED_COMMENTS_KEPT, PendingCommand, PermissionFact, WorkState};
+use super::super::record::{
+    HANDLED_COMMENTS_KEPT, MAX_PENDING_COMMANDS, PendingCommand, PermissionFact, WorkState,
+};
 use super::super::texts;
 use super::{Fx, work};
 
@@ -76,12 +80,8 @@ pub(crate) fn on_comment(
     let Some(login) = sender else {
         return out;
     };
-    if commands.is_empty() || ws.handled_comments.contains(&comment_id) {
+    if commands.is_empty() || !mark_handled(ws, comment_id) {
         return out;
-    }
-    ws.handled_comments.push(comment_id);
-    if ws.handled_comments.len() > HANDLED_COMMENTS_KEPT {
-        ws.handled_comments.remove(0);
     }
     match trust(ws, login, policy, now) {
         Trust::Yes => {
@@ -92,8 +92,13 @@ pub(crate) fn on_comment(
         Trust::No => fx.comment(ctx.number, texts::command_refused(login.as_str())),
         Trust::Unknown => {
             let asked = ws.pending_commands.iter().any(|p| &p.login == login);
+            let room = MAX_PENDING_COMMANDS.saturating_sub(ws.pending_commands.len());
+            if room == 0 {
+                // A flood: the queue empties when the lookups already asked answer.
+                return out;
+            }
             ws.pending_commands
-                .extend(commands.iter().map(|c| PendingCommand {
+                .extend(commands.iter().take(room).map(|c| PendingCommand {
                     login: login.clone(),
                     command: c.clone(),
                     comment_id,
@@ -106,6 +111,27 @@ pub(crate) fn on_comment(
         }
     }
     out
+}
+
+/// Notes that `comment_id`'s commands are being handled; false when they already were
+/// (in the window, or at or below the floor). The window keeps the highest ids: the
+/// lowest is dropped into the floor, so the two together cover every id handled.
+fn mark_handled(ws: &mut WorkState, comment_id: i64) -> bool {
+    if comment_id <= ws.handled_floor || ws.handled_comments.contains(&comment_id) {
+        return false;
+    }
+    ws.handled_comments.push(comment_id);
+    if ws.handled_comments.len() > HANDLED_COMMENTS_KEPT
+        && let Some((i, &lowest)) = ws
+            .handled_comments
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, id)| **id)
+    {
+        ws.handled_comments.remove(i);
+        ws.handled_floor = ws.handled_floor.max(lowest);
+    }
+    true
 }
 
 /// A permission read: run or refuse the commands waiting for it.

@@ -16,7 +16,10 @@ use super::super::effect::{
 use super::super::event::WorkOutcome;
 use super::super::ids::{Login, RepoName, Scope, Sha, WorkId};
 use super::super::policy::Policy;
-use super::super::record::{ActiveWork, Attempt, AttemptOutcome, Hold, WorkState};
+use super::super::record::{
+    ActiveWork, Attempt, AttemptOutcome, Hold, MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES,
+    WORK_ITEM_ATTEMPTS, WorkState, bounded_text,
+};
 use super::Fx;
 
 /// The tier a dispatch of `kind` for problem `signature` gets.
@@ -96,8 +99,9 @@ pub(crate) fn dispatch(
     let expires_ms = now.saturating_add(ttl_ms);
     let attempt = ws.attempts.iter().filter(|a| a.kind == spec.kind).count() + 1;
     let mut context = spec.context;
-    context.attempts = ws
-        .attempts
+    // The most recent attempts only: the history of a long-lived record grows.
+    let recent = ws.attempts.len().saturating_sub(WORK_ITEM_ATTEMPTS);
+    context.attempts = ws.attempts[recent..]
         .iter()
         .map(|a| AttemptSummary {
             kind: a.kind,
@@ -195,8 +199,10 @@ pub(crate) fn on_result(
         }
     }
     if let Some(last) = ws.attempts.iter_mut().rev().find(|a| &a.work_id == work_id) {
-        last.reported_signature = signature.cloned();
-        last.summary = summary.cloned();
+        // Agents' text is bounded here, where it enters the record (and every later
+        // work item): intake bounds it too, but internal events can come from anywhere.
+        last.reported_signature = signature.map(|s| bounded_text(s, MAX_REPORTED_SIGNATURE_BYTES));
+        last.summary = summary.map(|s| bounded_text(s, MAX_SUMMARY_BYTES));
     }
     true
 }

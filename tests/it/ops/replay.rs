@@ -450,3 +450,50 @@ async fn consumed(s: &Scenario, stream: &str, id: &str) -> bool {
         }
     })
 }
+
+/// The record's hold (`null` when neither paused nor needing a human).
+async fn hold(s: &Scenario, n: u64) -> Value {
+    s.record(n).await.1["work"]["hold"].clone()
+}
+
+#[tokio::test]
+async fn replayed_command_comment_does_not_run_again_after_64_newer_command_comments() {
+    let s = Scenario::start(&[]).await;
+    s.fake.set_permission(REPO, "carol", "write");
+    let n = s.open_pr("alice", "Add the widget");
+    let d = s.send(&s.fake.pr_opened(REPO, n)).await;
+    s.wait_delivery(n, &d).await;
+    let pause = s.fake.add_comment(REPO, n, "carol", "/shepherd pause");
+    let pause_hook = s.fake.comment_created(REPO, pause);
+    let paused = s.send(&pause_hook).await;
+    crate::support::poll_until_named(super::WAIT, "the PR is paused", || async {
+        hold(&s, n).await["hold"] == "paused"
+    })
+    .await;
+    let resume = s.fake.add_comment(REPO, n, "carol", "/shepherd resume");
+    let d = s.send(&s.fake.comment_created(REPO, resume)).await;
+    s.wait_delivery(n, &d).await;
+    assert_eq!(hold(&s, n).await, Value::Null, "resumed");
+    // More newer command comments than the record's window of handled ids.
+    let mut last = String::new();
+    for _ in 0..70 {
+        let c = s.fake.add_comment(REPO, n, "carol", "/shepherd status");
+        last = s.send(&s.fake.comment_created(REPO, c)).await;
+    }
+    s.wait_delivery(n, &last).await;
+
+    // The captured body again under a new delivery id, and an admin replay.
+    let resent = s.send(&pause_hook).await;
+    s.wait_delivery(n, &resent).await;
+    let report = s.cli_json(&["replay", "--delivery", &paused, "--json"]);
+    let original = originals(&report)[0].clone();
+    s.wait_history(n, "the replay is committed", |h| {
+        h.get("replay") == Some(&original)
+    })
+    .await;
+    assert_eq!(hold(&s, n).await, Value::Null, "the old pause ran again");
+    assert!(
+        s.effects_caused_by(&new_ids(&report)).await.is_empty(),
+        "no new effects"
+    );
+}

@@ -2,6 +2,7 @@
 //! dead-lettering, reclaiming and stopping gracefully, the results API and stream, and
 //! the horizontal-scale run (serve + three workers, one SIGKILLed mid-run).
 
+mod bounds;
 mod consume;
 mod results;
 mod run;
