@@ -226,11 +226,16 @@ async fn ingest(
     let get = |name: &str| headers.get(name).map(|v| v.as_bytes());
     let tag = signature::signature_from_headers(get)?;
     let signed = signature::signed_bytes(body, form);
-    // Unverified: this name only picks which secrets may have signed the payload.
+    // Unverified: this name only picks which secrets may have signed the payload. It
+    // is the canonical name, the same one the delivery is routed by (finding 1 of
+    // issue 12: a trimmed name used to route, the raw one to pick the secrets).
     let claimed = delivery::repository_of(&signed);
-    let secrets = state
-        .webhook_secrets
-        .candidates(claimed.as_deref().unwrap_or_default());
+    let secrets = match &claimed {
+        Ok(repo) => state.webhook_secrets.candidates(repo),
+        // Refused with 400 once signed by any secret; no scope is picked by it.
+        Err(DeliveryError::BadRepository(_)) => state.webhook_secrets.any(),
+        Err(_) => state.webhook_secrets.candidates(""),
+    };
     let verified = signature::verify(signed, &tag, secrets)?;
     let received_ms = chrono::Utc::now().timestamp_millis();
     let delivery = Delivery::classify_probed(verified, get, received_ms, claimed)?;
