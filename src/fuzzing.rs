@@ -8,7 +8,7 @@ use secrecy::SecretString;
 
 use crate::core::command;
 use crate::core::normalize::normalize;
-use crate::ingest::delivery::{DeliveryError, repository_of};
+use crate::ingest::delivery::{DeliveryError, canonical_repo, repository_of};
 use crate::ingest::signature::{
     SIGNATURE_HEADERS, is_form, sign_sha256, signature_from_headers, signed_bytes, verify,
 };
@@ -80,8 +80,9 @@ pub fn form(data: &[u8]) {
 /// (`ingest::delivery::repository_of`) against serde_json. It never accepts what
 /// serde_json refuses (or what is not UTF-8, or not an object); it refuses valid JSON
 /// objects only as [`DeliveryError::Refused`] (a policy, not a syntax error); the
-/// name it returns is the one serde_json finds at `repository.full_name` or
-/// `run.repository.full_name`.
+/// name it returns is the canonical form of the one serde_json finds at
+/// `repository.full_name` or `run.repository.full_name`, and it refuses a name as not
+/// canonical only when that name is indeed not.
 pub fn json_probe(data: &[u8]) {
     let ours = repository_of(data);
     let object = data.trim_ascii_start().first() == Some(&b'{');
@@ -96,8 +97,17 @@ pub fn json_probe(data: &[u8]) {
                 let expected = at("/repository/full_name")
                     .or_else(|| at("/run/repository/full_name"))
                     .unwrap_or_default();
-                assert_eq!(name, expected);
+                assert_eq!(Ok(name), canonical_repo(expected));
             }
+        }
+        Err(DeliveryError::BadRepository(e)) => {
+            assert!(valid, "called a body serde_json refuses a bad name: {e}");
+            let value: serde_json::Value = serde_json::from_slice(data).expect("valid");
+            let at = |path: &str| value.pointer(path).and_then(|v| v.as_str());
+            let named = at("/repository/full_name")
+                .or_else(|| at("/run/repository/full_name"))
+                .unwrap_or_default();
+            assert!(canonical_repo(named).is_err(), "refused {named:?} ({e})");
         }
         Err(DeliveryError::Refused(_)) => {}
         Err(e) => assert!(!valid, "called a valid JSON object not JSON: {e}"),

@@ -9,10 +9,13 @@
 //! |---|---|
 //! | 200 | done; the body is the operation's report |
 //! | 400 | malformed request (bad target, time, JSON) |
-//! | 401 | no bearer token |
+//! | 401 | no bearer token (checked from the headers, before any body is read) |
 //! | 403 | wrong bearer token |
 //! | 404 | admin API off (no `SHEPHERD_ADMIN_TOKEN`), or nothing matched |
+//! | 408 | the body did not arrive within the webhook body timeout (3 s) |
 //! | 409 | a compare-and-set lost (`rebuild --apply`): try again |
+//! | 413 | the body is larger than [`MAX_ADMIN_BODY`] |
+//! | 415 | a compressed body (`Content-Encoding`): nothing is decompressed |
 //! | 503 | Redis or Forgejo unavailable |
 //!
 //! | route | operation |
@@ -40,10 +43,16 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::ingest::AppState;
+use crate::ingest::webhook::{IngestError, read_api_body};
 use crate::ops::rebuild::{self, RebuildRequest};
 use crate::ops::replay::{self, ReplayRequest};
 use crate::ops::resync::{self, ResyncRequest};
 use crate::ops::{Ops, OpsError, dlq, inspect, status};
+
+/// Largest admin request body accepted (413 beyond); the requests are small JSON
+/// objects (a target, a time, an id). Read only after the token matched (issue 12,
+/// finding 2).
+pub const MAX_ADMIN_BODY: usize = 64 * 1024;
 
 /// Why an admin request failed; [`ResponseError`] maps each to its status, in one
 /// place, with a message that never carries internals.
@@ -58,6 +67,9 @@ pub enum AdminError {
     /// A bearer token that is not the admin token.
     #[error("wrong bearer token")]
     Forbidden,
+    /// The body could not be read: too large, too slow, compressed.
+    #[error(transparent)]
+    Body(#[from] IngestError),
     /// The operation failed.
     #[error(transparent)]
     Ops(#[from] OpsError),
@@ -69,6 +81,7 @@ impl ResponseError for AdminError {
             AdminError::Disabled => StatusCode::NOT_FOUND,
             AdminError::Unauthorized => StatusCode::UNAUTHORIZED,
             AdminError::Forbidden => StatusCode::FORBIDDEN,
+            AdminError::Body(e) => e.status_code(),
             AdminError::Ops(e) => match e {
                 OpsError::BadRequest(_) => StatusCode::BAD_REQUEST,
                 OpsError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -133,6 +146,12 @@ pub fn routes(
     state: &AppState,
 ) -> anyhow::Result<impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static> {
     let ops = web::Data::from(Arc::new(Ops::connect(state.config.clone())?));
+    if state.config.admin_token.is_none() {
+        // Said once at start, so an operator looking for the page knows why it is gone.
+        tracing::warn!(
+            "SHEPHERD_ADMIN_TOKEN is not set: the admin API and the status page (/) are off (404)"
+        );
+    }
     Ok(move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(ops.clone())
             .route("/", web::get().to(super::status_page::page))
@@ -153,6 +172,11 @@ pub fn routes(
                     .route("/dlq/{id}", web::get().to(dlq_show)),
             );
     })
+}
+
+/// The body of an authenticated admin request (call [`check`] first).
+async fn body_of(req: &HttpRequest, payload: web::Payload) -> Result<web::Bytes, AdminError> {
+    Ok(read_api_body(req, payload, MAX_ADMIN_BODY).await?)
 }
 
 /// Parses a JSON body (after authentication, so an unauthenticated caller learns
@@ -176,9 +200,10 @@ fn ok<T: serde::Serialize>(v: &T) -> HttpResponse {
 async fn replay_handler(
     ops: web::Data<Ops>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
+    let body = body_of(&req, payload).await?;
     let body: ReplayRequest = parse(&body)?;
     let report = replay::replay(&ops, &body, &|line| tracing::info!(line, "replay")).await?;
     Ok(ok(&report))
@@ -211,9 +236,10 @@ async fn inspect_pr(
 async fn rebuild_handler(
     ops: web::Data<Ops>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
+    let body = body_of(&req, payload).await?;
     let body: RebuildRequest = parse(&body)?;
     Ok(ok(&rebuild::rebuild(&ops, &body).await?))
 }
@@ -221,9 +247,10 @@ async fn rebuild_handler(
 async fn resync_handler(
     ops: web::Data<Ops>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
+    let body = body_of(&req, payload).await?;
     let body: ResyncRequest = parse(&body)?;
     Ok(ok(&resync::resync(&ops, &body).await?))
 }
@@ -275,9 +302,10 @@ impl DlqSelect {
 async fn dlq_retry(
     ops: web::Data<Ops>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
+    let body = body_of(&req, payload).await?;
     let body: DlqSelect = parse(&body)?;
     let r = ReplayRequest {
         dead_letter: Some(body.target()?.unwrap_or("").to_owned()),
@@ -291,9 +319,10 @@ async fn dlq_retry(
 async fn dlq_drop(
     ops: web::Data<Ops>,
     req: HttpRequest,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
+    let body = body_of(&req, payload).await?;
     let body: DlqSelect = parse(&body)?;
     let n = dlq::drop_entries(&ops, body.target()?).await?;
     Ok(ok(&json!({ "dropped": n })))

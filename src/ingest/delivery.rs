@@ -25,6 +25,11 @@ pub const DELIVERY_HEADERS: [&str; 2] = ["x-forgejo-delivery", "x-gitea-delivery
 const MAX_DELIVERY_LEN: usize = 128;
 /// Longest accepted event type name.
 const MAX_EVENT_LEN: usize = 64;
+/// Longest owner (user or organisation) name Forgejo accepts (`MaxSize(40)` on
+/// user names); a longer one cannot come from Forgejo.
+const MAX_OWNER_LEN: usize = 40;
+/// Longest repository name Forgejo accepts (`MaxSize(100)` on repository names).
+const MAX_REPO_LEN: usize = 100;
 
 /// Why a signed request cannot be queued (all answer 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +47,12 @@ pub enum DeliveryError {
     /// repository fields repeated, mistyped or naming two repositories; says which.
     #[error("payload refused: {0}")]
     Refused(String),
+    /// The payload names a repository Forgejo could never produce as `owner/name`
+    /// (whitespace, control characters, `*`, `{`, …): it would pick one scope's secrets
+    /// and be routed as another, so it is refused whoever signed it. The name is
+    /// quoted with escapes, so a CR/LF in it cannot forge a log line.
+    #[error("repository.full_name {0} is not a Forgejo owner/name")]
+    BadRepository(String),
 }
 
 /// A verified, classified webhook delivery, ready to be queued.
@@ -53,7 +64,8 @@ pub struct Delivery {
     id: String,
     /// Fine-grained event type (`X-Forgejo-Event-Type` or a fallback).
     event: String,
-    /// Repository full name from the payload, `""` when it has none.
+    /// Repository full name from the payload in its canonical form
+    /// ([`canonical_repo`]: checked, lower-cased), `""` when it has none.
     repo: String,
     /// Receive time, unix milliseconds.
     received_ms: i64,
@@ -106,7 +118,8 @@ impl Delivery {
         &self.event
     }
 
-    /// Repository full name (`owner/name`), `""` when the payload names none.
+    /// Canonical repository full name (`owner/name`, lower-case), `""` when the
+    /// payload names none.
     pub fn repo(&self) -> &str {
         &self.repo
     }
@@ -151,14 +164,16 @@ fn canonical(lower: &'static str) -> &'static str {
     }
 }
 
-/// Checks that the payload is one JSON object and returns its repository full name
-/// (`""` when it has none). One pass over the bytes, no tree built.
+/// Checks that the payload is one JSON object and returns its repository full name in
+/// canonical form ([`canonical_repo`]; `""` when it has none). One pass over the
+/// bytes, no tree built.
 ///
 /// Also run on the *unverified* payload, only to pick the candidate webhook secrets of
 /// a repository or organisation (`[webhooks]` in the policy file); the name is trusted
 /// only once the signature under one of those secrets matched. A payload naming two
 /// different repositories (top-level `repository` and `run.repository`) is refused:
-/// the secret must be chosen by the same name the event is later routed by.
+/// the secret must be chosen by the same name the event is later routed by. For the
+/// same reason a name that is not canonical is refused ([`DeliveryError::BadRepository`]).
 pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
     // JSON is UTF-8 (RFC 8259) and the core parses every field later; checked once
     // here over the whole body, so the scanner below only looks at structure.
@@ -185,7 +200,42 @@ pub fn repository_of(payload: &[u8]) -> Result<String, DeliveryError> {
         (None, Some(b)) => b,
         (None, None) => Cow::Borrowed(""),
     };
-    Ok(repo.into_owned())
+    canonical_repo(&repo)
+}
+
+/// The one name a delivery's repository is known by: the secrets are picked by it
+/// and it is the `repo` field of the events stream. `""` stays `""` (events without a
+/// repository); anything else must be `owner/name` as Forgejo produces it — each part
+/// made of ASCII letters, digits, `-`, `_` and `.` (Forgejo's rules for user and
+/// repository names), the owner at most [`MAX_OWNER_LEN`] bytes, the name at most
+/// [`MAX_REPO_LEN`], neither `.` nor `..` — and it is lower-cased (Forgejo names are
+/// case-insensitive; the worker's `RepoName` lower-cases too). Because nothing is
+/// trimmed or dropped, the worker, which parses the same bytes later, reaches the
+/// same name: no delivery can pick one scope's secrets and land in another's records.
+pub fn canonical_repo(name: &str) -> Result<String, DeliveryError> {
+    if name.is_empty() {
+        return Ok(String::new());
+    }
+    let part_ok = |p: &str, max: usize| {
+        (1..=max).contains(&p.len())
+            && p != "."
+            && p != ".."
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match name.split_once('/') {
+        Some((owner, repo)) if part_ok(owner, MAX_OWNER_LEN) && part_ok(repo, MAX_REPO_LEN) => {
+            Ok(name.to_ascii_lowercase())
+        }
+        _ => {
+            // Quoted with escapes and cut short: the message reaches the sender and the log.
+            let shown: String = name
+                .chars()
+                .take(MAX_OWNER_LEN + MAX_REPO_LEN + 1)
+                .collect();
+            Err(DeliveryError::BadRepository(format!("{shown:?}")))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -223,7 +273,7 @@ mod tests {
             repository_of(
                 br#"{"repository":{"full_name":"O/A"},"run":{"repository":{"full_name":"o/a"}}}"#
             ),
-            Ok("O/A".into())
+            Ok("o/a".into())
         );
         // Two `repository` keys cannot smuggle a second name past the probe.
         assert!(matches!(
@@ -231,6 +281,52 @@ mod tests {
                 br#"{"repository":{"full_name":"o/b"},"repository":{"full_name":"o/a"}}"#
             ),
             Err(DeliveryError::Refused(_))
+        ));
+    }
+
+    #[test]
+    fn only_canonical_repository_names_pass() {
+        for good in ["o/r", "Acme/Web.site", "a-b_c.d/x-y_z.0", ""] {
+            assert_eq!(
+                canonical_repo(good),
+                Ok(good.to_ascii_lowercase()),
+                "{good}"
+            );
+        }
+        let long_owner = format!("{}/r", "o".repeat(MAX_OWNER_LEN + 1));
+        let long_repo = format!("o/{}", "r".repeat(MAX_REPO_LEN + 1));
+        for bad in [
+            " acme/web",
+            "acme/web ",
+            "acme /web",
+            "acme/\tweb",
+            "acme/web\r\n",
+            "acme/w\u{0}b",
+            "acme/*",
+            "acme/{web}",
+            "acme/web#1",
+            "acme",
+            "/web",
+            "acme/",
+            "acme/web/x",
+            "acme/..",
+            "./web",
+            "acme/wéb",
+            long_owner.as_str(),
+            long_repo.as_str(),
+        ] {
+            assert!(
+                matches!(canonical_repo(bad), Err(DeliveryError::BadRepository(_))),
+                "{bad:?}"
+            );
+        }
+        let e = canonical_repo("acme/web\r\nforged")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n') && !e.contains('\r'), "{e}");
+        assert!(matches!(
+            repository_of(br#"{"repository":{"full_name":" acme/web"}}"#),
+            Err(DeliveryError::BadRepository(_))
         ));
     }
 

@@ -21,6 +21,10 @@ pub struct WebhookSecrets {
     global: Vec<SecretString>,
     /// Lower-cased `owner/name` or `owner` → that scope's secrets.
     scoped: HashMap<String, Vec<SecretString>>,
+    /// Every secret above, global and scoped: a delivery naming no valid repository is
+    /// checked against these only so its sender, whoever it is, gets the 400 it earned
+    /// (it is refused anyway; no scope is chosen by a name that is not canonical).
+    any: Vec<SecretString>,
 }
 
 impl WebhookSecrets {
@@ -57,14 +61,21 @@ impl WebhookSecrets {
                 reason: "at least one secret is required to accept webhooks (or [webhooks] tables in the policy file)".into(),
             });
         }
+        let any = global
+            .iter()
+            .chain(scoped.values().flatten())
+            .cloned()
+            .collect();
         Ok(Self {
             global: global.to_vec(),
             scoped,
+            any,
         })
     }
 
-    /// The secrets a delivery naming `repo` (`owner/name`, any case; `""` when the
-    /// payload names none) must be signed with: the repository's own, else its
+    /// The secrets a delivery naming `repo` (canonical `owner/name` from
+    /// `delivery::repository_of`, any case; `""` when the payload names none) must be
+    /// signed with: the repository's own, else its
     /// organisation's, else the global ones.
     pub fn candidates(&self, repo: &str) -> &[SecretString] {
         if self.scoped.is_empty() || repo.is_empty() {
@@ -76,6 +87,12 @@ impl WebhookSecrets {
             .get(&repo)
             .or_else(|| self.scoped.get(owner))
             .map_or(&self.global, Vec::as_slice)
+    }
+
+    /// Every configured secret, for a delivery whose repository name is refused after
+    /// the signature check (the `any` field).
+    pub fn any(&self) -> &[SecretString] {
+        &self.any
     }
 
     /// Every configured secret value (for tests that check nothing leaks).
@@ -117,6 +134,7 @@ mod tests {
         assert_eq!(names(s.candidates("other/x")), ["g"]);
         assert_eq!(names(s.candidates("")), ["g"]);
         assert!(!format!("{s:?}").contains("value-of"));
+        assert_eq!(s.any().len(), 5);
     }
 
     #[test]

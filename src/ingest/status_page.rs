@@ -6,7 +6,8 @@
 //! consumer group, the dead-letter count and the last resync time — the figures of
 //! [`crate::ops::status::overview`].
 //!
-//! Access: open when no `SHEPHERD_ADMIN_TOKEN` is set; otherwise the admin token as
+//! Access: off (404, stated in a log line at start) when no `SHEPHERD_ADMIN_TOKEN` is
+//! set, never public; otherwise the admin token as
 //! `Authorization: Bearer …`, or — for a browser, which cannot set headers on a plain
 //! link — as `/?token=…` (the refresh keeps the query). Prefer the header where you
 //! can: a token in a URL can end up in browser history and proxy logs.
@@ -39,9 +40,9 @@ pub async fn page(
     req: HttpRequest,
     query: web::Query<PageQuery>,
 ) -> HttpResponse {
-    if ops.config.admin_token.is_some()
-        && let Err(e) = check(&ops.config, &req, query.token.as_deref())
-    {
+    // Without an admin token the page does not exist (404): it shows PR titles and
+    // work ids, which are not for the public (issue 12, finding 8).
+    if let Err(e) = check(&ops.config, &req, query.token.as_deref()) {
         return text_error(&e);
     }
     match crate::ops::status::overview(&ops).await {
@@ -63,6 +64,7 @@ fn text_error(e: &AdminError) -> HttpResponse {
         AdminError::Unauthorized => "Give the admin token: Authorization: Bearer … or /?token=…",
         AdminError::Forbidden => "Wrong admin token.",
         AdminError::Disabled => "Not found.",
+        AdminError::Body(_) => "Bad request.",
     };
     let refresh = if status == StatusCode::SERVICE_UNAVAILABLE {
         format!("<meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\">")

@@ -80,6 +80,10 @@ pub enum IngestError {
     /// A content type Forgejo never sends (only JSON and form are accepted) → 415.
     #[error("unsupported content type (use application/json or application/x-www-form-urlencoded)")]
     UnsupportedMediaType,
+    /// A `Content-Encoding` other than `identity` on an API body → 415. Nothing is
+    /// decompressed there (issue 12, finding 2: 5 KB of gzip inflated to megabytes).
+    #[error("compressed request bodies are not accepted (send Content-Encoding: identity)")]
+    Encoded,
     /// Missing, empty or wrong signature → 401.
     #[error("{0}")]
     Signature(#[from] SignatureError),
@@ -103,6 +107,7 @@ impl IngestError {
             | Self::BodyTimeout
             | Self::HeadersTooLarge
             | Self::UnsupportedMediaType
+            | Self::Encoded
             | Self::Malformed(_) => "bad_request",
             Self::Signature(_) => "bad_signature",
             Self::Unavailable(_) | Self::Overloaded => "unavailable",
@@ -117,7 +122,7 @@ impl ResponseError for IngestError {
             Self::BodyRead | Self::Malformed(_) => StatusCode::BAD_REQUEST,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType | Self::Encoded => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Signature(_) => StatusCode::UNAUTHORIZED,
             Self::Unavailable(_) | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -226,11 +231,16 @@ async fn ingest(
     let get = |name: &str| headers.get(name).map(|v| v.as_bytes());
     let tag = signature::signature_from_headers(get)?;
     let signed = signature::signed_bytes(body, form);
-    // Unverified: this name only picks which secrets may have signed the payload.
+    // Unverified: this name only picks which secrets may have signed the payload. It
+    // is the canonical name, the same one the delivery is routed by (finding 1 of
+    // issue 12: a trimmed name used to route, the raw one to pick the secrets).
     let claimed = delivery::repository_of(&signed);
-    let secrets = state
-        .webhook_secrets
-        .candidates(claimed.as_deref().unwrap_or_default());
+    let secrets = match &claimed {
+        Ok(repo) => state.webhook_secrets.candidates(repo),
+        // Refused with 400 once signed by any secret; no scope is picked by it.
+        Err(DeliveryError::BadRepository(_)) => state.webhook_secrets.any(),
+        Err(_) => state.webhook_secrets.candidates(""),
+    };
     let verified = signature::verify(signed, &tag, secrets)?;
     let received_ms = chrono::Utc::now().timestamp_millis();
     let delivery = Delivery::classify_probed(verified, get, received_ms, claimed)?;
@@ -274,6 +284,28 @@ async fn enqueue(
         .map_err(|_| IngestError::Overloaded)?
         .map_err(|_| IngestError::Overloaded)?;
     Ok(state.enqueuer.enqueue(conn, delivery).await?)
+}
+
+/// The body of an authenticated API request (results and admin APIs), read only
+/// after the caller checked the bearer token from the headers: at most `limit` bytes,
+/// within [`BODY_TIMEOUT`] like a webhook, and never decompressed (a
+/// `Content-Encoding` other than `identity` is refused before a byte is read).
+pub async fn read_api_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<bytes::Bytes, IngestError> {
+    if let Some(enc) = req.headers().get(header::CONTENT_ENCODING)
+        && !enc
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"identity")
+    {
+        return Err(IngestError::Encoded);
+    }
+    tokio::time::timeout(BODY_TIMEOUT, read_body(req, payload, limit))
+        .await
+        .map_err(|_| IngestError::BodyTimeout)?
 }
 
 /// Reads the whole body, refusing early on a `Content-Length` over the limit and

@@ -5,7 +5,10 @@
 //! | status | when |
 //! |---|---|
 //! | 202 | queued as a `WorkResult` event |
-//! | 401 | token missing or wrong |
+//! | 401 | token missing or wrong (checked from the headers, before any body is read) |
+//! | 408 | the body did not arrive within the webhook body timeout (3 s) |
+//! | 413 | the body is larger than [`MAX_RESULT_BODY`] |
+//! | 415 | a compressed body (`Content-Encoding`): nothing is decompressed |
 //! | 404 | unknown work id (or the results API is off: no token configured) |
 //! | 409 | the work is no longer active, or its result was already reported |
 //! | 422 | the body is not a valid result |
@@ -23,6 +26,12 @@ use subtle::ConstantTimeEq;
 
 use super::results::{ResultReport, Submitted, submit};
 use crate::ingest::AppState;
+use crate::ingest::webhook::read_api_body;
+
+/// Largest result body accepted (413 beyond). A result is an outcome, a signature
+/// and a summary; this keeps what one request can make the process hold small
+/// (issue 12, finding 2), far below the webhook limit.
+pub const MAX_RESULT_BODY: usize = 64 * 1024;
 
 /// Mounts the results API.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -55,7 +64,7 @@ async fn report(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
     use actix_web::http::StatusCode;
     let work_id = path.into_inner();
@@ -72,6 +81,14 @@ async fn report(
             .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
             .json(json!({ "error": "missing or wrong bearer token" }));
     }
+    // Only now, authenticated, is the body read (bounded in size and time).
+    let body = match read_api_body(&req, payload, MAX_RESULT_BODY).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::info!(error = %e, "work result refused");
+            return actix_web::ResponseError::error_response(&e);
+        }
+    };
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let report: ResultReport = match serde_path_to_error::deserialize(de) {
         Ok(r) => r,

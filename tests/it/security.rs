@@ -10,7 +10,7 @@ use shepherd::cli::ContentType;
 use shepherd::ops::send::ForgejoRequest;
 
 use crate::support::TEST_SECRET;
-use crate::support::redis::{RedisServer, xlen};
+use crate::support::redis::{RedisServer, stream_entries, xlen};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{new_delivery, post};
 
@@ -105,6 +105,75 @@ async fn repository_and_organisation_secrets_replace_the_global_ones() {
     // Exactly the five accepted deliveries were queued.
     let mut conn = redis.conn().await;
     assert_eq!(xlen(&mut conn, &s.keys().events(0)).await, 5);
+}
+
+/// Issue 12, finding 1: the secret used to be picked by the raw `full_name` and the
+/// event routed by the trimmed one, so `" acme/web"` signed with the global secret
+/// landed in `acme/web`'s records. Now one canonical name decides both, and a name
+/// Forgejo could never send is refused with 400 after the signature check, whoever
+/// signed it, leaving no stream entry, dedup key or `repos` member behind.
+#[tokio::test]
+async fn a_non_canonical_repository_name_cannot_bypass_the_repository_secret() {
+    let redis = RedisServer::start();
+    let policy = policy_file();
+    let s = Shepherd::builder(&redis)
+        .env("SHEPHERD_CONFIG", policy.path().to_str().unwrap())
+        .env("IT_ORG_SECRET", ORG_SECRET)
+        .env("IT_WEB_SECRET", WEB_SECRET)
+        .start()
+        .await;
+    let c = reqwest::Client::new();
+    let pr = "pull_request";
+    // JSON text of each name (escapes included), as it appears in the payload.
+    let names = [
+        " acme/web",
+        "acme/web ",
+        r"\tacme/web",
+        r"acme/web\r\n",
+        r"acme/web\u0000",
+        "acme /web",
+        "acme/*",
+        "acme/{web}",
+        "acme/web#1",
+        "acme/web/x",
+        "acme/..",
+    ];
+    for name in names {
+        for secret in [TEST_SECRET, ORG_SECRET, WEB_SECRET] {
+            let status = send(&c, &s, &pr_of(name), pr, secret).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{name:?} signed with {secret}"
+            );
+        }
+        // Unsigned (wrong secret): still 401, the name is not even looked at.
+        let status = send(&c, &s, &pr_of(name), pr, "not-a-secret").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{name:?}");
+    }
+    // Any case of the canonical name still works, and is stored lower-cased.
+    let accepted = send(&c, &s, &pr_of("Acme/WEB"), pr, WEB_SECRET).await;
+    assert_eq!(accepted, StatusCode::ACCEPTED);
+    let mut conn = redis.conn().await;
+    let entries = stream_entries(&mut conn, &s.keys().events(0)).await;
+    let repos: Vec<&str> = entries.iter().map(|(_, f)| f["repo"].as_str()).collect();
+    assert_eq!(repos, ["acme/web"]);
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(s.keys().repos())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(members, ["acme/web"]);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{}:*:seen:*", s.prefix()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.len(),
+        1,
+        "one dedup key, for the accepted delivery: {keys:?}"
+    );
 }
 
 #[tokio::test]

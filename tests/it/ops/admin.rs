@@ -128,13 +128,15 @@ async fn admin_api_answers_401_403_and_200() {
 }
 
 #[tokio::test]
-async fn without_an_admin_token_the_admin_api_does_not_exist_and_the_page_is_open() {
+/// Issue 12, finding 8: the status page (PR titles, work ids) used to be public
+/// without an admin token; now it is off like the admin API.
+async fn without_an_admin_token_the_admin_api_and_the_status_page_are_not_public() {
     let s = Scenario::start(&[("SHEPHERD_ADMIN_TOKEN", "")]).await;
     for route in routes(1) {
         assert_eq!(call(&s, &route, Some(ADMIN)).await.0, 404, "{route:?}");
         assert_eq!(call(&s, &route, None).await.0, 404, "{route:?}");
     }
     let page = s.http.get(s.app.url("/")).send().await.unwrap();
-    assert_eq!(page.status().as_u16(), 200);
-    assert!(page.text().await.unwrap().contains("Shepherd"));
+    assert_eq!(page.status().as_u16(), 404);
+    assert!(!page.text().await.unwrap().contains("phase-"));
 }

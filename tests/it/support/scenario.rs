@@ -18,6 +18,9 @@ use super::{poll_until_named, webhook};
 
 /// The agents' bearer token in scenarios.
 pub const AGENT_TOKEN: &str = "scenario-agent-token";
+/// The admin token of every scenario process (callers may override it): without one
+/// the status page is off (issue 12, finding 8).
+pub const SCENARIO_ADMIN_TOKEN: &str = "scenario-admin-token";
 /// How long one condition may take to come true.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -79,6 +82,7 @@ impl Scenario {
                 .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
                 .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
                 .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
+                .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
                 .env("SHEPHERD_CONFIG", policy.path().display().to_string())
                 .env("SHEPHERD_RECLAIM_IDLE_SECS", "15");
             env.iter().fold(b, |b, (k, v)| b.env(k, *v))
@@ -293,6 +297,7 @@ impl Scenario {
     pub async fn status_page(&self) -> String {
         self.http
             .get(self.shepherd.url("/"))
+            .bearer_auth(SCENARIO_ADMIN_TOKEN)
             .send()
             .await
             .expect("status page answer")
