@@ -241,3 +241,74 @@ async fn rebuild_apply_leaves_no_work_id_active_for_good() {
         "the replaced work is marked ended (a late result is refused)"
     );
 }
+
+/// Issue 12 (by reading), the other half: work that only the rebuilt record holds must
+/// be tracked like dispatched work — an index entry (so its result is accepted) and a
+/// claim-expiry timer (so the core ends it if no result comes). Here the stored record,
+/// its index entry and its claim timer are lost, while the archive still holds every
+/// event that led to the dispatch.
+#[tokio::test]
+async fn rebuild_apply_tracks_work_only_the_rebuilt_record_holds() {
+    let s = Scenario::start(&[]).await;
+    let n = s.open_pr("alice", "Add the widget");
+    let sha = s.fake.head_sha(REPO, n);
+    s.fake
+        .set_status(REPO, &sha, "ci/test", "failure", "3 tests failed");
+    s.send(&s.fake.pr_opened(REPO, n)).await;
+    crate::support::poll_until_named(super::WAIT, "a ci-fix is dispatched", || async {
+        active_work(&s, n).await.is_some()
+    })
+    .await;
+    let mut s = s;
+    s.stop_app();
+    let work = active_work(&s, n).await.unwrap();
+    let mut conn = s.conn.clone();
+    let claim_timers = |conn: redis::aio::MultiplexedConnection| {
+        let key = s.keys().timers(0);
+        async move {
+            let mut conn = conn;
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .expect("ZRANGE");
+            members
+                .into_iter()
+                .filter(|m| m.contains("claim:"))
+                .collect::<Vec<_>>()
+        }
+    };
+    let lost = claim_timers(conn.clone()).await;
+    assert!(!lost.is_empty(), "the dispatch armed a claim timer");
+    let _: () = redis::pipe()
+        .cmd("DEL")
+        .arg(s.keys().pr_record(REPO, n))
+        .cmd("HDEL")
+        .arg(s.keys().work_index(0))
+        .arg(&work)
+        .cmd("ZREM")
+        .arg(s.keys().timers(0))
+        .arg(&lost)
+        .query_async(&mut conn)
+        .await
+        .expect("lose the record, its index entry and its claim timer");
+
+    let report = s.cli_json(&["rebuild", &format!("{REPO}#{n}"), "--apply", "--json"]);
+    assert_eq!(report["applied"], true, "{report}");
+    let rebuilt = active_work(&s, n)
+        .await
+        .expect("the fold dispatches the ci-fix again");
+    assert!(
+        indexed(&s, &rebuilt).await.is_some(),
+        "the rebuilt record's work is in the work index"
+    );
+    let timers = claim_timers(conn).await;
+    assert!(
+        timers
+            .iter()
+            .any(|m| m.contains(&format!("claim:{rebuilt}"))),
+        "the rebuilt record's work has a claim-expiry timer: {timers:?}"
+    );
+}
