@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::{REPO, history, internal_fields, pending, pr_sync, webhook_fields, xadd};
-use crate::support::{QUIET_POLICY, poll_until_named};
 use crate::support::redis::{RedisServer, xlen};
 use crate::support::shepherd::Shepherd;
+use crate::support::{QUIET_POLICY, poll_until_named};
 
 /// Generous bound for a condition the worker should reach quickly.
 const WAIT: Duration = Duration::from_secs(20);
