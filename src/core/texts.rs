@@ -83,7 +83,8 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
         let who: Vec<String> = state
             .unofficial_change_requests
             .iter()
-            .map(|w| format!("@{}", one_line(w)))
+            // In code spans: showing a reviewer must not @mention them.
+            .map(|w| code(&one_line(w)))
             .collect();
         text.push_str(&format!(
             "\n\nNot counted (no write access): changes requested by {}",
@@ -211,7 +212,7 @@ mod tests {
             unofficial_change_requests: vec!["mallory".into()],
         };
         let body = status_comment(&state, "--footer");
-        assert!(body.contains("changes requested by @mallory"), "{body}");
+        assert!(body.contains("changes requested by `mallory`"), "{body}");
         assert!(body.ends_with("--footer"));
         assert_eq!(parse_status_comment(&body), Some(state));
         assert_eq!(status_version(&body), 4);

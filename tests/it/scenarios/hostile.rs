@@ -103,7 +103,7 @@ async fn unofficial_change_request_neither_blocks_the_merge_nor_reaches_the_agen
     s.wait_idle().await;
     assert!(s.work_items().await.is_empty(), "nothing dispatched");
     assert!(
-        s.comments_containing(REPO, n, "changes requested by @mallory") >= 1,
+        s.comments_containing(REPO, n, "changes requested by `mallory`") >= 1,
         "the status comment shows the uncounted change request"
     );
 }

@@ -106,7 +106,7 @@ fn unofficial_change_request_neither_blocks_the_merge_nor_becomes_work() {
         panic!("not the status comment");
     };
     assert!(
-        body.contains("Not counted (no write access): changes requested by @mallory"),
+        body.contains("Not counted (no write access): changes requested by `mallory`"),
         "{body}"
     );
     assert!(
