@@ -99,9 +99,12 @@ policy_settings! {
     approvals_bot: u32 = 1;
     /// Approvals a human PR needs.
     approvals_human: u32 = 2;
-    /// Text in a PR body that marks it as a bot PR.
+    /// Text a bot PR's body must also contain when `require_bot_marker` is set. Never
+    /// enough alone: anyone can paste it into a body (only the author decides).
     bot_marker: String = "Automated by CleverAgents Bot".into();
-    /// Authors whose PRs are bot PRs.
+    /// A bot-authored PR counts as a bot PR only if its body also has `bot_marker`.
+    require_bot_marker: bool = false;
+    /// Authors whose PRs are bot PRs (the bot login always is).
     bot_users: Vec<String> = Vec::new();
     /// CI contexts that must be present and green; empty = every reported context.
     required_contexts: Vec<String> = Vec::new();

@@ -89,6 +89,10 @@ pub struct WorkState {
     pub handled_floor: i64,
 }
 
+/// How many open linking PRs an issue record tracks (more are not held on to: each
+/// one costs an outsider only a PR, so the record must not grow with them).
+pub const LINKING_PRS_KEPT: usize = 16;
+
 /// Most commands a record holds while their authors' permissions are looked up.
 /// Commands past it are dropped (the comment still counts as handled): one lookup
 /// answers in seconds and empties the queue, so only a flood loses anything.
@@ -330,8 +334,14 @@ pub struct IssueRecord {
     pub issue: Option<IssueSnapshot>,
     /// `issue-impl` work, claims, attempts, tier, hold and commands.
     pub work: WorkState,
-    /// The PR that implements it (done: no more `issue-impl`).
+    /// The merged PR that implements it (done: no more `issue-impl`). Only a merge
+    /// sets it: an open PR can still be closed unmerged.
     pub done_by_pr: Option<u64>,
+    /// Open PRs whose body links the issue: while any is open no new `issue-impl` is
+    /// dispatched; one closed unmerged (or no longer linking) is removed again.
+    /// At most [`LINKING_PRS_KEPT`].
+    #[serde(default)]
+    pub linking_prs: BTreeSet<u64>,
     /// A trusted `/shepherd implement` asked for `issue-impl` (as the label does).
     #[serde(default)]
     pub requested: bool,
@@ -404,6 +414,7 @@ impl IssueRecord {
             issue: None,
             work: WorkState::default(),
             done_by_pr: None,
+            linking_prs: BTreeSet::new(),
             requested: false,
         }
     }

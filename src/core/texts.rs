@@ -38,6 +38,10 @@ pub struct StatusState {
     /// a higher version is replaying an older upsert and should leave it alone.
     #[serde(default)]
     pub version: u64,
+    /// Reviewers whose change requests Forgejo does not count (no write access):
+    /// shown so people see them, never blocking and never work.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unofficial_change_requests: Vec<String>,
 }
 
 /// The hidden marker carrying an effect id.
@@ -74,6 +78,18 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
     );
     if let Some(sig) = &state.last_signature {
         text.push_str(&format!(" · last problem: `{}`", one_line(sig)));
+    }
+    if !state.unofficial_change_requests.is_empty() {
+        let who: Vec<String> = state
+            .unofficial_change_requests
+            .iter()
+            // In code spans: showing a reviewer must not @mention them.
+            .map(|w| code(&one_line(w)))
+            .collect();
+        text.push_str(&format!(
+            "\n\nNot counted (no write access): changes requested by {}",
+            who.join(", ")
+        ));
     }
     format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
 }
@@ -193,8 +209,10 @@ mod tests {
             last_signature: Some("ci / test: failed -->".into()),
             head_sha: Some("abcd1234".parse().unwrap()),
             version: 4,
+            unofficial_change_requests: vec!["mallory".into()],
         };
         let body = status_comment(&state, "--footer");
+        assert!(body.contains("changes requested by `mallory`"), "{body}");
         assert!(body.ends_with("--footer"));
         assert_eq!(parse_status_comment(&body), Some(state));
         assert_eq!(status_version(&body), 4);

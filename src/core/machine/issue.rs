@@ -1,7 +1,9 @@
 //! `step_issue`: `issue-impl` for open issues carrying the trigger label (default
 //! `auto/implement`). One work item at a time with the same claim, escalation and
 //! stuck rules as PRs; cancelled when the issue closes; done when a PR that links the
-//! issue (`Closes #N`) opens — the worker delivers such PR events to the issue record.
+//! issue (`Closes #N`) is merged — the worker delivers such PR events to the issue
+//! record. An open linking PR only holds the issue (no new dispatch; the agent's own PR
+//! ends its claim); closed unmerged, it releases the issue again.
 
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +11,7 @@ use super::super::effect::{Effect, TimerKind, WorkContext, WorkKind};
 use super::super::event::{EffectOutcome, Event, PrState};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
-use super::super::record::{AttemptOutcome, Hold, IssueRecord, linked_issues};
+use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
 use super::{Fx, commands, work};
 
 /// Where an issue stands.
@@ -22,7 +24,9 @@ pub enum IssuePhase {
     Implementing,
     /// The agent reported success; waiting for its PR to open.
     AwaitingPr,
-    /// A PR linking the issue opened.
+    /// A PR linking the issue is open; waiting for it to be merged.
+    AwaitingMerge,
+    /// A PR linking the issue was merged.
     Done,
     /// Closed.
     Closed,
@@ -39,6 +43,7 @@ impl IssuePhase {
             IssuePhase::Idle => "idle",
             IssuePhase::Implementing => "implementing",
             IssuePhase::AwaitingPr => "awaiting-pr",
+            IssuePhase::AwaitingMerge => "awaiting-merge",
             IssuePhase::Done => "done",
             IssuePhase::Closed => "closed",
             IssuePhase::NeedsHuman => "needs-human",
@@ -112,6 +117,10 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
             a.item.attempt, a.item.tier_name
         );
         return (IssuePhase::Implementing, why, None);
+    }
+    if let Some(pr) = r.linking_prs.first() {
+        let why = format!("#{pr} links the issue; waiting for it to be merged");
+        return (IssuePhase::AwaitingMerge, why, None);
     }
     if !issue.labels.contains(&policy.label_implement) && !r.requested {
         return (
@@ -231,16 +240,7 @@ fn apply(
             }
             true
         }
-        Event::PullRequest { pr, .. } => {
-            let links = pr.repo == r.repo && linked_issues(&pr.body).contains(&r.number);
-            if !links || pr.state == PrState::Closed || r.done_by_pr.is_some() {
-                return false;
-            }
-            r.done_by_pr = Some(pr.number);
-            // The agent's PR is its result: end the claim without cancelling the agent.
-            work::end_active(&mut r.work, AttemptOutcome::Superseded, now, false, fx);
-            true
-        }
+        Event::PullRequest { pr, .. } => on_linking_pr(r, pr, now, policy, fx),
         Event::Comment { .. } | Event::ObservedPermission { .. } => {
             commands_of(r, event, now, policy, from_bot, fx)
         }
@@ -255,6 +255,67 @@ fn apply(
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
         | Event::ResyncObserved { .. } => false,
+    }
+}
+
+/// A PR event delivered to the issue (its body links the issue now or did before).
+/// Only a merge ends the issue's work; an open PR holds it, and the agent's own PR (a
+/// bot author) ends the claim as its result; a PR closed unmerged, or whose body no
+/// longer links the issue, releases what it took. Anyone can open a PR that links any
+/// issue, so an open or closed PR never marks the issue done.
+fn on_linking_pr(
+    r: &mut IssueRecord,
+    pr: &super::super::event::PrSnapshot,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    if pr.repo != r.repo {
+        return false;
+    }
+    let n = pr.number;
+    let links = linked_issues(&pr.body).contains(&r.number);
+    let agent = pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a));
+    match (links, pr.state) {
+        (true, PrState::Merged) => {
+            r.linking_prs.remove(&n);
+            if r.done_by_pr.is_some() {
+                return false;
+            }
+            r.done_by_pr = Some(n);
+            // The agent's merged PR is its result; someone else's merge makes the
+            // agent's work moot: cancel it.
+            let outcome = match agent {
+                true => AttemptOutcome::Superseded,
+                false => AttemptOutcome::Cancelled,
+            };
+            work::end_active(&mut r.work, outcome, now, !agent, fx);
+            true
+        }
+        (true, PrState::Open) => {
+            if r.done_by_pr.is_some() {
+                return false;
+            }
+            let mut changed = false;
+            if !r.linking_prs.contains(&n) && r.linking_prs.len() < LINKING_PRS_KEPT {
+                changed = r.linking_prs.insert(n);
+            }
+            if agent && r.work.active.is_some() {
+                // The agent's PR is its result: end the claim without cancelling it.
+                work::end_active(&mut r.work, AttemptOutcome::Superseded, now, false, fx);
+                changed = true;
+            }
+            changed
+        }
+        (true, PrState::Closed) | (false, _) => {
+            let mut changed = r.linking_prs.remove(&n);
+            // A record an open PR marked done before only merges counted.
+            if pr.state == PrState::Closed && r.done_by_pr == Some(n) {
+                r.done_by_pr = None;
+                changed = true;
+            }
+            changed
+        }
     }
 }
 

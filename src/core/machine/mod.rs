@@ -24,7 +24,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
-pub use plan::{CiView, ci_view, merge_blockers};
+pub use plan::{CiView, ci_view, merge_blockers, unofficial_change_requests};
 
 use super::effect::{Effect, EffectKind};
 use super::event::Event;

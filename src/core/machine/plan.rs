@@ -160,10 +160,14 @@ pub(crate) fn ci_signature(failing: &[CiContext]) -> String {
     parts.join("\n")
 }
 
-/// Whether the PR counts as a bot PR (marker in the body or a bot author).
+/// Whether the PR counts as a bot PR (DESIGN §2.4): its author is the bot login or a
+/// configured bot user, and, when the policy requires it, its body has the marker.
+/// The marker alone never counts: anyone can paste it into a body.
 pub(crate) fn is_bot_pr(pr: &PrSnapshot, policy: &Policy) -> bool {
-    (!policy.bot_marker.is_empty() && pr.body.contains(&policy.bot_marker))
-        || pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a))
+    let bot_author = pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a));
+    let marker_ok = !policy.require_bot_marker
+        || (!policy.bot_marker.is_empty() && pr.body.contains(&policy.bot_marker));
+    bot_author && marker_ok
 }
 
 /// Review facts relevant to merging and to `review-feedback`.
@@ -174,6 +178,10 @@ struct ReviewView {
     blocking: Vec<String>,
     /// Change requests not yet addressed (on the head, not stale): wants work.
     active: Vec<ChangeRequest>,
+    /// Reviewers whose latest review is a non-official change request (Forgejo marks
+    /// reviews from users without write access `official: false`): shown, never
+    /// blocking and never work, or anyone could stop a merge or steer the agents.
+    unofficial: Vec<String>,
 }
 
 /// Evaluates the latest reviews against the head.
@@ -182,6 +190,7 @@ fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
         approvals: 0,
         blocking: Vec::new(),
         active: Vec::new(),
+        unofficial: Vec::new(),
     };
     let Some(reviews) = &r.reviews else {
         return v;
@@ -195,6 +204,10 @@ fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
             }
             ReviewState::RequestChanges => {
                 if review.dismissed {
+                    continue;
+                }
+                if !review.official {
+                    v.unofficial.push(review.reviewer.to_string());
                     continue;
                 }
                 v.blocking.push(review.reviewer.to_string());
@@ -215,6 +228,14 @@ fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
         }
     }
     v
+}
+
+/// Reviewers whose latest review is a change request Forgejo does not count
+/// (`official: false`): kept as facts and shown in the status comment, but they
+/// neither block the merge nor become `review-feedback` work.
+pub fn unofficial_change_requests(r: &PrRecord) -> Vec<String> {
+    let head = r.pr.as_ref().and_then(|p| p.head_sha.as_ref());
+    review_view(r, head).unofficial
 }
 
 /// Every §2.4 condition that does not hold (empty: ready to merge). `now` only

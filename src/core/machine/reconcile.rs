@@ -162,16 +162,24 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         // Emitting this effect makes the step a change: the record will be committed
         // as the next version.
         version: r.version + 1,
+        unofficial_change_requests: plan::unofficial_change_requests(r),
     };
-    let key = serde_json::json!([
+    let mut key = serde_json::json!([
         state.phase,
         state.tier,
         state.attempts,
         state.last_signature,
         state.head_sha,
         r.work.active.as_ref().map(|a| a.item.id.clone()),
-    ])
-    .to_string();
+    ]);
+    // Only when there are some: the keys of existing records stay as they were, so
+    // no status comment is rewritten just because this field exists.
+    if !state.unofficial_change_requests.is_empty()
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!(state.unofficial_change_requests));
+    }
+    let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {
         return;
     }

@@ -6,7 +6,10 @@
 //! 3. Re-check readiness against the API: the combined status of the head and the
 //!    reviews are read and folded, with the PR, into a fresh record by the core's own
 //!    `step`, and the core's `merge_blockers` must be empty. Otherwise the fresh reads
-//!    go back to the machine (a `ResyncObserved` event) with `TryAgain`.
+//!    go back to the machine (a `ResyncObserved` event) with `TryAgain`. The fresh
+//!    record also takes the stored record's hold and active work, which no API read
+//!    shows: a `/shepherd pause` (or needs-human) that arrived while this effect was
+//!    queued or parked for retry wins over it.
 //! 4. `POST …/merge` with `Do`, `head_commit_id` and `delete_branch_after_merge` —
 //!    never `force_merge`.
 //! 5. A 403/405/409/404 or an ambiguous answer (timeout, 5xx) is never retried
@@ -22,7 +25,7 @@ use crate::core::machine::{merge_blockers, step};
 use crate::core::policy::MergeStyle;
 use crate::core::record::PrRecord;
 use crate::forgejo::{self, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
-use crate::store::{effects, streams};
+use crate::store::{commit, effects, streams};
 
 use super::Executor;
 use super::act::Failure;
@@ -90,7 +93,8 @@ impl Executor {
             reviews: observe::reviews(&reviews),
             at_ms: super::act::read_time(ask.queued_ms),
         };
-        let blockers = self.blockers(effect, &observed);
+        let stored = self.stored_record(effect).await?;
+        let blockers = self.blockers(effect, &observed, stored.as_ref());
         if !blockers.is_empty() {
             tracing::info!(?blockers, "not ready on re-check; merge not attempted");
             return Ok(vec![
@@ -158,12 +162,46 @@ impl Executor {
         Ok(settled(&pr, head).unwrap_or(otherwise))
     }
 
-    /// The §2.4 conditions that fail on the fresh reads, by the core's own rules.
-    fn blockers(&self, effect: &Effect, observed: &Event) -> Vec<String> {
+    /// The PR's record as stored now (read under the merge lock, right before the
+    /// merge call). `Err(blocker)` when it cannot be decoded: no merge then.
+    async fn stored_record(
+        &self,
+        effect: &Effect,
+    ) -> Result<Result<Option<PrRecord>, String>, Failure> {
+        let key = self
+            .ctx
+            .store
+            .keys()
+            .pr_record(effect.repo.as_str(), effect.number);
+        let stored = commit::load(&mut self.ctx.store.conn(), &key).await?;
+        Ok(match stored {
+            None => Ok(None),
+            Some(s) => PrRecord::from_json(&s.data)
+                .map(Some)
+                .map_err(|e| format!("the record {key} cannot be read: {e}")),
+        })
+    }
+
+    /// The §2.4 conditions that fail on the fresh reads, by the core's own rules, with
+    /// the stored record's hold and active work (facts only the record has).
+    fn blockers(
+        &self,
+        effect: &Effect,
+        observed: &Event,
+        stored: Result<&Option<PrRecord>, &String>,
+    ) -> Vec<String> {
         let policy = self.ctx.policy.for_repo(&effect.repo);
         let now = streams::now_ms() as i64;
         let fresh = PrRecord::new(effect.repo.clone(), effect.number);
-        let t = step(&fresh, observed, now, &policy);
+        let mut t = step(&fresh, observed, now, &policy);
+        match stored {
+            Ok(Some(r)) => {
+                t.record.work.hold = r.work.hold.clone();
+                t.record.work.active = r.work.active.clone();
+            }
+            Ok(None) => {}
+            Err(why) => return vec![why.clone()],
+        }
         merge_blockers(&t.record, &policy, now)
     }
 }

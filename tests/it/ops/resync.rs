@@ -50,7 +50,8 @@ async fn outage_drill_resync_brings_every_record_to_the_right_phase_once() {
     let red = s.open_pr("alice", "Goes red during the outage");
     let green = s.fake.open_pr(
         REPO,
-        NewPr::new("alice", "Approved during the outage").body("Automated by CleverAgents Bot"),
+        // A bot PR (one approval) by its author, the bot login; the marker alone is not enough.
+        NewPr::new(s.fake.bot_login(), "Approved during the outage"),
     );
     let gone = s.open_pr("carol", "Closed during the outage");
     for n in [red, green, gone] {

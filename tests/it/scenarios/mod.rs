@@ -4,6 +4,7 @@
 
 mod dispatch;
 mod faults;
+mod hostile;
 mod merge;
 mod store;
 mod work;

@@ -26,8 +26,10 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Policy settings every scenario starts from: fast CI polls and retries, and a stale
 /// time far beyond any scenario (set here, not left to the one-day default, so no
-/// scenario depends on the date of the times it observes).
+/// scenario depends on the date of the times it observes). The agents open their PRs
+/// as `agent-bot`, a configured bot user: only the author makes a PR a bot PR.
 pub const FAST_POLICY: &str = "\
+bot_users = [\"agent-bot\"]
 stale_after_secs = 31536000
 ci_poll_initial_secs = 1
 ci_poll_max_secs = 1

@@ -1,11 +1,11 @@
-//! `step_issue`: issue-impl dispatch, cancel on close, done when a linking PR opens.
+//! `step_issue`: issue-impl dispatch, cancel on close, done when a linking PR merges.
 
 use proptest::prelude::*;
 
 use super::*;
 use crate::core::event::{IssueAction, IssueSnapshot};
 use crate::core::machine::{IssuePhase, IssueTransition, decide_issue, step_issue};
-use crate::core::record::{AttemptOutcome, IssueRecord};
+use crate::core::record::{AttemptOutcome, IssueRecord, LINKING_PRS_KEPT};
 
 /// Issue number used here.
 const ISSUE: u64 = 9;
@@ -156,13 +156,140 @@ fn closing_cancels_and_a_linking_pr_finishes() {
     let pr = pr_event(PrAction::Opened, bot_snap('a', T0 + 10), "bot");
     let (fx, _) = go(&mut r, pr.clone(), T0 + 10, &p);
     assert_eq!(fx, lines(&["-auto/claimed-implementer"]));
-    assert_eq!(r.done_by_pr, Some(PR));
+    assert_eq!(r.done_by_pr, None, "an open PR does not finish the issue");
     assert_eq!(r.work.attempts[0].outcome, AttemptOutcome::Superseded);
-    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Done);
+    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::AwaitingMerge);
     let (fx, _) = go(&mut r, result(&id, WorkOutcome::Succeeded), T0 + 20, &p);
     assert_eq!(fx, Vec::<String>::new());
     assert_eq!(r.work.attempts[0].outcome, AttemptOutcome::Succeeded);
     assert!(step_issue(&r, &pr, T0 + 30, &p).is_noop());
+    let merged = PrSnapshot {
+        state: PrState::Merged,
+        ..bot_snap('a', T0 + 40)
+    };
+    go(
+        &mut r,
+        pr_event(PrAction::Closed, merged, "bot"),
+        T0 + 40,
+        &p,
+    );
+    assert_eq!(r.done_by_pr, Some(PR));
+    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Done);
+    assert!(step_issue(&r, &pr, T0 + 50, &p).is_noop());
+}
+
+/// A labelled issue with an `issue-impl` claimed.
+fn claimed_issue(p: &Policy) -> IssueRecord {
+    let mut r = IssueRecord::new(repo(), ISSUE);
+    go(
+        &mut r,
+        ev(IssueAction::Labeled, issue(true, true, T0), "alice"),
+        T0,
+        p,
+    );
+    assert!(r.work.active.is_some());
+    r
+}
+
+#[test]
+fn a_linking_pr_closed_unmerged_does_not_mark_the_issue_done() {
+    let p = policy();
+    let mut r = claimed_issue(&p);
+    let id = r.work.active.as_ref().unwrap().item.id.clone();
+    // Anyone's PR linking the issue: held, but the agent's claim stays.
+    let hostile = PrSnapshot {
+        author: Some(login("mallory")),
+        ..snap('a', T0 + 10)
+    };
+    let (fx, _) = go(
+        &mut r,
+        pr_event(PrAction::Opened, hostile.clone(), "mallory"),
+        T0 + 10,
+        &p,
+    );
+    assert_eq!(fx, Vec::<String>::new());
+    assert_eq!(r.work.active.as_ref().map(|a| &a.item.id), Some(&id));
+    assert_eq!(r.done_by_pr, None);
+    // The agent fails; no new attempt while the linking PR is open.
+    let (fx, _) = go(&mut r, result(&id, WorkOutcome::Failed), T0 + 20, &p);
+    assert_eq!(fx, lines(&["-auto/claimed-implementer"]));
+    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::AwaitingMerge);
+    // Closed unmerged: released, the issue wants implementing again.
+    let closed = PrSnapshot {
+        state: PrState::Closed,
+        ..hostile
+    };
+    let (fx, _) = go(
+        &mut r,
+        pr_event(PrAction::Closed, closed, "mallory"),
+        T0 + 30,
+        &p,
+    );
+    assert_eq!(fx[0], "dispatch issue-impl tier=1 attempt=2 head=-");
+    assert_eq!(r.done_by_pr, None);
+    assert!(r.linking_prs.is_empty());
+    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Implementing);
+}
+
+#[test]
+fn only_a_merged_linking_pr_ends_the_issue_work() {
+    let p = policy();
+    let mut r = claimed_issue(&p);
+    let id = r.work.active.as_ref().unwrap().item.id.clone();
+    let merged = PrSnapshot {
+        author: Some(login("alice")),
+        state: PrState::Merged,
+        ..snap('a', T0 + 10)
+    };
+    let (fx, _) = go(
+        &mut r,
+        pr_event(PrAction::Closed, merged, "alice"),
+        T0 + 10,
+        &p,
+    );
+    assert_eq!(
+        fx,
+        lines(&[&format!("cancel {id}"), "-auto/claimed-implementer"]),
+        "a human's merged PR makes the agent's work moot"
+    );
+    assert_eq!(r.done_by_pr, Some(PR));
+    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Done);
+    // A record an open PR marked done under the old rule is released by its close.
+    let mut legacy = claimed_issue(&p);
+    legacy.work.active = None;
+    legacy.done_by_pr = Some(PR);
+    let closed = PrSnapshot {
+        state: PrState::Closed,
+        ..snap('a', T0 + 10)
+    };
+    go(
+        &mut legacy,
+        pr_event(PrAction::Closed, closed, "alice"),
+        T0 + 10,
+        &p,
+    );
+    assert_eq!(legacy.done_by_pr, None);
+    assert_ne!(decide_issue(&legacy, &p).phase, IssuePhase::Done);
+}
+
+#[test]
+fn linking_prs_kept_are_bounded() {
+    let p = policy();
+    let mut r = claimed_issue(&p);
+    for k in 0..(LINKING_PRS_KEPT as u64 + 10) {
+        let pr = PrSnapshot {
+            number: 100 + k,
+            author: Some(login("mallory")),
+            ..snap('a', T0 + 10)
+        };
+        go(
+            &mut r,
+            pr_event(PrAction::Opened, pr, "mallory"),
+            T0 + 10,
+            &p,
+        );
+    }
+    assert_eq!(r.linking_prs.len(), LINKING_PRS_KEPT);
 }
 
 #[test]

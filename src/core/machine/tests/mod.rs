@@ -3,6 +3,7 @@
 //! transitions, lifecycle walks and property tests.
 
 mod bounds;
+mod hostile;
 mod issues;
 mod props;
 mod table;

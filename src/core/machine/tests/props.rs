@@ -346,9 +346,9 @@ fn merge_is_safe(r: &PrRecord, p: &Policy, pinned: &Sha) -> Result<(), String> {
     let blocked = reviews
         .latest
         .values()
-        .any(|v| v.state == ReviewState::RequestChanges && !v.dismissed);
-    let bot =
-        pr.body.contains(&p.bot_marker) || pr.author.as_ref().is_some_and(|a| p.is_bot_author(a));
+        .any(|v| v.state == ReviewState::RequestChanges && v.official && !v.dismissed);
+    let bot = pr.author.as_ref().is_some_and(|a| p.is_bot_author(a))
+        && (!p.require_bot_marker || pr.body.contains(&p.bot_marker));
     let need = if bot {
         p.approvals_bot
     } else {
