@@ -337,7 +337,7 @@ pub struct IssueRecord {
     /// The merged PR that implements it (done: no more `issue-impl`). Only a merge
     /// sets it: an open PR can still be closed unmerged.
     pub done_by_pr: Option<u64>,
-    /// Open PRs whose body links the issue: while any is open no new `issue-impl` is
+    /// Open PRs by a bot author (the agents' own) whose body links the issue: while any is open no new `issue-impl` is
     /// dispatched; one closed unmerged (or no longer linking) is removed again.
     /// At most [`LINKING_PRS_KEPT`].
     #[serde(default)]

@@ -297,7 +297,10 @@ fn on_linking_pr(
                 return false;
             }
             let mut changed = false;
-            if !r.linking_prs.contains(&n) && r.linking_prs.len() < LINKING_PRS_KEPT {
+            // Only the agents' own PRs hold the issue (`awaiting-merge`): anyone can open
+            // a PR that says `Closes #N`, and an outsider's open PR must not stop the
+            // issue's work. Other linking PRs count only when they merge.
+            if agent && !r.linking_prs.contains(&n) && r.linking_prs.len() < LINKING_PRS_KEPT {
                 changed = r.linking_prs.insert(n);
             }
             if agent && r.work.active.is_some() {
