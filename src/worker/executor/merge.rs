@@ -199,7 +199,10 @@ impl Executor {
                 t.record.work.hold = r.work.hold.clone();
                 t.record.work.active = r.work.active.clone();
             }
-            Ok(None) => {}
+            // A merge comes only from a record: without one, nothing says the PR is
+            // not paused or held, so it is not merged (fail closed, as for a record
+            // that cannot be read).
+            Ok(None) => return vec!["no record of the PR".to_owned()],
             Err(why) => return vec![why.clone()],
         }
         merge_blockers(&t.record, &policy, now)
