@@ -309,13 +309,18 @@ pub fn issue_snapshot(repo: &RepoName, issue: &payload::Issue) -> IssueSnapshot 
     }
 }
 
+/// Longest review body kept in a review fact (bytes), cut and marked like a
+/// description: every reviewer's latest review is kept in the record (unofficial ones
+/// too, as facts), and any account can review with a megabyte-sized body.
+pub const MAX_REVIEW_BODY_KEPT: usize = 16 * 1024;
+
 /// A review from `GET …/pulls/{n}/reviews` (`None` without a reviewer).
 pub fn review(r: &payload::PullReview) -> Option<Review> {
     Some(Review {
         id: r.id,
         reviewer: login(r.user.as_ref())?,
         state: ReviewState::parse(&r.state),
-        body: r.body.clone(),
+        body: super::record::bounded_text(&r.body, MAX_REVIEW_BODY_KEPT),
         commit_id: r.commit_id.to_lowercase(),
         stale: r.stale,
         official: r.official,

@@ -347,3 +347,25 @@ fn a_huge_pr_description_is_cut_before_it_enters_the_snapshot() {
     assert!(pr.body.ends_with(" bytes]"), "says it was cut");
     assert!(pr.body.starts_with("Closes #1\nCloses #2\n"));
 }
+
+/// A megabyte-sized review body (any account can review, and unofficial reviews are kept
+/// as facts) is cut before it enters the record.
+#[test]
+fn a_huge_review_body_is_cut_before_it_enters_the_record() {
+    let body = "é".repeat(600_000);
+    let json = format!(
+        r#"[{{"id":5,"user":{{"login":"mallory"}},"state":"REQUEST_CHANGES","body":"{body}","commit_id":"abcd","stale":false,"official":false,"dismissed":false,"submitted_at":"2026-11-30T10:00:00Z"}}]"#
+    );
+    let reviews: Vec<crate::core::payload::PullReview> = serde_json::from_str(&json).unwrap();
+    let review = review(&reviews[0]).expect("a reviewer");
+    assert!(
+        review.body.len() <= MAX_REVIEW_BODY_KEPT,
+        "{}",
+        review.body.len()
+    );
+    assert!(
+        review.body.ends_with("[truncated from 1200000 bytes]"),
+        "{}",
+        &review.body[review.body.len() - 40..]
+    );
+}

@@ -61,6 +61,10 @@ pub fn finish_comment(text: &str, id: &EffectId, footer: &str) -> String {
     format!("{}\n\n{}\n{footer}", text.trim_end(), effect_marker(id))
 }
 
+/// Most unofficial change requesters the status comment names (any account can
+/// review; the rest are counted, not listed).
+const UNOFFICIAL_SHOWN: usize = 10;
+
 /// The sticky status comment body.
 pub fn status_comment(state: &StatusState, footer: &str) -> String {
     // `>` only occurs inside JSON strings, where `\u003e` means the same: this keeps
@@ -80,12 +84,16 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
         text.push_str(&format!(" · last problem: `{}`", one_line(sig)));
     }
     if !state.unofficial_change_requests.is_empty() {
-        let who: Vec<String> = state
-            .unofficial_change_requests
+        let all = &state.unofficial_change_requests;
+        let mut who: Vec<String> = all
             .iter()
+            .take(UNOFFICIAL_SHOWN)
             // In code spans: showing a reviewer must not @mention them.
             .map(|w| code(&one_line(w)))
             .collect();
+        if all.len() > UNOFFICIAL_SHOWN {
+            who.push(format!("and {} more", all.len() - UNOFFICIAL_SHOWN));
+        }
         text.push_str(&format!(
             "\n\nNot counted (no write access): changes requested by {}",
             who.join(", ")
@@ -217,6 +225,24 @@ mod tests {
         assert_eq!(parse_status_comment(&body), Some(state));
         assert_eq!(status_version(&body), 4);
         assert_eq!(status_version("no block"), 0);
+    }
+
+    #[test]
+    fn many_unofficial_change_requesters_are_counted_not_all_named() {
+        let state = StatusState {
+            phase: Phase::AwaitingReview,
+            reason: "waiting".into(),
+            tier: 0,
+            tier_name: "haiku".into(),
+            attempts: 0,
+            last_signature: None,
+            head_sha: None,
+            version: 1,
+            unofficial_change_requests: (0..20).map(|i| format!("sock{i}")).collect(),
+        };
+        let body = status_comment(&state, "--footer");
+        assert!(body.contains("`sock9`, and 10 more"), "{body}");
+        assert!(!body.contains("`sock10`"), "{body}");
     }
 
     #[test]

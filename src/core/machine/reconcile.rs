@@ -147,6 +147,9 @@ fn ci_poll(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     }
 }
 
+/// Most unofficial change requesters carried in the status comment's state.
+const UNOFFICIAL_KEPT: usize = 20;
+
 /// Upserts the sticky status comment when phase, tier, attempts or the last problem
 /// changed (not on every change of wording).
 fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
@@ -162,7 +165,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         // Emitting this effect makes the step a change: the record will be committed
         // as the next version.
         version: r.version + 1,
-        unofficial_change_requests: plan::unofficial_change_requests(r),
+        // Bounded: the list goes into the comment's state block, and any account
+        // can review (the comment names the first ten and counts the rest).
+        unofficial_change_requests: plan::unofficial_change_requests(r)
+            .into_iter()
+            .take(UNOFFICIAL_KEPT)
+            .collect(),
     };
     let mut key = serde_json::json!([
         state.phase,
