@@ -100,7 +100,7 @@ pub fn json_probe(data: &[u8]) {
                 assert_eq!(Ok(name), canonical_repo(expected));
             }
         }
-        Err(DeliveryError::BadRepository(e)) => {
+        Err(DeliveryError::BadRepository(e, _)) => {
             assert!(valid, "called a body serde_json refuses a bad name: {e}");
             let value: serde_json::Value = serde_json::from_slice(data).expect("valid");
             let at = |path: &str| value.pointer(path).and_then(|v| v.as_str());

@@ -51,8 +51,11 @@ pub enum DeliveryError {
     /// (whitespace, control characters, `*`, `{`, …): it would pick one scope's secrets
     /// and be routed as another, so it is refused whoever signed it. The name is
     /// quoted with escapes, so a CR/LF in it cannot forge a log line.
+    /// The second field is the nearest canonical name (the characters Forgejo allows,
+    /// lower-cased): it only picks the secrets the refusal is verified with, so a
+    /// refused name costs the same HMACs as any delivery.
     #[error("repository.full_name {0} is not a Forgejo owner/name")]
-    BadRepository(String),
+    BadRepository(String, String),
 }
 
 /// A verified, classified webhook delivery, ready to be queued.
@@ -233,7 +236,12 @@ pub fn canonical_repo(name: &str) -> Result<String, DeliveryError> {
                 .chars()
                 .take(MAX_OWNER_LEN + MAX_REPO_LEN + 1)
                 .collect();
-            Err(DeliveryError::BadRepository(format!("{shown:?}")))
+            let nearest: String = name
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+                .map(|c| c.to_ascii_lowercase())
+                .collect();
+            Err(DeliveryError::BadRepository(format!("{shown:?}"), nearest))
         }
     }
 }
@@ -316,7 +324,7 @@ mod tests {
             long_repo.as_str(),
         ] {
             assert!(
-                matches!(canonical_repo(bad), Err(DeliveryError::BadRepository(_))),
+                matches!(canonical_repo(bad), Err(DeliveryError::BadRepository(..))),
                 "{bad:?}"
             );
         }
@@ -326,7 +334,7 @@ mod tests {
         assert!(!e.contains('\n') && !e.contains('\r'), "{e}");
         assert!(matches!(
             repository_of(br#"{"repository":{"full_name":" acme/web"}}"#),
-            Err(DeliveryError::BadRepository(_))
+            Err(DeliveryError::BadRepository(..))
         ));
     }
 

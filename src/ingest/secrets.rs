@@ -21,10 +21,6 @@ pub struct WebhookSecrets {
     global: Vec<SecretString>,
     /// Lower-cased `owner/name` or `owner` → that scope's secrets.
     scoped: HashMap<String, Vec<SecretString>>,
-    /// Every secret above, global and scoped: a delivery naming no valid repository is
-    /// checked against these only so its sender, whoever it is, gets the 400 it earned
-    /// (it is refused anyway; no scope is chosen by a name that is not canonical).
-    any: Vec<SecretString>,
 }
 
 impl WebhookSecrets {
@@ -61,15 +57,9 @@ impl WebhookSecrets {
                 reason: "at least one secret is required to accept webhooks (or [webhooks] tables in the policy file)".into(),
             });
         }
-        let any = global
-            .iter()
-            .chain(scoped.values().flatten())
-            .cloned()
-            .collect();
         Ok(Self {
             global: global.to_vec(),
             scoped,
-            any,
         })
     }
 
@@ -87,12 +77,6 @@ impl WebhookSecrets {
             .get(&repo)
             .or_else(|| self.scoped.get(owner))
             .map_or(&self.global, Vec::as_slice)
-    }
-
-    /// Every configured secret, for a delivery whose repository name is refused after
-    /// the signature check (the `any` field).
-    pub fn any(&self) -> &[SecretString] {
-        &self.any
     }
 
     /// Every configured secret value (for tests that check nothing leaks).
@@ -134,7 +118,6 @@ mod tests {
         assert_eq!(names(s.candidates("other/x")), ["g"]);
         assert_eq!(names(s.candidates("")), ["g"]);
         assert!(!format!("{s:?}").contains("value-of"));
-        assert_eq!(s.any().len(), 5);
     }
 
     #[test]

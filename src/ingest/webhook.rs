@@ -237,8 +237,11 @@ async fn ingest(
     let claimed = delivery::repository_of(&signed);
     let secrets = match &claimed {
         Ok(repo) => state.webhook_secrets.candidates(repo),
-        // Refused with 400 once signed by any secret; no scope is picked by it.
-        Err(DeliveryError::BadRepository(_)) => state.webhook_secrets.any(),
+        // Refused with 400 once signed with the secrets of the nearest canonical name
+        // (401 otherwise): never queued either way, and checked against one scope's
+        // secrets like any delivery, not every configured secret (an unsigned 5 MiB
+        // body must not cost one HMAC per secret).
+        Err(DeliveryError::BadRepository(_, nearest)) => state.webhook_secrets.candidates(nearest),
         Err(_) => state.webhook_secrets.candidates(""),
     };
     let verified = signature::verify(signed, &tag, secrets)?;

@@ -138,14 +138,22 @@ async fn a_non_canonical_repository_name_cannot_bypass_the_repository_secret() {
         "acme/web/x",
         "acme/..",
     ];
+    // The secret each name is checked with: the scope of its nearest canonical name
+    // (the allowed characters, lower-cased), like any delivery; 400 under it, 401
+    // under every other secret, and never anything queued.
+    let scope_of = |name: &str| match name {
+        " acme/web" | "acme/web " | r"\tacme/web" | r"acme/web\r\n" | r"acme/web\u0000"
+        | "acme /web" | "acme/{web}" => WEB_SECRET,
+        _ => ORG_SECRET,
+    };
     for name in names {
         for secret in [TEST_SECRET, ORG_SECRET, WEB_SECRET] {
             let status = send(&c, &s, &pr_of(name), pr, secret).await;
-            assert_eq!(
-                status,
-                StatusCode::BAD_REQUEST,
-                "{name:?} signed with {secret}"
-            );
+            let expected = match secret == scope_of(name) {
+                true => StatusCode::BAD_REQUEST,
+                false => StatusCode::UNAUTHORIZED,
+            };
+            assert_eq!(status, expected, "{name:?} signed with {secret}");
         }
         // Unsigned (wrong secret): still 401, the name is not even looked at.
         let status = send(&c, &s, &pr_of(name), pr, "not-a-secret").await;
