@@ -93,10 +93,17 @@ pub struct WorkState {
 /// one costs an outsider only a PR, so the record must not grow with them).
 pub const LINKING_PRS_KEPT: usize = 16;
 
-/// Most commands a record holds while their authors' permissions are looked up.
-/// Commands past it are dropped (the comment still counts as handled): one lookup
-/// answers in seconds and empties the queue, so only a flood loses anything.
+/// Most commands a record holds while their authors' permissions are looked up. A
+/// login's commands past [`MAX_PENDING_PER_LOGIN`] are dropped (the comment still
+/// counts as handled); a newcomer past this bound evicts the oldest commands of other
+/// logins. One lookup answers in seconds and empties its login's queue, so only a
+/// flood loses anything.
 pub const MAX_PENDING_COMMANDS: usize = 32;
+
+/// Most commands one login has waiting for its permission lookup: one lookup answers
+/// them all, so more only fill the record (and [`MAX_PENDING_COMMANDS`] evicts the
+/// oldest of others rather than refusing a newcomer).
+pub const MAX_PENDING_PER_LOGIN: usize = 4;
 
 /// Longest agent summary kept in a record (bytes); longer ones are cut on a char
 /// boundary and marked (see [`bounded_text`]). The summary is copied into every

@@ -12,7 +12,8 @@ use super::super::event::Permission;
 use super::super::ids::Login;
 use super::super::policy::Policy;
 use super::super::record::{
-    HANDLED_COMMENTS_KEPT, MAX_PENDING_COMMANDS, PendingCommand, PermissionFact, WorkState,
+    HANDLED_COMMENTS_KEPT, MAX_PENDING_COMMANDS, MAX_PENDING_PER_LOGIN, PendingCommand,
+    PermissionFact, WorkState,
 };
 use super::super::texts;
 use super::{Fx, work};
@@ -91,14 +92,30 @@ pub(crate) fn on_comment(
         }
         Trust::No => fx.comment(ctx.number, texts::command_refused(login.as_str())),
         Trust::Unknown => {
-            let asked = ws.pending_commands.iter().any(|p| &p.login == login);
-            let room = MAX_PENDING_COMMANDS.saturating_sub(ws.pending_commands.len());
-            if room == 0 {
-                // A flood: the queue empties when the lookups already asked answer.
+            let mine = ws
+                .pending_commands
+                .iter()
+                .filter(|p| &p.login == login)
+                .count();
+            let asked = mine > 0;
+            let take = MAX_PENDING_PER_LOGIN
+                .saturating_sub(mine)
+                .min(commands.len());
+            if take == 0 {
+                // This login's flood: its lookup is already asked; the rest is dropped.
                 return out;
             }
+            // The record-wide bound evicts the oldest commands of other logins, so a
+            // flood from many accounts cannot keep a newcomer's commands out (their
+            // lookups are already asked and answer in seconds).
+            while ws.pending_commands.len() + take > MAX_PENDING_COMMANDS {
+                let Some(i) = ws.pending_commands.iter().position(|p| &p.login != login) else {
+                    break;
+                };
+                ws.pending_commands.remove(i);
+            }
             ws.pending_commands
-                .extend(commands.iter().take(room).map(|c| PendingCommand {
+                .extend(commands.iter().take(take).map(|c| PendingCommand {
                     login: login.clone(),
                     command: c.clone(),
                     comment_id,

@@ -4,8 +4,8 @@
 use super::*;
 use crate::core::effect::WorkKind;
 use crate::core::record::{
-    Attempt, AttemptOutcome, HANDLED_COMMENTS_KEPT, Hold, MAX_PENDING_COMMANDS, MAX_SUMMARY_BYTES,
-    WORK_ITEM_ATTEMPTS,
+    Attempt, AttemptOutcome, HANDLED_COMMENTS_KEPT, Hold, MAX_PENDING_COMMANDS,
+    MAX_PENDING_PER_LOGIN, MAX_SUMMARY_BYTES, WORK_ITEM_ATTEMPTS,
 };
 
 /// A failing CI context.
@@ -80,6 +80,37 @@ fn a_command_flood_from_an_unknown_user_keeps_pending_commands_bounded() {
         h.step(comment(id, &flood, "mallory"));
         h.step(comment(1_000 + id, "/shepherd pause", &format!("user{id}")));
     }
+    assert_eq!(h.r.work.pending_commands.len(), MAX_PENDING_COMMANDS);
+    let mallory =
+        h.r.work
+            .pending_commands
+            .iter()
+            .filter(|p| p.login.as_str() == "mallory");
+    assert!(
+        mallory.count() <= MAX_PENDING_PER_LOGIN,
+        "one login holds at most its share"
+    );
+}
+
+/// Many accounts flooding with commands while their lookups are pending cannot keep a
+/// newcomer's command out: the oldest of the others is evicted instead.
+#[test]
+fn a_flood_from_many_accounts_does_not_silence_a_newcomers_command() {
+    let mut h = H::opened();
+    let flood = "/shepherd status\n".repeat(100);
+    for id in 1..=20 {
+        h.step(comment(id, &flood, &format!("sock{id}")));
+    }
+    assert_eq!(h.r.work.pending_commands.len(), MAX_PENDING_COMMANDS);
+    let fx = h.step(comment(100, "/shepherd pause", "alice"));
+    assert_eq!(fx, lines(&["observe permission alice"]));
+    assert!(
+        h.r.work
+            .pending_commands
+            .iter()
+            .any(|p| p.login.as_str() == "alice"),
+        "alice's pause waits for her lookup"
+    );
     assert_eq!(h.r.work.pending_commands.len(), MAX_PENDING_COMMANDS);
 }
 
