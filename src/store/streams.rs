@@ -188,6 +188,41 @@ pub async fn autoclaim(
     Ok((reply.next_stream_id, entries))
 }
 
+/// Hands pending entries that were read but never started (a worker stopping mid-batch)
+/// back to the group as if this read had not happened: each keeps its owner, its
+/// delivery count goes back by one (`XCLAIM … RETRYCOUNT n-1 JUSTID`; JUSTID itself
+/// counts nothing), and its idle time is set to `idle`, so the reclaimer of another
+/// consumer takes it at once. Without this, five graceful restarts during a backlog
+/// would dead-letter valid entries as "delivered too often".
+#[instrument(skip_all, fields(stream, entries = ids.len()))]
+pub async fn give_back(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    ids: &[&str],
+    idle: std::time::Duration,
+) -> Result<(), StoreError> {
+    let counts = delivery_counts(conn, stream, group, ids.iter().copied()).await?;
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+    let mut pipe = redis::pipe();
+    for (id, n) in &counts {
+        pipe.cmd("XCLAIM")
+            .arg(stream)
+            .arg(group)
+            .arg(consumer)
+            .arg(0)
+            .arg(id)
+            .arg("IDLE")
+            .arg(idle_ms)
+            .arg("RETRYCOUNT")
+            .arg(n.saturating_sub(1))
+            .arg("JUSTID");
+    }
+    super::client::query_pipeline::<redis::Value>(conn, &pipe).await?;
+    Ok(())
+}
+
 /// Delivery counts of pending entries (one pipelined `XPENDING` per id).
 async fn delivery_counts<'a>(
     conn: &mut ConnectionManager,

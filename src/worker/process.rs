@@ -93,15 +93,36 @@ pub async fn process_batch(
         .into_iter()
         .filter_map(|k| groups.remove(&k))
         .map(|jobs| async move {
+            let mut skipped = Vec::new();
             for job in jobs {
                 if shutdown.is_cancelled() {
                     tracing::info!(entry = %job.entry.id, "shutting down; the entry stays pending");
+                    skipped.push(job.entry.id);
                     continue;
                 }
                 apply(ctx, shard, job, shutdown).await;
             }
+            skipped
         });
-    join_all(runs).await;
+    let skipped: Vec<String> = join_all(runs).await.into_iter().flatten().collect();
+    give_back(ctx, shard, &skipped).await;
+}
+
+/// Entries left unstarted at shutdown go back to the group uncounted and at once
+/// reclaimable (`streams::give_back`); if that fails they simply stay pending, counted,
+/// and are reclaimed after the idle time as usual.
+async fn give_back(ctx: &Context, shard: u16, skipped: &[String]) {
+    if skipped.is_empty() {
+        return;
+    }
+    let ids: Vec<&str> = skipped.iter().map(String::as_str).collect();
+    let stream = ctx.store.keys().events(shard);
+    let idle = ctx.config.reclaim_idle;
+    let mut conn = ctx.store.conn();
+    let given = streams::give_back(&mut conn, &stream, WORKERS_GROUP, &ctx.consumer, &ids, idle);
+    if let Err(e) = given.await {
+        tracing::warn!(error = %e, "handing back unstarted entries failed; they stay pending");
+    }
 }
 
 /// Decodes an entry: a webhook through `core::normalize`, an internal event from JSON.

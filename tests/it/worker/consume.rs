@@ -237,6 +237,21 @@ async fn sigterm_stops_between_entries_loses_nothing_and_exits_within_10s() {
         .unwrap();
     let read = read.groups[0].entries_read.unwrap_or(0);
     assert_eq!(done + left, read, "committed {done} + pending {left}");
+    // Entries read but never started were handed back uncounted: a graceful stop does
+    // not bring a valid entry closer to the dead-letter stream.
+    let details: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(&events)
+        .arg("workers")
+        .arg("-")
+        .arg("+")
+        .arg(1_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(details.ids.len(), left);
+    for p in &details.ids {
+        assert_eq!(p.times_delivered, 0, "entry {} left counted", p.id);
+    }
     // A new worker takes the rest over: nothing was lost.
     let mut again = worker(&redis, "term", &[("SHEPHERD_RECLAIM_IDLE_SECS", "1")]).await;
     poll_until_named(WAIT, "all 400 entries committed", || {

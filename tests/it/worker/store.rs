@@ -431,3 +431,73 @@ async fn trimming_never_drops_what_a_consumer_group_has_not_acknowledged() {
         0
     );
 }
+
+/// Entries a stopping worker read but never started go back uncounted and at once
+/// reclaimable; the entry it did start keeps its count (issue 12's review: five graceful
+/// restarts during a backlog would otherwise dead-letter valid entries).
+#[tokio::test]
+async fn entries_given_back_at_shutdown_are_uncounted_and_reclaimable_at_once() {
+    let redis = RedisServer::start();
+    let store = store(&redis, "giveback").await;
+    let ids = [
+        pending_entry(&store, "w1").await,
+        pending_entry(&store, "w1").await,
+        pending_entry(&store, "w1").await,
+    ];
+    let stream = store.keys().events(0);
+    let mut conn = store.conn();
+    let back = [ids[1].as_str(), ids[2].as_str()];
+    streams::give_back(
+        &mut conn,
+        &stream,
+        WORKERS_GROUP,
+        "w1",
+        &back,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("give back");
+    let details: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg(WORKERS_GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let by_id: std::collections::HashMap<_, _> =
+        details.ids.iter().map(|p| (p.id.clone(), p)).collect();
+    assert_eq!(by_id.len(), 3, "nothing is acked or lost");
+    assert_eq!(
+        by_id[&ids[0]].times_delivered, 1,
+        "the started entry keeps its count"
+    );
+    for id in &back {
+        let p = by_id[*id];
+        assert_eq!(p.times_delivered, 0, "{id} is uncounted");
+        assert!(p.last_delivered_ms >= 60_000, "{id} is reclaimable at once");
+        assert_eq!(p.consumer, "w1");
+    }
+    // Another consumer's reclaim (idle 30 s) takes exactly the two at once.
+    let (_, claimed) = streams::autoclaim(
+        &mut conn,
+        &stream,
+        WORKERS_GROUP,
+        "w2",
+        Duration::from_secs(30),
+        "0-0",
+        10,
+    )
+    .await
+    .expect("autoclaim");
+    let mut got: Vec<String> = claimed.iter().map(|e| e.id.clone()).collect();
+    got.sort();
+    let mut want: Vec<String> = back.iter().map(|s| (*s).to_owned()).collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(
+        claimed.iter().all(|e| e.deliveries == 1),
+        "the claim is their first delivery"
+    );
+}
