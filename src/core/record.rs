@@ -122,7 +122,11 @@ pub fn bounded_text(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
     }
-    let note = format!(" … [truncated from {} bytes]", text.len());
+    let mut note = format!(" … [truncated from {} bytes]", text.len());
+    if note.len() > max {
+        // Too small a bound for the note: the cut text alone, still within `max`.
+        note.clear();
+    }
     let mut end = max.saturating_sub(note.len());
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -565,6 +569,8 @@ mod tests {
         assert!(cut.len() <= MAX_SUMMARY_BYTES, "{}", cut.len());
         assert!(cut.ends_with(" … [truncated from 6000000 bytes]"), "{cut}");
         assert!(cut.starts_with("éé"));
+        // A bound smaller than the note: the cut text alone, never over the bound.
+        assert_eq!(bounded_text(&long, 5), "éé");
     }
 
     #[test]
