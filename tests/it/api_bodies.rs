@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::support::redis::RedisServer;
@@ -45,29 +45,7 @@ async fn send_head(s: &Shepherd, path: &str, extra: &str, body: &[u8]) -> TcpStr
 
 /// The status code of the answer on `stream`; panics when none comes in time.
 async fn status(stream: &mut TcpStream) -> u16 {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let read = async {
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    if buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    tokio::time::timeout(ANSWER_WITHIN, read)
-        .await
-        .expect("the server answers in time");
-    let text = String::from_utf8_lossy(&buf);
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    crate::support::read_status(stream, ANSWER_WITHIN).await
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use shepherd::ingest::signature::sign_sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::support::read_status;
 use crate::support::redis::{RedisServer, xlen};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{new_delivery, post, signed, with, without};
@@ -41,34 +42,6 @@ fn signed_head(body: &[u8], content_length: Option<usize>) -> String {
         head.push_str(&format!("Content-Length: {n}\r\n"));
     }
     head
-}
-
-/// Reads an HTTP response head from `stream` and returns its status code (0 when the
-/// connection closed without one). Panics past `deadline`.
-async fn read_status(stream: &mut TcpStream, deadline: Duration) -> u16 {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let read = async {
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    if buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    tokio::time::timeout(deadline, read)
-        .await
-        .expect("the server answers in time");
-    let text = String::from_utf8_lossy(&buf);
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Sends `request` whole on a fresh connection and returns the status code.

@@ -597,6 +597,15 @@ async fn ignored_and_unknown_event_types_are_archived() {
     );
 }
 
+/// A client that opens a new TCP connection per request: actix hands connections to
+/// its worker threads in turn, so successive requests reach every thread.
+fn fresh() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
 /// After an outage, every server thread answers its first `/readyz` with 200 once Redis
 /// is back: like the webhook path, the probe must not report the stale error of its
 /// thread's connection (seen as a 503 from `status_matrix` under a CPU hog).
@@ -604,13 +613,6 @@ async fn ignored_and_unknown_event_types_are_archived() {
 async fn every_server_thread_is_ready_at_its_first_probe_after_redis_returns() {
     let mut redis = RedisServer::start();
     let s = Shepherd::serve(&redis).await;
-    // A new TCP connection per request reaches every worker thread in turn.
-    let fresh = || {
-        reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap()
-    };
     let probe = |client: reqwest::Client| {
         let url = s.url("/readyz");
         async move { client.get(url).send().await.unwrap().status() }
@@ -649,14 +651,6 @@ async fn every_server_thread_is_ready_at_its_first_probe_after_redis_returns() {
 async fn every_server_thread_accepts_its_first_delivery_after_redis_returns() {
     let mut redis = RedisServer::start();
     let s = Shepherd::serve(&redis).await;
-    // A new TCP connection per request: actix hands connections to its worker threads
-    // in turn, so these reach every thread.
-    let fresh = || {
-        reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap()
-    };
     for _ in 0..8 {
         let r = signed(SMALL, "pull_request", &new_delivery());
         assert_eq!(status_of(&fresh(), &s, &r).await, StatusCode::ACCEPTED);

@@ -187,14 +187,10 @@ async fn indexed(s: &Scenario, work_id: &str) -> Option<String> {
         .expect("HGET")
 }
 
-/// Issue 12 (by reading): `rebuild --apply` discarded the fold's effects and left the
-/// work index alone, so the replaced record's work id stayed active in the index for
-/// good (a result for it accepted although no record holds it). Here the archive has
-/// lost the events after the PR's opening (as the replay window drops old ones), so
-/// the fold holds no work while the stored record holds a dispatched ci-fix.
-#[tokio::test]
-async fn rebuild_apply_leaves_no_work_id_active_for_good() {
-    let s = Scenario::start(&[]).await;
+/// A PR whose CI fails, opened through the webhook, once its `ci-fix` is dispatched;
+/// `shepherd run` then stopped. Returns the scenario, the PR and the opening delivery.
+async fn dispatched_then_stopped() -> (Scenario, u64, String) {
+    let mut s = Scenario::start(&[]).await;
     let n = s.open_pr("alice", "Add the widget");
     let sha = s.fake.head_sha(REPO, n);
     s.fake
@@ -204,8 +200,18 @@ async fn rebuild_apply_leaves_no_work_id_active_for_good() {
         active_work(&s, n).await.is_some()
     })
     .await;
-    let mut s = s;
     s.stop_app();
+    (s, n, opened)
+}
+
+/// Issue 12 (by reading): `rebuild --apply` discarded the fold's effects and left the
+/// work index alone, so the replaced record's work id stayed active in the index for
+/// good (a result for it accepted although no record holds it). Here the archive has
+/// lost the events after the PR's opening (as the replay window drops old ones), so
+/// the fold holds no work while the stored record holds a dispatched ci-fix.
+#[tokio::test]
+async fn rebuild_apply_leaves_no_work_id_active_for_good() {
+    let (s, n, opened) = dispatched_then_stopped().await;
     let work = active_work(&s, n).await.unwrap();
     assert!(
         indexed(&s, &work).await.is_some(),
@@ -249,18 +255,7 @@ async fn rebuild_apply_leaves_no_work_id_active_for_good() {
 /// event that led to the dispatch.
 #[tokio::test]
 async fn rebuild_apply_tracks_work_only_the_rebuilt_record_holds() {
-    let s = Scenario::start(&[]).await;
-    let n = s.open_pr("alice", "Add the widget");
-    let sha = s.fake.head_sha(REPO, n);
-    s.fake
-        .set_status(REPO, &sha, "ci/test", "failure", "3 tests failed");
-    s.send(&s.fake.pr_opened(REPO, n)).await;
-    crate::support::poll_until_named(super::WAIT, "a ci-fix is dispatched", || async {
-        active_work(&s, n).await.is_some()
-    })
-    .await;
-    let mut s = s;
-    s.stop_app();
+    let (s, n, _) = dispatched_then_stopped().await;
     let work = active_work(&s, n).await.unwrap();
     let mut conn = s.conn.clone();
     let claim_timers = |conn: redis::aio::MultiplexedConnection| {

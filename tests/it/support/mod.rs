@@ -68,3 +68,31 @@ where
         tokio::time::sleep(POLL_INTERVAL).await;
     }
 }
+
+/// Reads an HTTP response head from `stream` and returns its status code (0 when the
+/// connection closed without one). Panics past `deadline`.
+pub async fn read_status(stream: &mut tokio::net::TcpStream, deadline: Duration) -> u16 {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read = async {
+        loop {
+            match tokio::io::AsyncReadExt::read(stream, &mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(deadline, read)
+        .await
+        .expect("the server answers in time");
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
