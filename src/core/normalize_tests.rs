@@ -354,7 +354,7 @@ fn a_huge_pr_description_is_cut_before_it_enters_the_snapshot() {
 fn a_huge_review_body_is_cut_before_it_enters_the_record() {
     let body = "é".repeat(600_000);
     let json = format!(
-        r#"[{{"id":5,"user":{{"login":"mallory"}},"state":"REQUEST_CHANGES","body":"{body}","commit_id":"abcd","stale":false,"official":false,"dismissed":false,"submitted_at":"2026-11-30T10:00:00Z"}}]"#
+        r#"[{{"id":5,"user":{{"login":"mallory"}},"state":"REQUEST_CHANGES","body":"{body}","commit_id":"abcd","stale":false,"official":false,"dismissed":false}}]"#
     );
     let reviews: Vec<crate::core::payload::PullReview> = serde_json::from_str(&json).unwrap();
     let review = review(&reviews[0]).expect("a reviewer");

@@ -17,10 +17,9 @@ use tracing::instrument;
 use super::diff::{self, Change};
 use super::{Ops, OpsError, PrTarget, archive, parse_pr};
 use crate::cli::RebuildArgs;
-use crate::core::effect::{Timer, TimerKind};
-use crate::core::event::{Event, Target};
+use crate::core::event::Target;
 use crate::core::ids::Scope;
-use crate::core::machine::{decide, step};
+use crate::core::machine::{claim_timer, decide, step};
 use crate::core::record::PrRecord;
 use crate::store::commit::{
     self, CommitOutcome, CommitPlan, RecordWrite, TimerWrite, history_fields,
@@ -222,27 +221,14 @@ fn track_work(plan: &mut CommitPlan, folded: &PrRecord, stored: Option<String>, 
         id.clone(),
         WorkOwner::encode(false, t.repo.as_str(), t.number),
     ));
-    let timer = Timer {
-        due_ms: item.claim_expires_at,
-        kind: TimerKind::ClaimExpiry {
-            work_id: item.id.clone(),
-        },
-        id: format!("claim:{id}"),
-    };
-    let fired = Event::TimerFired {
-        repo: t.repo.clone(),
-        scope: Scope::Pr,
-        number: t.number,
-        timer: timer.clone(),
-    };
-    plan.timers.push(TimerWrite {
-        due_ms: u64::try_from(timer.due_ms).unwrap_or(0),
-        record,
-        id: timer.id,
-        repo: t.repo.to_string(),
-        event: fired.name(),
-        body: serde_json::to_string(&fired).unwrap_or_default(),
-    });
+    let timer = claim_timer(item);
+    plan.timers.push(TimerWrite::for_timer(
+        &record,
+        &t.repo,
+        Scope::Pr,
+        t.number,
+        &timer,
+    ));
 }
 
 /// A record's JSON without its version (which a fold cannot reproduce).

@@ -122,6 +122,31 @@ pub struct TimerWrite {
 }
 
 impl TimerWrite {
+    /// `timer` of the record at `record` (PR or issue `number` of `repo`), stored with
+    /// the `TimerFired` event it becomes when due.
+    pub fn for_timer(
+        record: &str,
+        repo: &crate::core::ids::RepoName,
+        scope: crate::core::ids::Scope,
+        number: u64,
+        timer: &crate::core::effect::Timer,
+    ) -> Self {
+        let fired = crate::core::event::Event::TimerFired {
+            repo: repo.clone(),
+            scope,
+            number,
+            timer: timer.clone(),
+        };
+        Self {
+            due_ms: u64::try_from(timer.due_ms).unwrap_or(0),
+            record: record.to_owned(),
+            id: timer.id.clone(),
+            repo: repo.to_string(),
+            event: fired.name(),
+            body: serde_json::to_string(&fired).unwrap_or_default(),
+        }
+    }
+
     /// The sorted-set member: unique per record and timer id.
     pub fn member(&self) -> String {
         format!("{}/{}", self.record, self.id)

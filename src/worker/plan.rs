@@ -326,20 +326,13 @@ fn history_entry(
 fn add_effect(job: &Job, plan: &mut CommitPlan, record_key: &str, version: u64, effect: &Effect) {
     let kind = match &effect.kind {
         EffectKind::Schedule(timer) => {
-            let fired = Event::TimerFired {
-                repo: effect.repo.clone(),
-                scope: effect.scope,
-                number: effect.number,
-                timer: timer.clone(),
-            };
-            plan.timers.push(TimerWrite {
-                due_ms: u64::try_from(timer.due_ms).unwrap_or(0),
-                record: record_key.to_owned(),
-                id: timer.id.clone(),
-                repo: effect.repo.to_string(),
-                event: fired.name(),
-                body: serde_json::to_string(&fired).unwrap_or_default(),
-            });
+            plan.timers.push(TimerWrite::for_timer(
+                record_key,
+                &effect.repo,
+                effect.scope,
+                effect.number,
+                timer,
+            ));
             return;
         }
         EffectKind::Dispatch(item) => {

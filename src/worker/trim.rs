@@ -18,13 +18,10 @@ const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Trims until `shutdown`, first one period after start.
 pub async fn trim_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = tokio::time::sleep(TRIM_EVERY) => {}
-        }
+    while super::consumer::pause(TRIM_EVERY, &shutdown).await {
         trim_all(&ctx).await;
     }
+    Ok(())
 }
 
 /// One pass over every stream; a failure is logged and retried at the next pass.

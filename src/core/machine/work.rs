@@ -125,19 +125,26 @@ pub(crate) fn dispatch(
         context,
     };
     fx.push(EffectKind::Dispatch(item.clone()));
-    fx.push(EffectKind::Schedule(Timer {
-        due_ms: expires_ms,
-        kind: TimerKind::ClaimExpiry {
-            work_id: id.clone(),
-        },
-        id: format!("claim:{id}"),
-    }));
+    fx.push(EffectKind::Schedule(claim_timer(&item)));
     ws.active = Some(ActiveWork {
         item,
         signature: spec.signature,
         dispatched_ms: now,
         expires_ms,
     });
+}
+
+/// The timer that ends `item`'s claim at its expiry (an expired claim is a failed
+/// attempt). Armed at dispatch, and by `rebuild --apply` for work only the rebuilt
+/// record holds.
+pub fn claim_timer(item: &WorkItem) -> Timer {
+    Timer {
+        due_ms: item.claim_expires_at,
+        kind: TimerKind::ClaimExpiry {
+            work_id: item.id.clone(),
+        },
+        id: format!("claim:{}", item.id),
+    }
 }
 
 /// Ends the active claim with `outcome`; `cancel` also tells the agents to stop.

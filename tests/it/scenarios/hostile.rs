@@ -73,16 +73,23 @@ async fn linking_pr_closed_unmerged_does_not_mark_the_issue_done() {
             .contains(&"auto/claimed-implementer".to_owned()),
         "someone else's PR does not end the agent's claim"
     );
-    // The agent gives up; mallory's PR is closed unmerged: the issue wants work again.
+    // The agent gives up while mallory's PR is still open: that PR holds nothing, so
+    // the next attempt goes out at once.
     s.report(first["id"].as_str().unwrap(), "failed", None)
         .await;
-    fake.close(REPO, pr);
-    s.send(&fake.pr_closed(REPO, pr, "mallory")).await;
     let items = s.wait_work_items(2).await;
     assert_eq!(items[1]["kind"], "issue-impl");
     assert_eq!(items[1]["number"], issue);
     assert_eq!(items[1]["attempt"], 2);
+    // Closed unmerged, it neither marks the issue done nor ends attempt 2's claim.
+    fake.close(REPO, pr);
+    s.send(&fake.pr_closed(REPO, pr, "mallory")).await;
     s.wait_idle().await;
+    assert!(
+        fake.labels_on(REPO, issue)
+            .contains(&"auto/claimed-implementer".to_owned()),
+        "attempt 2 still holds the issue"
+    );
     s.assert_no_duplicate_dispatch().await;
 }
 
