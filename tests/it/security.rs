@@ -61,16 +61,23 @@ async fn send(
     post(client, &s.webhook_url(), &r).await.status()
 }
 
-#[tokio::test]
-async fn repository_and_organisation_secrets_replace_the_global_ones() {
-    let redis = RedisServer::start();
+/// `shepherd serve` with the policy file's organisation and repository secrets (the
+/// file is kept alive by the second value).
+async fn serve_with_scoped_secrets(redis: &RedisServer) -> (Shepherd, tempfile::NamedTempFile) {
     let policy = policy_file();
-    let s = Shepherd::builder(&redis)
+    let s = Shepherd::builder(redis)
         .env("SHEPHERD_CONFIG", policy.path().to_str().unwrap())
         .env("IT_ORG_SECRET", ORG_SECRET)
         .env("IT_WEB_SECRET", WEB_SECRET)
         .start()
         .await;
+    (s, policy)
+}
+
+#[tokio::test]
+async fn repository_and_organisation_secrets_replace_the_global_ones() {
+    let redis = RedisServer::start();
+    let (s, _policy) = serve_with_scoped_secrets(&redis).await;
     let c = reqwest::Client::new();
     let (ok, no) = (StatusCode::ACCEPTED, StatusCode::UNAUTHORIZED);
     let pr = "pull_request";
@@ -110,18 +117,13 @@ async fn repository_and_organisation_secrets_replace_the_global_ones() {
 /// Issue 12, finding 1: the secret used to be picked by the raw `full_name` and the
 /// event routed by the trimmed one, so `" acme/web"` signed with the global secret
 /// landed in `acme/web`'s records. Now one canonical name decides both, and a name
-/// Forgejo could never send is refused with 400 after the signature check, whoever
-/// signed it, leaving no stream entry, dedup key or `repos` member behind.
+/// Forgejo could never send is refused after the signature check (400 under the
+/// secrets of its nearest canonical name, 401 under any other), leaving no stream
+/// entry, dedup key or `repos` member behind.
 #[tokio::test]
 async fn a_non_canonical_repository_name_cannot_bypass_the_repository_secret() {
     let redis = RedisServer::start();
-    let policy = policy_file();
-    let s = Shepherd::builder(&redis)
-        .env("SHEPHERD_CONFIG", policy.path().to_str().unwrap())
-        .env("IT_ORG_SECRET", ORG_SECRET)
-        .env("IT_WEB_SECRET", WEB_SECRET)
-        .start()
-        .await;
+    let (s, _policy) = serve_with_scoped_secrets(&redis).await;
     let c = reqwest::Client::new();
     let pr = "pull_request";
     // JSON text of each name (escapes included), as it appears in the payload.
