@@ -23,6 +23,7 @@
 //! come back into the events stream as internal events.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod core;

@@ -10,6 +10,7 @@ mod fake_forgejo;
 mod forgejo_client;
 mod hostile;
 mod ingest;
+mod layers;
 mod ops;
 mod scenarios;
 mod security;
