@@ -2,6 +2,7 @@
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
 mod api_bodies;
+mod app;
 mod bench_lag;
 mod core_purity;
 mod deploy;
