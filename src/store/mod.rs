@@ -1,4 +1,5 @@
-//! Redis: keys, Lua scripts, streams, compare-and-set commits, timers and the archive.
+//! Redis: keys, Lua scripts, streams, compare-and-set commits, timers, locks and the
+//! archive.
 //! Everything that touches Redis lives under this module.
 
 pub mod enqueue;
@@ -34,6 +35,7 @@ pub mod client;
 pub mod commit;
 pub mod effects;
 mod error;
+pub mod lock;
 pub mod streams;
 pub mod timers;
 pub mod work;

@@ -19,7 +19,7 @@ use crate::core::event::{Event, WorkOutcome};
 use crate::core::ids::WorkId;
 use crate::core::record::{MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, bounded_text};
 use crate::store::keys::RESULTS_GROUP;
-use crate::store::work::{self, ReportOutcome, ResultEvent, WorkState};
+use crate::store::work::{self, ReportOutcome, ResultEvent, WorkLookup};
 use crate::store::{Keys, StoreError, streams};
 
 /// Field of a results-stream entry holding the JSON result.
@@ -68,9 +68,9 @@ pub async fn submit(
     marker_ttl: Duration,
 ) -> Result<Submitted, StoreError> {
     let owner = match work::lookup(conn, keys, work_id).await? {
-        WorkState::Active(owner) => owner,
-        WorkState::Ended => return Ok(Submitted::Ended),
-        WorkState::Unknown => return Ok(Submitted::Unknown),
+        WorkLookup::Active(owner) => owner,
+        WorkLookup::Ended => return Ok(Submitted::Ended),
+        WorkLookup::Unknown => return Ok(Submitted::Unknown),
     };
     let Ok(id) = work_id.parse::<WorkId>() else {
         return Ok(Submitted::Unknown);
