@@ -15,6 +15,7 @@
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! ops/        send, replay, inspect, rebuild, resync, dead letters
+//! agents/     the agent runner: a work item's context from Forgejo, its prompt
 //! fuzzing     the fuzz targets' checks (fuzz/ wraps them; a test replays regressions)
 //! ```
 //!
@@ -23,6 +24,7 @@
 //! come back into the events stream as internal events.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod cli;
 pub mod config;
 pub mod core;

@@ -304,6 +304,39 @@ pub struct AttemptSummary {
     pub signature: String,
     /// The agent's summary.
     pub summary: Option<String>,
+    /// When it was dispatched (RFC 3339 in JSON): the agent runner shows the
+    /// conversation comments posted since the previous attempt. Absent in work items
+    /// written before the field existed.
+    #[serde(
+        default,
+        with = "rfc3339_ms_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<i64>,
+}
+
+/// Serde helpers for an optional time: unix milliseconds in Rust, RFC 3339 text or
+/// absent in JSON.
+pub mod rfc3339_ms_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes unix ms as RFC 3339 text (`None` is skipped by the field).
+    pub fn serialize<S: Serializer>(ms: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match ms {
+            Some(ms) => s.serialize_str(&super::rfc3339_ms::to_text(*ms)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Deserializes RFC 3339 text (or `null`) into unix ms.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::rfc3339_ms::from_text(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}"))),
+        }
+    }
 }
 
 /// Serde helpers: unix milliseconds in Rust, RFC 3339 text in JSON.
