@@ -369,3 +369,38 @@ pub mod rfc3339_ms {
         from_text(&s).ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_start_times_are_rfc3339_and_optional() {
+        let attempt = AttemptSummary {
+            kind: WorkKind::CiFix,
+            tier: 1,
+            outcome: "failed".into(),
+            signature: "ci=failure".into(),
+            summary: None,
+            started_at: Some(1_700_000_000_123),
+        };
+        let v = serde_json::to_value(&attempt).unwrap();
+        assert_eq!(v["started_at"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            serde_json::from_value::<AttemptSummary>(v).unwrap(),
+            attempt
+        );
+        // Work items written before the field existed still decode.
+        let old = serde_json::json!({
+            "kind": "ci-fix", "tier": 1, "outcome": "failed", "signature": "s", "summary": null
+        });
+        let back: AttemptSummary = serde_json::from_value(old).unwrap();
+        assert_eq!(back.started_at, None);
+        let none = AttemptSummary {
+            started_at: None,
+            ..attempt
+        };
+        let v = serde_json::to_value(&none).unwrap();
+        assert!(v.get("started_at").is_none(), "absent, not null: {v}");
+    }
+}

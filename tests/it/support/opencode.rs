@@ -106,7 +106,9 @@ impl OpencodeProject {
     }
 
     /// `VAR=value` pairs that give opencode this project's config and private state
-    /// and keep it offline, whatever its working directory.
+    /// and keep it offline, whatever its working directory; and the test's `PATH`, so
+    /// the stub's shell command finds its tools (`curl`, `git`, …) even when the runner
+    /// gives the agent a cleared environment.
     pub fn env(&self) -> Vec<(String, String)> {
         let home = self.dir.path().join("home");
         let h = home.display();
@@ -126,6 +128,12 @@ impl OpencodeProject {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .chain(
+            std::env::var("PATH")
+                .ok()
+                .filter(|p| !p.contains(char::is_whitespace))
+                .map(|p| ("PATH".to_owned(), p)),
+        )
         .collect()
     }
 
