@@ -21,6 +21,7 @@
 //! store/      Redis: keys, Lua scripts, streams, CAS commit, timers, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
+//! agents/     the agent runner: a work item's context from Forgejo, its prompt
 //! ops/        replay, inspect, rebuild, resync, dead letters, status: request → report
 //! ingest/     the HTTP surface: webhooks (verify HMAC → classify → dedup+XADD → 202),
 //!             health, metrics, results API, admin API, status page
@@ -34,6 +35,7 @@
 //! come back into the events stream as internal events.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod app;
 pub mod cli;
 pub mod config;

@@ -149,6 +149,55 @@ pub struct Comment {
     pub body: String,
     /// Link to the comment.
     pub html_url: String,
+    /// When it was posted.
+    pub created_at: Option<DateTime<FixedOffset>>,
+    /// Last edit (what `?since=` filters on).
+    pub updated_at: Option<DateTime<FixedOffset>>,
+}
+
+/// One file a PR changes (`GET …/pulls/{n}/files`, Forgejo's `ChangedFile`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChangedFile {
+    /// Path in the head.
+    pub filename: String,
+    /// The path before a rename, `""` otherwise.
+    #[serde(deserialize_with = "null_default")]
+    pub previous_filename: String,
+    /// `added`, `deleted`, `changed`, `renamed`, `copied` or `unchanged`.
+    pub status: String,
+    /// Lines added.
+    pub additions: u64,
+    /// Lines deleted.
+    pub deletions: u64,
+}
+
+/// An inline (code) comment of a review (`GET …/pulls/{n}/reviews/{id}/comments`,
+/// Forgejo's `PullReviewComment`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReviewComment {
+    /// Comment id.
+    pub id: i64,
+    /// Author.
+    #[serde(deserialize_with = "null_default")]
+    pub user: User,
+    /// Markdown body.
+    #[serde(deserialize_with = "null_default")]
+    pub body: String,
+    /// File the comment is on.
+    #[serde(deserialize_with = "null_default")]
+    pub path: String,
+    /// Line in the new version (0 when the comment is on a removed line).
+    pub position: u64,
+    /// Line in the old version (0 when the comment is on an added line).
+    pub original_position: u64,
+    /// The lines of the diff the comment refers to.
+    #[serde(deserialize_with = "null_default")]
+    pub diff_hunk: String,
+    /// The commit it was made on.
+    #[serde(deserialize_with = "null_default")]
+    pub commit_id: String,
 }
 
 /// A collaborator's permission on a repository.

@@ -1,0 +1,4 @@
+//! The agent runner's context and prompt: what Forgejo says about a work item, and the prompt rendered from it.
+
+pub mod context;
+pub mod prompt;
