@@ -11,7 +11,8 @@
 //! core/       PURE: ids, events, record, machine (step/decide), effects, policy,
 //!             command parser, comment texts, normalization of Forgejo payloads
 //! ingest/     actix app: verify HMAC → classify → dedup+XADD → 202; health, metrics
-//! store/      Redis: keys, Lua scripts, streams, CAS commit, timers, archive
+//! store/      Redis: keys, Lua scripts, streams, the one consumer loop, CAS commit,
+//!             timers, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! ops/        send, replay, inspect, rebuild, resync, dead letters

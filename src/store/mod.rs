@@ -32,6 +32,7 @@ pub mod fields {
 
 pub mod client;
 pub mod commit;
+pub mod consumer;
 pub mod effects;
 mod error;
 pub mod streams;

@@ -99,9 +99,10 @@ pub fn load_policy(config: &Config) -> anyhow::Result<PolicyFile> {
     Ok(file.with_bot_login(bot))
 }
 
-/// Runs `shepherd work` until `shutdown` is cancelled: one consumer per shard, the
-/// reclaimer, the timer poller, the results intake and the gauge sampler. Returns once
-/// every task has finished its in-flight work.
+/// Runs `shepherd work` until `shutdown` is cancelled: the events consumer (a reader per
+/// shard and the reclaimer), the timer poller, the results intake, the executor and
+/// the gauge sampler. Returns once every task has finished its in-flight work (each
+/// consumer loop leaves its groups on the way out).
 pub async fn run(
     config: Arc<Config>,
     metrics: Metrics,
@@ -133,14 +134,7 @@ pub async fn run(
     });
     tracing::info!(consumer = %ctx.consumer, shards = ctx.config.shards, "worker started");
     let mut tasks = tokio::task::JoinSet::new();
-    for shard in 0..ctx.config.shards {
-        tasks.spawn(consumer::consume_shard(
-            ctx.clone(),
-            shard,
-            shutdown.clone(),
-        ));
-    }
-    tasks.spawn(consumer::reclaim_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(consumer::run(ctx.clone(), shutdown.clone()));
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(results::intake_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(resync::run_periodic_resync(
@@ -162,7 +156,6 @@ pub async fn run(
         shutdown.cancel();
         first_error.get_or_insert(err);
     }
-    consumer::leave_groups(&ctx).await;
     tracing::info!(consumer = %ctx.consumer, "worker stopped");
     match first_error {
         Some(e) => Err(e),
