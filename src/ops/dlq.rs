@@ -17,6 +17,7 @@ use super::replay::{DryState, ReplayReport, ReplayRequest, ReplayedEntry, descri
 use super::timefmt::{now_ms, rfc3339};
 use super::{Ops, OpsError};
 use crate::cli::{DlqAction, DlqArgs};
+use crate::store::event_entry::EventEntry;
 use crate::store::fields;
 use crate::store::streams::dead_letter_fields as dl;
 
@@ -195,18 +196,24 @@ async fn retry_one(
     }
     let mut inv = RETRY.prepare_invoke();
     inv.key(&dead).key(target).arg(&e.id);
-    let mut names: Vec<&String> = e.fields.keys().collect();
-    names.sort();
-    for k in names {
-        if k.starts_with("dl_") || k == fields::REPLAY || k == fields::RECEIVED {
-            continue;
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    if *target == ops.keys.events(shard) {
+        inv.arg(EventEntry::replay_of(&e.fields, original, received));
+    } else {
+        // An effects entry: its own fields, with a fresh `received` and the replay mark.
+        let mut names: Vec<&String> = e.fields.keys().collect();
+        names.sort();
+        for k in names {
+            if k.starts_with("dl_") || k == fields::REPLAY || k == fields::RECEIVED {
+                continue;
+            }
+            inv.arg(k).arg(&e.fields[k]);
         }
-        inv.arg(k).arg(&e.fields[k]);
+        inv.arg(fields::RECEIVED)
+            .arg(received)
+            .arg(fields::REPLAY)
+            .arg(original);
     }
-    inv.arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::REPLAY)
-        .arg(original);
     let new_id: Option<String> = inv.invoke_async(&mut ops.conn()).await?;
     let Some(new_id) = new_id else {
         return Err(OpsError::NotFound(format!(

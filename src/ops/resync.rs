@@ -24,7 +24,8 @@ use crate::core::normalize;
 use crate::core::payload;
 use crate::forgejo::ForgejoClient;
 use crate::forgejo::{CombinedStatus, PullRequest, Review};
-use crate::store::{commit, fields};
+use crate::store::commit;
+use crate::store::event_entry::{self, EventEntry};
 
 /// What to resync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -209,24 +210,11 @@ async fn held_open(ops: &Ops, repo: &RepoName) -> Result<Vec<u64>, OpsError> {
 /// Appends an internal event to the repository's events stream.
 async fn queue(ops: &Ops, repo: &RepoName, event: &Event) -> Result<String, OpsError> {
     let body = serde_json::to_string(event).map_err(anyhow::Error::from)?;
-    let id: String = redis::cmd("XADD")
-        .arg(ops.keys.events(ops.keys.shard_of(repo.as_str())))
-        .arg("*")
-        .arg(fields::KIND)
-        .arg(fields::KIND_INTERNAL)
-        .arg(fields::DELIVERY)
-        .arg(format!("resync:{}", uuid::Uuid::new_v4()))
-        .arg(fields::EVENT)
-        .arg(event.name())
-        .arg(fields::REPO)
-        .arg(repo.as_str())
-        .arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::BODY)
-        .arg(body)
-        .query_async(&mut ops.conn())
-        .await?;
-    Ok(id)
+    let (delivery, name) = (format!("resync:{}", uuid::Uuid::new_v4()), event.name());
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    let entry = EventEntry::internal(&delivery, &name, repo.as_str(), received, &body);
+    let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
+    Ok(event_entry::append(&mut ops.conn(), &stream, &entry).await?)
 }
 
 /// A PR snapshot from the API.

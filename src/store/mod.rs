@@ -6,8 +6,9 @@ pub mod keys;
 
 pub use keys::Keys;
 
-/// Field names of an events-stream entry, shared by ingest (writer), workers and the
-/// operator tools (readers). Every entry has all of `kind`, `delivery`, `event`, `repo`,
+/// Field names of an events-stream entry, shared by its one writer
+/// ([`event_entry::EventEntry`], which documents the layout) and its readers (workers,
+/// operator tools). Every entry has all of `kind`, `delivery`, `event`, `repo`,
 /// `received` and `body`; `replay` only on replays.
 pub mod fields {
     /// `webhook` (a Forgejo delivery) or `internal` (timer, observation, result, outcome).
@@ -35,6 +36,7 @@ pub mod commit;
 pub mod consumer;
 pub mod effects;
 mod error;
+pub mod event_entry;
 pub mod streams;
 pub mod timers;
 pub mod work;
