@@ -24,8 +24,8 @@ use crate::core::normalize;
 use crate::core::payload;
 use crate::forgejo::ForgejoClient;
 use crate::forgejo::{CombinedStatus, PullRequest, Review};
-use crate::store::commit;
 use crate::store::event_entry::{self, EventEntry};
+use crate::store::{commit, markers, repos};
 
 /// What to resync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -80,10 +80,7 @@ pub async fn resync(ops: &Ops, req: &ResyncRequest) -> Result<ResyncReport, OpsE
 
 /// Every repository in `Keys::repos()`.
 pub async fn known_repos(ops: &Ops) -> Result<Vec<RepoName>, OpsError> {
-    let names: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ops.keys.repos())
-        .query_async(&mut ops.conn())
-        .await?;
+    let names = repos::known(&mut ops.conn(), &ops.keys).await?;
     let set: BTreeSet<RepoName> = names.iter().filter_map(|n| n.parse().ok()).collect();
     Ok(set.into_iter().collect())
 }
@@ -99,11 +96,7 @@ pub async fn resync_repos(
         report.repos.push(resync_repo(ops, client, repo).await?);
     }
     report.finished_ms = now_ms();
-    let _: () = redis::cmd("SET")
-        .arg(ops.keys.last_resync())
-        .arg(report.finished_ms)
-        .query_async(&mut ops.conn())
-        .await?;
+    markers::set_last_resync(&mut ops.conn(), &ops.keys, report.finished_ms).await?;
     Ok(report)
 }
 
@@ -125,11 +118,7 @@ async fn resync_repo(
             return Ok(out);
         }
     };
-    let _: i64 = redis::cmd("SADD")
-        .arg(ops.keys.repos())
-        .arg(repo.as_str())
-        .query_async(&mut ops.conn())
-        .await?;
+    repos::remember(&mut ops.conn(), &ops.keys, repo.as_str()).await?;
     for pr in &pulls {
         out.open_prs.push(pr.number);
         match observe_open(client, repo, pr).await {

@@ -1,5 +1,7 @@
-//! Redis: keys, Lua scripts, streams, compare-and-set commits, timers and the archive.
-//! Everything that touches Redis lives under this module.
+//! Redis: keys, Lua scripts, streams and the one consumer loop, compare-and-set
+//! commits, timers, the archive, dead letters and the fleet's markers. Everything that
+//! touches Redis lives under this module: the rest of the crate calls named functions
+//! here, never a raw command.
 
 pub mod enqueue;
 pub mod keys;
@@ -31,12 +33,16 @@ pub mod fields {
     pub const REPLAY: &str = "replay";
 }
 
+pub mod archive;
 pub mod client;
 pub mod commit;
 pub mod consumer;
+pub mod dead_letters;
 pub mod effects;
 mod error;
 pub mod event_entry;
+pub mod markers;
+pub mod repos;
 pub mod streams;
 pub mod timers;
 pub mod work;

@@ -21,7 +21,7 @@ use crate::core::normalize::normalize;
 use crate::store::commit::{self, CommitOutcome};
 use crate::store::consumer::{Handled, Outcome};
 use crate::store::streams::{self, Entry};
-use crate::store::{StoreError, fields};
+use crate::store::{StoreError, fields, repos};
 
 /// Commit attempts per entry before it is left pending for a later retry.
 const MAX_ATTEMPTS: u32 = 32;
@@ -158,12 +158,7 @@ async fn remember_repo(ctx: &Context, repo: RepoName) {
     if known {
         return;
     }
-    let mut conn = ctx.store.conn();
-    let added: Result<i64, _> = redis::cmd("SADD")
-        .arg(ctx.store.keys().repos())
-        .arg(repo.as_str())
-        .query_async(&mut conn)
-        .await;
+    let added = repos::remember(&mut ctx.store.conn(), ctx.store.keys(), repo.as_str()).await;
     match added {
         Ok(_) => {
             if let Ok(mut k) = ctx.known_repos.lock() {

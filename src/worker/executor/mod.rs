@@ -47,6 +47,7 @@ use crate::store::commit::effect_fields;
 use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::effects::{self, FIRST_TRY, InternalEvent};
 use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::markers;
 use crate::store::streams::{self, Entry};
 
 /// Entries per `XREADGROUP` (and per `XAUTOCLAIM`).
@@ -198,22 +199,14 @@ impl Executor {
     /// While the Forgejo circuit breaker is open, records it in Redis (expiring when
     /// the next probe may go through) so the status page of every process shows it.
     /// Best effort: the breaker works the same without it.
-    async fn publish_open_circuit<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) {
+    async fn publish_open_circuit(&self, conn: &mut redis::aio::ConnectionManager) {
         let BreakerState::Open { until } = self.forgejo.breaker().state() else {
             return;
         };
-        let ms = until
-            .saturating_duration_since(std::time::Instant::now())
-            .as_millis();
+        let ttl = until.saturating_duration_since(std::time::Instant::now());
         let url = self.ctx.config.forgejo_url.as_deref().unwrap_or_default();
-        let set: Result<(), redis::RedisError> = redis::cmd("SET")
-            .arg(self.ctx.store.keys().forgejo_circuit())
-            .arg(url)
-            .arg("PX")
-            .arg(ms.max(1) as u64)
-            .query_async(conn)
-            .await;
-        if let Err(e) = set {
+        let keys = self.ctx.store.keys();
+        if let Err(e) = markers::publish_open_circuit(conn, keys, url, ttl).await {
             tracing::debug!(error = %e, "could not record the open circuit for the status page");
         }
     }
