@@ -13,7 +13,6 @@ use super::archive::{self, Archived};
 use super::replay::{DryState, ReplayReport, ReplayRequest, ReplayedEntry, describe};
 use super::timefmt::{now_ms, rfc3339};
 use super::{Ops, OpsError};
-use crate::cli::{DlqAction, DlqArgs};
 use crate::store::event_entry::EventEntry;
 use crate::store::streams::dead_letter_fields as dl;
 use crate::store::{dead_letters, fields};
@@ -273,53 +272,6 @@ fn is_stream_id(id: &str) -> bool {
     let first = ok(parts.next());
     let second = parts.next();
     first && (second.is_none() || ok(second)) && parts.next().is_none()
-}
-
-/// `shepherd dlq …`.
-pub async fn cli(ops: &Ops, args: &DlqArgs) -> anyhow::Result<()> {
-    match &args.action {
-        DlqAction::List => {
-            let items = list(ops).await?;
-            if args.json {
-                return super::print_json(&items);
-            }
-            for d in &items {
-                println!(
-                    "{}  {}  {}  {}  {}  [{}]",
-                    d.id, d.at, d.repo, d.event, d.delivery, d.reason
-                );
-            }
-            eprintln!("{} dead letters", items.len());
-        }
-        DlqAction::Show { id } => {
-            let d = show(ops, id).await?;
-            super::print_json(&d)?;
-        }
-        DlqAction::Retry { id, all } => {
-            let req = ReplayRequest {
-                dead_letter: Some(if *all {
-                    String::new()
-                } else {
-                    id.clone().unwrap_or_default()
-                }),
-                ..ReplayRequest::default()
-            };
-            let report = replay_dead_letters(ops, &req, &|l| eprintln!("{l}")).await?;
-            eprintln!("re-queued {} dead letters", report.replayed.len());
-            if args.json {
-                super::print_json(&report)?;
-            }
-        }
-        DlqAction::Drop { id, all } => {
-            let id = if *all { None } else { id.as_deref() };
-            let n = drop_entries(ops, id).await?;
-            eprintln!("dropped {n} dead letters");
-            if args.json {
-                super::print_json(&serde_json::json!({ "dropped": n }))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

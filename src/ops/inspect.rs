@@ -14,7 +14,6 @@ use super::archive::{self, Archived};
 use super::status::{self, PrSummary};
 use super::timefmt::{duration, now_ms, rfc3339};
 use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
-use crate::cli::InspectArgs;
 use crate::core::event::{CiContext, Review};
 use crate::core::machine::decide;
 use crate::core::record::{Attempt, Hold, PrRecord};
@@ -193,7 +192,7 @@ async fn timers(
 }
 
 /// Human-readable rendering of one PR.
-fn render_pr(i: &Inspection, now: i64) -> String {
+pub fn render_pr(i: &Inspection, now: i64) -> String {
     let s = &i.summary;
     let mut out = format!("{}#{}  {}\n", s.repo, s.number, s.title);
     let age = s
@@ -309,25 +308,6 @@ pub fn render_line(s: &PrSummary, now: i64) -> String {
         "#{:<5} {:<16} {:>7}  {}{work}  — {}",
         s.number, s.phase, age, s.title, s.reason
     )
-}
-
-/// `shepherd inspect`.
-pub async fn cli(ops: &Ops, args: &InspectArgs) -> anyhow::Result<()> {
-    let report = inspect(ops, &args.target).await?;
-    if args.json {
-        return super::print_json(&report);
-    }
-    let now = now_ms();
-    match &report {
-        InspectReport::Pr(i) => print!("{}", render_pr(i, now)),
-        InspectReport::Repo(prs) => {
-            for s in prs {
-                println!("{}", render_line(s, now));
-            }
-            eprintln!("{} open PRs", prs.len());
-        }
-    }
-    Ok(())
 }
 
 /// The phase of a record now (for callers outside this module).

@@ -16,7 +16,6 @@ use tracing::instrument;
 
 use super::diff::{self, Change};
 use super::{Ops, OpsError, PrTarget, archive, parse_pr};
-use crate::cli::RebuildArgs;
 use crate::core::event::Target;
 use crate::core::ids::Scope;
 use crate::core::machine::{claim_timer, decide, step};
@@ -238,32 +237,4 @@ fn without_version(v: &Value) -> Value {
         m.remove("version");
     }
     v
-}
-
-/// `shepherd rebuild`.
-pub async fn cli(ops: &Ops, args: &RebuildArgs) -> anyhow::Result<()> {
-    let req = RebuildRequest {
-        target: args.target.clone(),
-        apply: args.apply,
-    };
-    let report = rebuild(ops, &req).await?;
-    if args.json {
-        return super::print_json(&report);
-    }
-    eprintln!(
-        "{}: folded {} archived events; stored record at version {}",
-        report.target, report.events_folded, report.stored_version
-    );
-    if report.changes.is_empty() {
-        println!("no differences");
-    } else {
-        println!("{} differences (stored → folded):", report.changes.len());
-        print!("{}", diff::render(&report.changes));
-    }
-    if let Some(v) = report.new_version {
-        eprintln!("applied: the stored record is now the folded one (version {v})");
-    } else if !report.changes.is_empty() {
-        eprintln!("run with --apply to replace the stored record");
-    }
-    Ok(())
 }

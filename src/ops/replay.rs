@@ -19,7 +19,6 @@ use tracing::instrument;
 use super::archive::{self, Archived};
 use super::timefmt::{self, now_ms};
 use super::{Ops, OpsError, parse_pr, parse_repo};
-use crate::cli::ReplayArgs;
 use crate::core::effect::Effect;
 use crate::core::event::{Event, Target};
 use crate::core::ids::RepoName;
@@ -47,20 +46,6 @@ pub struct ReplayRequest {
     pub dead_letter: Option<String>,
     /// Report what would happen; change nothing.
     pub dry_run: bool,
-}
-
-impl From<&ReplayArgs> for ReplayRequest {
-    fn from(a: &ReplayArgs) -> Self {
-        Self {
-            delivery: a.delivery.clone(),
-            pr: a.pr.clone(),
-            repo: a.repo.clone(),
-            since: a.since.clone(),
-            until: a.until.clone(),
-            dead_letter: a.dead_letter.clone(),
-            dry_run: a.dry_run,
-        }
-    }
 }
 
 /// What a replay did (or, with `dry_run`, would do).
@@ -389,29 +374,4 @@ pub(crate) async fn load_pr(ops: &Ops, key: &str) -> Result<Option<PrRecord>, Op
             .map(Some)
             .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}"))),
     }
-}
-
-/// `shepherd replay`: progress and summary on stderr, `--json` report on stdout.
-pub async fn cli(ops: &Ops, args: &ReplayArgs) -> anyhow::Result<()> {
-    let req = ReplayRequest::from(args);
-    let report = replay(ops, &req, &|line| eprintln!("{line}")).await?;
-    if args.dry_run && !args.json {
-        for item in &report.replayed {
-            for t in &item.transitions {
-                for fx in &t.effects {
-                    eprintln!("    effect {} {}", fx.id, serde_json::to_string(&fx.kind)?);
-                }
-            }
-        }
-    }
-    let verb = if report.dry_run {
-        "would replay"
-    } else {
-        "replayed"
-    };
-    eprintln!("{verb} {} entries", report.replayed.len());
-    if args.json {
-        super::print_json(&report)?;
-    }
-    Ok(())
 }

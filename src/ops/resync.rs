@@ -17,7 +17,6 @@ use tracing::instrument;
 
 use super::timefmt::now_ms;
 use super::{Ops, OpsError, parse_repo};
-use crate::cli::ResyncArgs;
 use crate::core::event::{Event, PrSnapshot};
 use crate::core::ids::RepoName;
 use crate::core::normalize;
@@ -221,30 +220,4 @@ fn reviews(rs: Vec<Review>) -> Vec<crate::core::event::Review> {
     rs.into_iter()
         .filter_map(|r| normalize::review(&payload::PullReview::from(r)))
         .collect()
-}
-
-/// `shepherd resync`.
-pub async fn cli(ops: &Ops, args: &ResyncArgs) -> anyhow::Result<()> {
-    let req = ResyncRequest {
-        repo: args.repo.clone(),
-        all: args.all,
-    };
-    let report = resync(ops, &req).await?;
-    for r in &report.repos {
-        eprintln!(
-            "{}: {} open PRs, {} no longer open, {} observations queued",
-            r.repo,
-            r.open_prs.len(),
-            r.no_longer_open.len(),
-            r.queued
-        );
-        for e in &r.errors {
-            eprintln!("  error: {e}");
-        }
-    }
-    super::print_json(&report)?;
-    if report.repos.iter().any(|r| !r.errors.is_empty()) {
-        anyhow::bail!("resync finished with errors");
-    }
-    Ok(())
 }

@@ -1,5 +1,5 @@
 //! Work results: agents report a result for a work item through the HTTP API
-//! ([`super::results_api`]) or as an entry of the stream `<prefix>:results` (field
+//! (`crate::ingest::results_api`) or as an entry of the stream `<prefix>:results` (field
 //! `result`: `{"id", "outcome", "signature"?, "summary"?}`). Both end in [`submit`],
 //! which turns a result for an active work id into a `WorkResult` internal event on
 //! the owner's shard — once: a second report, or a report for work that has ended,

@@ -2,6 +2,7 @@
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
 mod api_bodies;
+mod app;
 mod bench_lag;
 mod core_purity;
 mod deploy;
@@ -10,6 +11,7 @@ mod fake_forgejo;
 mod forgejo_client;
 mod hostile;
 mod ingest;
+mod layers;
 mod ops;
 mod scenarios;
 mod security;

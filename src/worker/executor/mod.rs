@@ -71,8 +71,8 @@ pub struct Executor {
     retry: RetryPolicy,
 }
 
-/// Runs the executor until `shutdown`: one reader per effects-stream shard, the retry
-/// mover and the reclaimer. Without `SHEPHERD_FORGEJO_URL`/`_TOKEN` it logs that
+/// Runs the executor until `shutdown`: the consumer loop on every effects-stream shard
+/// (a reader per shard and the reclaimer) and the retry mover. Without `SHEPHERD_FORGEJO_URL`/`_TOKEN` it logs that
 /// effects wait and returns (the effects stay queued for an executor that can run).
 pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
     if ctx.config.forgejo_url.is_none() || ctx.config.forgejo_token.is_none() {
