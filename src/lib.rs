@@ -15,10 +15,11 @@
 //!             load_policy (the SHEPHERD_CONFIG policy file)
 //! telemetry   tracing subscriber (text/json) and the Prometheus metrics
 //! shutdown    one cancellation token; SIGINT and SIGTERM
-//! core/       PURE: ids, events, record, machine (step/decide), effects, policy,
-//!             command parser, comment texts, normalization of Forgejo payloads
+//! core/       PURE: ids, events, record, machine (step/decide), route (which records
+//!             an event reaches), effects, policy, command parser, comment texts,
+//!             normalization of Forgejo payloads
 //! store/      Redis: keys, Lua scripts, streams, the one consumer loop, CAS commit,
-//!             timers, archive
+//!             timers, locks, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! ops/        replay, inspect, rebuild, resync, dead letters, status: request → report

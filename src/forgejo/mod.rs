@@ -31,6 +31,5 @@ pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use types::{
     BranchInfo, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
-    MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, MergeStyle, PullRequest,
-    RepoPermission, Review, User,
+    MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, PullRequest, RepoPermission, User,
 };

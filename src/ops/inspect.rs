@@ -14,7 +14,7 @@ use super::archive::{self, Archived};
 use super::status::{self, PrSummary};
 use super::timefmt::{duration, now_ms, rfc3339};
 use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
-use crate::core::event::{CiContext, Review};
+use crate::core::event::{CiContext, ReviewFact};
 use crate::core::machine::decide;
 use crate::core::record::{Attempt, Hold, PrRecord};
 use crate::store::commit::effect_fields;
@@ -37,7 +37,7 @@ pub struct Inspection {
     /// CI contexts of the head.
     pub ci: Vec<CiContext>,
     /// Latest review per reviewer.
-    pub reviews: Vec<Review>,
+    pub reviews: Vec<ReviewFact>,
     /// Finished attempts.
     pub attempts: Vec<Attempt>,
     /// Paused or needs-human.

@@ -22,7 +22,7 @@ use crate::core::ids::RepoName;
 use crate::core::normalize;
 use crate::core::payload;
 use crate::forgejo::ForgejoClient;
-use crate::forgejo::{CombinedStatus, PullRequest, Review};
+use crate::forgejo::{CombinedStatus, PullRequest};
 use crate::store::event_entry::{self, EventEntry};
 use crate::store::{commit, markers, repos};
 
@@ -216,8 +216,6 @@ fn contexts(c: CombinedStatus) -> Vec<crate::core::event::CiContext> {
 }
 
 /// Reviews from the API.
-fn reviews(rs: Vec<Review>) -> Vec<crate::core::event::Review> {
-    rs.into_iter()
-        .filter_map(|r| normalize::review(&payload::PullReview::from(r)))
-        .collect()
+fn reviews(rs: Vec<payload::PullReview>) -> Vec<crate::core::event::ReviewFact> {
+    rs.iter().filter_map(normalize::review).collect()
 }

@@ -208,41 +208,6 @@ pub async fn append_dispatch(
         .await?)
 }
 
-/// Takes the merge lock of a target branch for `ttl` with `token`; false when held.
-pub async fn lock_merge(
-    conn: &mut ConnectionManager,
-    key: &str,
-    token: &str,
-    ttl: Duration,
-) -> Result<bool, StoreError> {
-    let set: Option<String> = redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis(ttl))
-        .query_async(conn)
-        .await?;
-    Ok(set.is_some())
-}
-
-/// Releases a merge lock if it still holds `token` (a lock that expired and was taken
-/// by another executor is left alone).
-pub async fn unlock_merge(
-    conn: &mut ConnectionManager,
-    key: &str,
-    token: &str,
-) -> Result<(), StoreError> {
-    static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then \
-             return redis.call('DEL', KEYS[1]) else return 0 end",
-        )
-    });
-    let _: i64 = UNLOCK.key(key).arg(token).invoke_async(conn).await?;
-    Ok(())
-}
-
 /// A duration in whole milliseconds (at least 1, as `PX` requires).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)

@@ -21,8 +21,8 @@ use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
 
 use crate::ingest::Delivery;
-use crate::store::Keys;
 use crate::store::event_entry::EventEntry;
+use crate::store::{Keys, StoreError};
 
 /// Source of the dedup+append script.
 pub const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
@@ -34,18 +34,6 @@ const KNOWN_REPOS_CAP: usize = 10_000;
 /// The cache above is also cleared this often, so a `<prefix>:repos` set lost with a
 /// Redis that kept no data is filled again within minutes.
 const KNOWN_REPOS_TTL: Duration = Duration::from_secs(600);
-
-/// A Redis failure on the ingest path. Callers only report it (503), so it keeps the
-/// cause for logs and nothing else.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// Redis did not answer within the configured timeout.
-    #[error("redis did not answer within {0:?}")]
-    Timeout(Duration),
-    /// Redis answered with an error, or the connection failed.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-}
 
 /// Whether a reply failed because the connection itself was lost (not because Redis
 /// refused the command): the connection manager reconnects on such errors, and the

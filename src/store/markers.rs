@@ -41,23 +41,15 @@ pub async fn last_resync(
     Ok(last.and_then(|l| l.parse().ok()))
 }
 
-/// Takes the periodic resync's turn for `ttl` as `owner` (`SET NX PX`); true when the
-/// turn is ours. Never released: it expires, so the fleet resyncs once per `ttl`.
+/// Takes the periodic resync's turn for `ttl` as `owner` (a `store::lock` that is never
+/// released: it expires, so the fleet resyncs once per `ttl`); true when it is ours.
 pub async fn take_resync_turn(
     conn: &mut ConnectionManager,
     keys: &Keys,
     owner: &str,
     ttl: Duration,
 ) -> Result<bool, StoreError> {
-    let set: Option<String> = redis::cmd("SET")
-        .arg(keys.resync_lock())
-        .arg(owner)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis(ttl))
-        .query_async(conn)
-        .await?;
-    Ok(set.is_some())
+    super::lock::try_lock(conn, &keys.resync_lock(), owner, ttl).await
 }
 
 /// Records that the circuit breaker for Forgejo at `url` is open for `ttl` more (until

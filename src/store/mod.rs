@@ -1,7 +1,7 @@
 //! Redis: keys, Lua scripts, streams and the one consumer loop, compare-and-set
-//! commits, timers, the archive, dead letters and the fleet's markers. Everything that
-//! touches Redis lives under this module: the rest of the crate calls named functions
-//! here, never a raw command.
+//! commits, timers, locks, the archive, dead letters and the fleet's markers.
+//! Everything that touches Redis lives under this module: the rest of the crate calls
+//! named functions here, never a raw command.
 
 pub mod enqueue;
 pub mod keys;
@@ -41,6 +41,7 @@ pub mod dead_letters;
 pub mod effects;
 mod error;
 pub mod event_entry;
+pub mod lock;
 pub mod markers;
 pub mod repos;
 pub mod streams;

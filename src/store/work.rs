@@ -57,7 +57,7 @@ impl WorkOwner {
 
 /// What [`lookup`] found about a work id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkState {
+pub enum WorkLookup {
     /// Active, owned by this record.
     Active(WorkOwner),
     /// It existed and has ended (within the retention window).
@@ -72,7 +72,7 @@ pub async fn lookup(
     conn: &mut ConnectionManager,
     keys: &Keys,
     work_id: &str,
-) -> Result<WorkState, StoreError> {
+) -> Result<WorkLookup, StoreError> {
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         pipe.hget(keys.work_index(shard), work_id);
@@ -91,14 +91,14 @@ pub async fn lookup(
     let mut ended = false;
     for (shard, (owner, was_ended)) in (0..keys.shards()).zip(replies) {
         if let Some(owner) = owner.and_then(|v| WorkOwner::decode(shard, &v)) {
-            return Ok(WorkState::Active(owner));
+            return Ok(WorkLookup::Active(owner));
         }
         ended |= was_ended;
     }
     Ok(if ended {
-        WorkState::Ended
+        WorkLookup::Ended
     } else {
-        WorkState::Unknown
+        WorkLookup::Unknown
     })
 }
 

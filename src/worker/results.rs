@@ -20,7 +20,7 @@ use crate::core::record::{MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, bound
 use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::keys::RESULTS_GROUP;
 use crate::store::streams::{self, Entry};
-use crate::store::work::{self, ReportOutcome, ResultEvent, WorkState};
+use crate::store::work::{self, ReportOutcome, ResultEvent, WorkLookup};
 use crate::store::{Keys, StoreError};
 
 /// Field of a results-stream entry holding the JSON result.
@@ -67,9 +67,9 @@ pub async fn submit(
     marker_ttl: Duration,
 ) -> Result<Submitted, StoreError> {
     let owner = match work::lookup(conn, keys, work_id).await? {
-        WorkState::Active(owner) => owner,
-        WorkState::Ended => return Ok(Submitted::Ended),
-        WorkState::Unknown => return Ok(Submitted::Unknown),
+        WorkLookup::Active(owner) => owner,
+        WorkLookup::Ended => return Ok(Submitted::Ended),
+        WorkLookup::Unknown => return Ok(Submitted::Unknown),
     };
     let Ok(id) = work_id.parse::<WorkId>() else {
         return Ok(Submitted::Unknown);
