@@ -18,7 +18,8 @@
 //! core/       PURE: ids, events, record, machine (step/decide), route (which records
 //!             an event reaches), effects, policy, command parser, comment texts,
 //!             normalization of Forgejo payloads
-//! store/      Redis: keys, Lua scripts, streams, CAS commit, timers, archive
+//! store/      Redis: keys, Lua scripts, streams, the one consumer loop, CAS commit,
+//!             timers, locks, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! agents/     the agent runner: a work item's context from Forgejo, its prompt

@@ -108,11 +108,12 @@ pub async fn run_both(config: Config, consumer: Option<String>) -> anyhow::Resul
     served
 }
 
-/// The worker tasks of `work` and `run`, until `shutdown` is cancelled: one events
-/// consumer per shard, the reclaimer, the timer poller, the results intake, the
-/// periodic resync, the gauge sampler, the stream trimmer and the executor. Returns
-/// once every task has finished its in-flight work; the first task that fails stops
-/// the others.
+/// The worker tasks of `work` and `run`, until `shutdown` is cancelled: the events
+/// consumer (`store::consumer`: a reader per shard and the reclaimer), the timer
+/// poller, the results intake, the periodic resync, the gauge sampler, the stream
+/// trimmer and the executor. Returns once every task has finished its in-flight work
+/// (each consumer loop leaves its group on the way out); the first task that fails
+/// stops the others.
 pub async fn worker_tasks(
     config: Arc<Config>,
     metrics: Metrics,
@@ -144,14 +145,7 @@ pub async fn worker_tasks(
     });
     tracing::info!(consumer = %ctx.consumer, shards = ctx.config.shards, "worker started");
     let mut tasks = tokio::task::JoinSet::new();
-    for shard in 0..ctx.config.shards {
-        tasks.spawn(consumer::consume_shard(
-            ctx.clone(),
-            shard,
-            shutdown.clone(),
-        ));
-    }
-    tasks.spawn(consumer::reclaim_loop(ctx.clone(), shutdown.clone()));
+    tasks.spawn(consumer::run(ctx.clone(), shutdown.clone()));
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(results::intake_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(resync::run_periodic_resync(
@@ -173,7 +167,6 @@ pub async fn worker_tasks(
         shutdown.cancel();
         first_error.get_or_insert(err);
     }
-    consumer::leave_groups(&ctx).await;
     tracing::info!(consumer = %ctx.consumer, "worker stopped");
     match first_error {
         Some(e) => Err(e),

@@ -19,6 +19,8 @@ use crate::core::machine::decide;
 use crate::core::record::{Attempt, Hold, PrRecord};
 use crate::store::commit::effect_fields;
 use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::streams;
+use crate::store::timers as store_timers;
 
 /// History entries shown.
 const HISTORY_SHOWN: usize = 20;
@@ -141,15 +143,8 @@ async fn pending_effects(
     stream: &str,
     key: &str,
 ) -> Result<Vec<PendingEffect>, OpsError> {
-    let groups: Result<redis::streams::StreamInfoGroupsReply, _> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await;
-    let last = groups
-        .ok()
-        .and_then(|g| g.groups.into_iter().find(|g| g.name == EXECUTORS_GROUP))
-        .map(|g| g.last_delivered_id);
+    let group = streams::group_figures(conn, stream, EXECUTORS_GROUP).await;
+    let last = group.ok().flatten().map(|g| g.last_delivered_id);
     let mine = |e: &Archived| e.field(effect_fields::RECORD) == key;
     let view = |e: Archived, state: &str| PendingEffect {
         id: e.field(effect_fields::ID).to_owned(),
@@ -163,16 +158,9 @@ async fn pending_effects(
         let all = archive::scan(conn, stream, "-", "+", mine).await?;
         return Ok(all.into_iter().map(|e| view(e, "queued")).collect());
     };
-    let pending: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(EXECUTORS_GROUP)
-        .arg("-")
-        .arg("+")
-        .arg(PENDING_SCAN)
-        .query_async(conn)
-        .await?;
-    for p in pending.ids {
-        if let Some(e) = archive::entry(conn, stream, &p.id).await?
+    let pending = streams::pending_ids(conn, stream, EXECUTORS_GROUP, PENDING_SCAN).await?;
+    for id in pending {
+        if let Some(e) = archive::entry(conn, stream, &id).await?
             && mine(&e)
         {
             out.push(view(e, "in-progress"));
@@ -190,20 +178,14 @@ async fn timers(
     shard: u16,
     key: &str,
 ) -> Result<Vec<TimerView>, OpsError> {
-    let all: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(ops.keys.timers(shard))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?;
+    let all = store_timers::scheduled(conn, &ops.keys, shard).await?;
     let prefix = format!("{key}/");
     Ok(all
         .into_iter()
         .filter_map(|(m, due)| {
             m.strip_prefix(&prefix).map(|id| TimerView {
                 id: id.to_owned(),
-                due_ms: due as i64,
+                due_ms: due,
             })
         })
         .collect())

@@ -28,6 +28,7 @@ use crate::core::machine::{decide, decide_issue, step, step_issue};
 use crate::core::record::{IssueRecord, PrRecord};
 use crate::core::route::{self, Facts, FanOut, RecordRef};
 use crate::store::commit;
+use crate::store::event_entry::{self, EventEntry};
 use crate::store::fields;
 
 /// What to replay (exactly one of `delivery`, `pr`, `repo`, `dead_letter`).
@@ -216,21 +217,9 @@ pub(crate) async fn requeue(
     stream: &str,
     original: &str,
 ) -> Result<ReplayedEntry, OpsError> {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(stream).arg("*");
-    let mut names: Vec<&String> = e.fields.keys().collect();
-    names.sort();
-    for k in names {
-        if k == fields::REPLAY || k == fields::RECEIVED || k.starts_with("dl_") {
-            continue;
-        }
-        cmd.arg(k).arg(&e.fields[k]);
-    }
-    cmd.arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::REPLAY)
-        .arg(original);
-    let new_id: String = cmd.query_async(&mut ops.conn()).await?;
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    let entry = EventEntry::replay_of(&e.fields, original, received);
+    let new_id = event_entry::append(&mut ops.conn(), stream, &entry).await?;
     tracing::info!(
         replay = original,
         new_id = %new_id,

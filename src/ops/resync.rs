@@ -23,7 +23,8 @@ use crate::core::normalize;
 use crate::core::payload;
 use crate::forgejo::ForgejoClient;
 use crate::forgejo::{CombinedStatus, PullRequest};
-use crate::store::{commit, fields};
+use crate::store::event_entry::{self, EventEntry};
+use crate::store::{commit, markers, repos};
 
 /// What to resync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -78,10 +79,7 @@ pub async fn resync(ops: &Ops, req: &ResyncRequest) -> Result<ResyncReport, OpsE
 
 /// Every repository in `Keys::repos()`.
 pub async fn known_repos(ops: &Ops) -> Result<Vec<RepoName>, OpsError> {
-    let names: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(ops.keys.repos())
-        .query_async(&mut ops.conn())
-        .await?;
+    let names = repos::known(&mut ops.conn(), &ops.keys).await?;
     let set: BTreeSet<RepoName> = names.iter().filter_map(|n| n.parse().ok()).collect();
     Ok(set.into_iter().collect())
 }
@@ -97,11 +95,7 @@ pub async fn resync_repos(
         report.repos.push(resync_repo(ops, client, repo).await?);
     }
     report.finished_ms = now_ms();
-    let _: () = redis::cmd("SET")
-        .arg(ops.keys.last_resync())
-        .arg(report.finished_ms)
-        .query_async(&mut ops.conn())
-        .await?;
+    markers::set_last_resync(&mut ops.conn(), &ops.keys, report.finished_ms).await?;
     Ok(report)
 }
 
@@ -123,11 +117,7 @@ async fn resync_repo(
             return Ok(out);
         }
     };
-    let _: i64 = redis::cmd("SADD")
-        .arg(ops.keys.repos())
-        .arg(repo.as_str())
-        .query_async(&mut ops.conn())
-        .await?;
+    repos::remember(&mut ops.conn(), &ops.keys, repo.as_str()).await?;
     for pr in &pulls {
         out.open_prs.push(pr.number);
         match observe_open(client, repo, pr).await {
@@ -208,24 +198,11 @@ async fn held_open(ops: &Ops, repo: &RepoName) -> Result<Vec<u64>, OpsError> {
 /// Appends an internal event to the repository's events stream.
 async fn queue(ops: &Ops, repo: &RepoName, event: &Event) -> Result<String, OpsError> {
     let body = serde_json::to_string(event).map_err(anyhow::Error::from)?;
-    let id: String = redis::cmd("XADD")
-        .arg(ops.keys.events(ops.keys.shard_of(repo.as_str())))
-        .arg("*")
-        .arg(fields::KIND)
-        .arg(fields::KIND_INTERNAL)
-        .arg(fields::DELIVERY)
-        .arg(format!("resync:{}", uuid::Uuid::new_v4()))
-        .arg(fields::EVENT)
-        .arg(event.name())
-        .arg(fields::REPO)
-        .arg(repo.as_str())
-        .arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::BODY)
-        .arg(body)
-        .query_async(&mut ops.conn())
-        .await?;
-    Ok(id)
+    let (delivery, name) = (format!("resync:{}", uuid::Uuid::new_v4()), event.name());
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    let entry = EventEntry::internal(&delivery, &name, repo.as_str(), received, &body);
+    let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
+    Ok(event_entry::append(&mut ops.conn(), &stream, &entry).await?)
 }
 
 /// A PR snapshot from the API.

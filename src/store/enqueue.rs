@@ -21,7 +21,8 @@ use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
 
 use crate::ingest::Delivery;
-use crate::store::{Keys, StoreError, fields};
+use crate::store::event_entry::EventEntry;
+use crate::store::{Keys, StoreError};
 
 /// Source of the dedup+append script.
 pub const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
@@ -158,18 +159,13 @@ impl Enqueuer {
             .arg(self.keys.seen(shard, d.id()))
             .arg(self.keys.events(shard))
             .arg(retention_ms)
-            .arg(fields::KIND)
-            .arg(fields::KIND_WEBHOOK)
-            .arg(fields::DELIVERY)
-            .arg(d.id())
-            .arg(fields::EVENT)
-            .arg(d.event())
-            .arg(fields::REPO)
-            .arg(d.repo())
-            .arg(fields::RECEIVED)
-            .arg(d.received_ms())
-            .arg(fields::BODY)
-            .arg(&d.verified().payload()[..]);
+            .arg(EventEntry::webhook(
+                d.id(),
+                d.event(),
+                d.repo(),
+                u64::try_from(d.received_ms()).unwrap_or(0),
+                &d.verified().payload()[..],
+            ));
         cmd
     }
 

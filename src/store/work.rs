@@ -12,7 +12,8 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use tracing::instrument;
 
-use super::{Keys, StoreError, fields};
+use super::event_entry::EventEntry;
+use super::{Keys, StoreError};
 
 /// The report script.
 static REPORT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/report.lua")));
@@ -138,7 +139,6 @@ pub async fn report(
     marker_ttl_secs: u64,
 ) -> Result<ReportOutcome, StoreError> {
     let shard = owner.shard;
-    let received = result.received_ms.to_string();
     let delivery = format!("result:{work_id}");
     let reply: Vec<String> = REPORT
         .key(keys.work_index(shard))
@@ -147,20 +147,13 @@ pub async fn report(
         .key(keys.events(shard))
         .arg(work_id)
         .arg(marker_ttl_secs.max(1))
-        .arg(&[
-            fields::KIND,
-            fields::KIND_INTERNAL,
-            fields::DELIVERY,
+        .arg(EventEntry::internal(
             &delivery,
-            fields::EVENT,
             &result.event,
-            fields::REPO,
             &owner.repo,
-            fields::RECEIVED,
-            &received,
-            fields::BODY,
+            result.received_ms,
             &result.body,
-        ])
+        ))
         .invoke_async(conn)
         .await?;
     match reply.as_slice() {

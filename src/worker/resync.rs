@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::forgejo::ForgejoClient;
 use crate::ops::{Ops, resync};
+use crate::store::{StoreError, markers};
 
 /// Runs the periodic resync until `shutdown`; returns at once when the interval is
 /// off or Forgejo is not configured. Failures are logged, never fatal to the worker.
@@ -66,17 +67,6 @@ async fn run_once(ops: &Ops, client: &ForgejoClient) {
 }
 
 /// Takes this interval's resync turn (`SET NX PX`); true when it is ours.
-async fn take_turn(ops: &Ops, owner: &str, interval: Duration) -> Result<bool, redis::RedisError> {
-    let ms = u64::try_from(interval.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    let set: Option<String> = redis::cmd("SET")
-        .arg(ops.keys.resync_lock())
-        .arg(owner)
-        .arg("NX")
-        .arg("PX")
-        .arg(ms)
-        .query_async(&mut ops.conn())
-        .await?;
-    Ok(set.is_some())
+async fn take_turn(ops: &Ops, owner: &str, interval: Duration) -> Result<bool, StoreError> {
+    markers::take_resync_turn(&mut ops.conn(), &ops.keys, owner, interval).await
 }
