@@ -150,6 +150,10 @@ pub async fn worker_tasks(
     tasks.spawn(results::intake_loop(ctx.clone(), shutdown.clone()));
     tasks.spawn(resync::run_periodic_resync(
         ctx.config.clone(),
+        resync::Resync {
+            conn: ctx.store.conn(),
+            keys: ctx.store.keys().clone(),
+        },
         ctx.consumer.clone(),
         shutdown.clone(),
     ));

@@ -287,7 +287,7 @@ async fn enqueue(
         .await
         .map_err(|_| IngestError::Overloaded)?
         .map_err(|_| IngestError::Overloaded)?;
-    Ok(state.enqueuer.enqueue(conn, delivery).await?)
+    Ok(delivery.enqueue(&state.enqueuer, conn).await?)
 }
 
 /// The body of an authenticated API request (results and admin APIs), read only

@@ -226,7 +226,7 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     }
     out.last_resync_ms = markers::last_resync(&mut conn, &ops.keys).await?;
     out.forgejo_circuit_open_ms = markers::open_circuit_ms(&mut conn, &ops.keys).await?;
-    for repo in super::resync::known_repos(ops).await? {
+    for repo in super::resync::known(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
     }
     Ok(out)

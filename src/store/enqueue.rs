@@ -1,4 +1,4 @@
-//! The ingest side of the store: dedup a verified delivery on its id and append it to
+//! The ingest side of the store: dedup a delivery on its id and append its entry to
 //! its shard's events stream, atomically, in one loaded Lua script
 //! ([`lua/enqueue.lua`](./lua/enqueue.lua)), called with `EVALSHA` (the script text
 //! is sent only once per Redis process, after a `NOSCRIPT` reply).
@@ -12,6 +12,10 @@
 //! [`StoreError`] into `503 Retry-After`. Nothing is buffered in this process: a
 //! delivery is either in Redis when [`Enqueuer::enqueue`] returns `Ok`, or the sender
 //! is told to come back.
+//!
+//! Only verified deliveries reach this: the one caller is
+//! `ingest::Delivery::enqueue`, and a `Delivery` exists only after its signature was
+//! verified (the `Verified` typestate); this module only sees the entry it makes.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -20,7 +24,6 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
 
-use crate::ingest::Delivery;
 use crate::store::event_entry::EventEntry;
 use crate::store::{Keys, StoreError};
 
@@ -108,13 +111,14 @@ impl Enqueuer {
         Ok(())
     }
 
-    /// Dedups on the delivery id and appends the entry, atomically, within the timeout.
+    /// Dedups on the entry's delivery id and appends the entry to its repository's
+    /// shard, atomically, within the timeout.
     pub async fn enqueue(
         &self,
         conn: &mut ConnectionManager,
-        delivery: &Delivery,
+        entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
-        tokio::time::timeout(self.timeout, self.enqueue_inner(conn, delivery))
+        tokio::time::timeout(self.timeout, self.enqueue_inner(conn, entry))
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
@@ -122,9 +126,9 @@ impl Enqueuer {
     async fn enqueue_inner(
         &self,
         conn: &mut ConnectionManager,
-        delivery: &Delivery,
+        entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
-        let cmd = self.evalsha(delivery);
+        let cmd = self.evalsha(entry);
         let mut reply: Result<(i64, String), redis::RedisError> = cmd.query_async(conn).await;
         if reply.as_ref().is_err_and(connection_lost) {
             // The connection broke (a Redis restart, a failover) and the manager is
@@ -150,22 +154,16 @@ impl Enqueuer {
 
     /// The `EVALSHA` command for one delivery, built directly so the 15 KB body is
     /// copied once into the command buffer.
-    fn evalsha(&self, d: &Delivery) -> redis::Cmd {
-        let shard = self.keys.shard_of(d.repo());
+    fn evalsha(&self, entry: &EventEntry<'_>) -> redis::Cmd {
+        let shard = self.keys.shard_of(entry.repo());
         let retention_ms = u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash())
             .arg(2)
-            .arg(self.keys.seen(shard, d.id()))
+            .arg(self.keys.seen(shard, entry.delivery()))
             .arg(self.keys.events(shard))
             .arg(retention_ms)
-            .arg(EventEntry::webhook(
-                d.id(),
-                d.event(),
-                d.repo(),
-                u64::try_from(d.received_ms()).unwrap_or(0),
-                &d.verified().payload()[..],
-            ));
+            .arg(entry);
         cmd
     }
 

@@ -77,6 +77,16 @@ impl<'a> EventEntry<'a> {
         }
     }
 
+    /// The delivery id (`delivery` field): what deliveries are deduplicated on.
+    pub fn delivery(&self) -> &'a str {
+        self.delivery
+    }
+
+    /// The repository `owner/name` (`repo` field): what picks the shard.
+    pub fn repo(&self) -> &'a str {
+        self.repo
+    }
+
     /// An internal event (`core::event::Event` as JSON in `body`, its name in `event`).
     pub fn internal(
         delivery: &'a str,
