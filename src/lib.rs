@@ -15,14 +15,18 @@
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! ops/        send, replay, inspect, rebuild, resync, dead letters
+//! agents/     `shepherd agents`: runs the coding agents of work items, reports results
 //! fuzzing     the fuzz targets' checks (fuzz/ wraps them; a test replays regressions)
 //! ```
 //!
 //! Data flow: Forgejo → `ingest` → events stream → `worker` (`core::step`, CAS commit)
 //! → effects stream → executor → Forgejo / dispatch sinks; outcomes and observations
 //! come back into the events stream as internal events.
-#![forbid(unsafe_code)]
+// One audited `unsafe` block: setting the agents' parent-death signal between fork and
+// exec (src/agents/launch.rs; docs/security.md).
+#![deny(unsafe_code)]
 
+pub mod agents;
 pub mod cli;
 pub mod config;
 pub mod core;

@@ -176,6 +176,10 @@ pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()>
         Command::Rebuild(args) => rebuild::cli(&Ops::connect(Arc::new(config))?, &args).await,
         Command::Resync(args) => resync::cli(&Ops::connect(Arc::new(config))?, &args).await,
         Command::Dlq(args) => dlq::cli(&Ops::connect(Arc::new(config))?, &args).await,
+        Command::Agents(args) => {
+            let agents = args.settings.validate()?;
+            crate::agents::run(config, agents, args.consumer).await
+        }
     }
 }
 

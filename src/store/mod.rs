@@ -30,6 +30,7 @@ pub mod fields {
     pub const REPLAY: &str = "replay";
 }
 
+pub mod agent_runs;
 pub mod client;
 pub mod commit;
 pub mod effects;
