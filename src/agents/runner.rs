@@ -1,8 +1,8 @@
 //! Scheduling in one runner process: which held work item runs next, the caps, the
 //! heartbeat, cancel notices and shutdown.
 //!
-//! The runner holds at most `2 × SHEPHERD_AGENTS_MAX` entries of the dispatch stream
-//! (running or waiting; the reader takes no more), runs at most `SHEPHERD_AGENTS_MAX`
+//! The runner holds at most `3 × SHEPHERD_AGENTS_MAX` entries of the dispatch stream
+//! (running, and up to two waiting per slot; the reader takes no more), runs at most `SHEPHERD_AGENTS_MAX`
 //! agents at once and at most `SHEPHERD_AGENTS_PER_REPO` of one repository, and when
 //! a slot frees starts the waiting item of the highest `priority` (PR kinds before
 //! `issue-impl`), the oldest first among equals, whose repository has room.
@@ -31,8 +31,9 @@ use crate::core::effect::WorkItem;
 use crate::store::agent_runs::{self, AgentRun};
 use crate::worker::dispatch::CancelNotice;
 
-/// Entries held per agent slot (running plus waiting).
-const HELD_PER_SLOT: usize = 2;
+/// Entries that may wait per agent slot (besides the running one): enough to choose
+/// by priority, few enough to leave the rest of the stream to other runners.
+const WAITING_PER_SLOT: usize = 2;
 
 /// A held entry that waits for a slot.
 struct Waiting {
@@ -86,7 +87,7 @@ pub async fn run(
     consumer: Arc<Consumer>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let held = shared.agents.max * HELD_PER_SLOT;
+    let held = shared.agents.max * (1 + WAITING_PER_SLOT);
     let room = Arc::new(Semaphore::new(held));
     let (tx, mut deliveries) = mpsc::channel::<Delivery>(held.max(1));
     let (cancel_tx, mut cancels) = mpsc::channel::<CancelNotice>(64);

@@ -1,6 +1,7 @@
 //! The one integration-test binary: real redis-server processes, the real HTTP server
 //! and the real `shepherd` binary, with a stateful fake Forgejo as the only fake.
 
+mod agents;
 mod api_bodies;
 mod bench_lag;
 mod core_purity;

@@ -109,6 +109,19 @@ impl Scenario {
         }
     }
 
+    /// `shepherd agents` for this scenario (same Redis, key prefix, Forgejo and policy
+    /// file) running `command` for each work item; start it with `.start()`.
+    pub fn agents(&self, command: &str) -> super::shepherd::Builder {
+        Shepherd::builder_url(&self._redis.url())
+            .agents(command)
+            .prefix(self.shepherd.prefix())
+            .env("SHEPHERD_FORGEJO_URL", self.fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", self.fake.token())
+            .env("SHEPHERD_BOT_LOGIN", self.fake.bot_login())
+            .env("SHEPHERD_CONFIG", self._policy.path().display().to_string())
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15")
+    }
+
     /// Signs `hook` with a fresh delivery id and posts it to the ingest (202 expected);
     /// returns the delivery id.
     pub async fn send(&self, hook: &Webhook) -> String {

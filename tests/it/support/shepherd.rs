@@ -74,6 +74,12 @@ impl Builder {
         self
     }
 
+    /// Makes it `shepherd agents` running `command` (`SHEPHERD_AGENT_COMMAND`) for
+    /// each work item.
+    pub fn agents(self, command: &str) -> Self {
+        self.args(["agents"]).env("SHEPHERD_AGENT_COMMAND", command)
+    }
+
     /// Sends the process's stderr (its logs) to `file` instead of the test's.
     pub fn stderr_to(mut self, file: std::fs::File) -> Self {
         self.stderr = Some(file);
@@ -198,6 +204,11 @@ impl Shepherd {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether the process is still running (it has not exited).

@@ -1,0 +1,1 @@
+//! The whole loop: `shepherd run` (ingest, worker, executor) and `shepherd agents`.
