@@ -72,13 +72,7 @@ impl Rig {
     /// Writes an executable `/bin/sh` script `name` (`$DIR` in `body` is the rig's
     /// folder); returns its path.
     pub fn script(&self, name: &str, body: &str) -> String {
-        use std::os::unix::fs::PermissionsExt as _;
-        let path = self.path(name);
-        let dir = self.dir.path().display().to_string();
-        let text = format!("#!/bin/sh\nDIR='{dir}'\n{body}\n");
-        std::fs::write(&path, text).expect("write script");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        path.display().to_string()
+        write_script(self.dir.path(), name, body)
     }
 
     /// `shepherd agents` on the rig running `command`, with the fake's URL and token.
@@ -215,6 +209,17 @@ impl Rig {
     pub async fn pending(&self) -> u64 {
         pending_on(&mut self.conn.clone(), &self.keys()).await
     }
+}
+
+/// Writes an executable `/bin/sh` script `name` into `dir` (`$DIR` in `body` is
+/// `dir`); returns its path.
+pub fn write_script(dir: &std::path::Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(name);
+    let text = format!("#!/bin/sh\nDIR='{}'\n{body}\n", dir.display());
+    std::fs::write(&path, text).expect("write script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path.display().to_string()
 }
 
 /// The work results queued on shard 0's events stream.

@@ -206,11 +206,6 @@ impl Shepherd {
         let _ = self.child.wait();
     }
 
-    /// Its process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Whether the process is still running (it has not exited).
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
