@@ -87,6 +87,9 @@ async fn a_human_push_cancels_the_running_agent() {
     assert_eq!(a.len(), 1);
     assert_eq!(a[0]["outcome"], "superseded");
     assert!(a[0]["summary"].is_null(), "{a:?}");
+    // A result for the cancelled work item (an agent that outlived its runner's kill)
+    // stays refused.
+    assert_eq!(s.report(&id, "succeeded", None).await, 409);
 }
 
 /// The agent pushes (as the bot), which ends its claim without a cancel, then writes
@@ -99,6 +102,7 @@ async fn the_agents_result_after_its_own_push_is_recorded_on_that_attempt() {
         dir.path(),
         "push.sh",
         r#"echo $$ > "$DIR/leader"
+echo "pushing the fix"
 while [ ! -e "$DIR/release" ]; do sleep 0.05; done
 printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD_RESULT_FILE""#,
     );
@@ -107,6 +111,22 @@ printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD
     let item = s.wait_work_items(1).await.remove(0);
     let id = item["id"].as_str().unwrap().to_owned();
     read_pid(&dir.path().join("leader")).await;
+    // Visible while it runs: the status page's table and `inspect`.
+    poll_until_named(
+        DEADLINE,
+        "the status page lists the running agent",
+        || async {
+            let page = s.status_page().await;
+            page.contains("Running agents (1)") && page.contains(&id)
+        },
+    )
+    .await;
+    let view = inspect(&s, n).await;
+    assert_eq!(view["agent"]["run"]["state"], "running", "{view}");
+    assert_eq!(
+        view["agent"]["run"]["model"], "haiku",
+        "an unmapped tier's model is its name"
+    );
     // The agent's push: the bot moves the head.
     let sha2 = "4444444444444444444444444444444444444444";
     s.fake.push(REPO, n, sha2);
@@ -149,6 +169,25 @@ printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD
             .len(),
         1
     );
+    let view = inspect(&s, n).await;
+    assert_eq!(view["agent"]["run"]["state"], "finished", "{view}");
+    assert_eq!(view["agent"]["run"]["outcome"], "succeeded", "{view}");
+    let tail = view["agent"]["log_tail"].as_str().unwrap_or_default();
+    assert!(tail.contains("pushing the fix"), "{view}");
+    assert!(s.status_page().await.contains("Running agents (0)"));
+}
+
+/// `GET /api/v1/admin/inspect/{owner}/{repo}/{n}` (what `shepherd inspect` shows).
+async fn inspect(s: &Scenario, n: u64) -> Value {
+    reqwest::Client::new()
+        .get(s.shepherd.url(&format!("/api/v1/admin/inspect/{REPO}/{n}")))
+        .bearer_auth(crate::support::scenario::SCENARIO_ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("inspect answers")
+        .json()
+        .await
+        .expect("inspect JSON")
 }
 
 /// The runner is killed (SIGKILL) while its agent runs: the agent dies with it. After
