@@ -7,6 +7,7 @@
 //! - `e2e`: the whole loop through `shepherd run` and the scenario harness: cancel by
 //!   a human push, the agent's own push then its result, a runner crash, escalation.
 
+mod bench;
 mod e2e;
 mod runner;
 
