@@ -38,6 +38,24 @@ use crate::store::work::{self, WorkState};
 use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
+/// The variables the runner sets for every agent (the contract's and a few more);
+/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in.
+pub const AGENT_VARS: &[&str] = &[
+    "SHEPHERD_WORK_ID",
+    "SHEPHERD_REPO",
+    "SHEPHERD_NUMBER",
+    "SHEPHERD_HEAD_SHA",
+    "SHEPHERD_TIER",
+    "SHEPHERD_TIER_NAME",
+    "SHEPHERD_KIND",
+    "SHEPHERD_AGENT",
+    "SHEPHERD_MODEL",
+    "SHEPHERD_PROMPT_FILE",
+    "SHEPHERD_WORK_FILE",
+    "SHEPHERD_RESULT_FILE",
+    "SHEPHERD_FORGEJO_URL",
+];
+
 /// Tries of the context read before the entry is handed back.
 const CONTEXT_TRIES: u32 = 3;
 
@@ -525,32 +543,12 @@ fn invocation(
         work_file: path(&files.work),
     };
     let mut env = shared.base_env.clone();
-    let mut set = |k: &str, v: String| env.push((k.into(), v.into()));
-    set("SHEPHERD_WORK_ID", item.id.to_string());
-    set("SHEPHERD_REPO", item.repo.to_string());
-    set("SHEPHERD_NUMBER", item.number.to_string());
-    set(
-        "SHEPHERD_HEAD_SHA",
-        item.head_sha
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default(),
-    );
-    set("SHEPHERD_TIER", item.tier.to_string());
-    set("SHEPHERD_TIER_NAME", item.tier_name.clone());
-    set("SHEPHERD_KIND", item.kind.as_str().to_owned());
-    set("SHEPHERD_AGENT", run.agent.clone());
-    set("SHEPHERD_MODEL", run.model.clone());
-    set("SHEPHERD_PROMPT_FILE", path(&files.prompt));
-    set("SHEPHERD_WORK_FILE", path(&files.work));
-    set("SHEPHERD_RESULT_FILE", path(&files.result));
-    if let Some(url) = &shared.config.forgejo_url {
-        set("SHEPHERD_FORGEJO_URL", url.clone());
-    }
+    let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
+    env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
     if shared.agents.credentials
         && let Some(token) = &shared.agents.forgejo_token
     {
-        set("SHEPHERD_AGENT_FORGEJO_TOKEN", expose(token));
+        env.push(("SHEPHERD_AGENT_FORGEJO_TOKEN".into(), expose(token).into()));
     }
     Invocation {
         argv: expand(&shared.agents.command, &placeholders),
@@ -558,6 +556,36 @@ fn invocation(
         dir: files.prompt.parent().map(PathBuf::from).unwrap_or_default(),
         stdin: prompt,
     }
+}
+
+/// The work item's variables ([`AGENT_VARS`], in that order).
+fn agent_vars(
+    item: &WorkItem,
+    run: &AgentRun,
+    files: &Files,
+    forgejo_url: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    let path = |p: &PathBuf| p.display().to_string();
+    // One value per name: the array's length is the list's, checked by the compiler.
+    let values: [String; AGENT_VARS.len()] = [
+        item.id.to_string(),
+        item.repo.to_string(),
+        item.number.to_string(),
+        item.head_sha
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        item.tier.to_string(),
+        item.tier_name.clone(),
+        item.kind.as_str().to_owned(),
+        run.agent.clone(),
+        run.model.clone(),
+        path(&files.prompt),
+        path(&files.work),
+        path(&files.result),
+        forgejo_url.unwrap_or_default().to_owned(),
+    ];
+    AGENT_VARS.iter().copied().zip(values).collect()
 }
 
 /// The token's text, for the opted-in environment variable only.
