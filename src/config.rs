@@ -235,6 +235,20 @@ pub struct AgentSettings {
     /// and as `SHEPHERD_AGENT_FORGEJO_TOKEN` in its environment.
     #[arg(long, env = "SHEPHERD_AGENT_CREDENTIALS", default_value_t = false, action = clap::ArgAction::Set)]
     pub agent_credentials: bool,
+
+    /// Run each agent in a fresh clone of the repository, on the PR's head branch
+    /// (with SHEPHERD_AGENT_FORGEJO_TOKEN, git authenticates with it through the
+    /// environment, and so does the agent's own `git push`).
+    #[arg(long, env = "SHEPHERD_AGENT_CHECKOUT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub agent_checkout: bool,
+
+    /// Clone URL of a repository for the checkout; {forgejo_url}, {owner}, {repo}.
+    #[arg(
+        long,
+        env = "SHEPHERD_AGENT_CLONE_URL",
+        default_value = "{forgejo_url}/{owner}/{repo}.git"
+    )]
+    pub agent_clone_url: String,
 }
 
 /// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
@@ -284,6 +298,8 @@ pub struct AgentsConfig {
     pub forgejo_token: Option<SecretString>,
     /// Whether the agent token is handed to the agent (prompt and environment).
     pub credentials: bool,
+    /// The clone URL template, when each agent gets a fresh checkout.
+    pub checkout: Option<String>,
 }
 
 impl AgentSettings {
@@ -349,6 +365,9 @@ impl AgentSettings {
         {
             return Err(bad("SHEPHERD_AGENT_FORGEJO_TOKEN", "is set but empty"));
         }
+        if self.agent_checkout && !self.agent_clone_url.contains("{repo}") {
+            return Err(bad("SHEPHERD_AGENT_CLONE_URL", "must contain {repo}"));
+        }
         if self.agent_credentials && self.agent_forgejo_token.is_none() {
             return Err(bad(
                 "SHEPHERD_AGENT_CREDENTIALS",
@@ -369,6 +388,7 @@ impl AgentSettings {
                 .unwrap_or_else(std::env::temp_dir),
             forgejo_token: self.agent_forgejo_token.clone(),
             credentials: self.agent_credentials,
+            checkout: self.agent_checkout.then(|| self.agent_clone_url.clone()),
         })
     }
 }

@@ -7,8 +7,10 @@
 //! 2. context from Forgejo ([`super::context::gather`]; transient failures are retried
 //!    a few times, then the entry is handed back: a Forgejo outage never counts as an
 //!    attempt) and the prompt ([`super::prompt`]);
-//! 3. a fresh folder with `prompt.md`, `work.json` and the result file's path, the
-//!    command line with its placeholders filled in, the allow-listed environment;
+//! 3. a fresh folder with `prompt.md`, `work.json` and the result file's path (and,
+//!    with `SHEPHERD_AGENT_CHECKOUT`, a clone of the PR's head as the working
+//!    directory, [`super::checkout`]), the command line with its placeholders filled
+//!    in, the allow-listed environment;
 //! 4. the agent runs until it exits, the deadline passes (the group is stopped,
 //!    `failed`/`timeout`), or a stop comes (cancel notice, shutdown, the entry lost to
 //!    another runner: the group is stopped and nothing is reported);
@@ -25,6 +27,9 @@ use secrecy::SecretString;
 use tokio::sync::watch;
 use tracing::instrument;
 
+use anyhow::Context as _;
+
+use super::checkout;
 use super::launch::{Capture, Invocation, Placeholders, Spawner, expand};
 use super::outcome::{self, Finish};
 use super::prompt::{PromptParams, Templates};
@@ -39,7 +44,8 @@ use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
 /// The variables the runner sets for every agent (the contract's and a few more);
-/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in.
+/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in, and
+/// git's (`checkout::TOKEN_VAR`, …) with a checkout.
 pub const AGENT_VARS: &[&str] = &[
     "SHEPHERD_WORK_ID",
     "SHEPHERD_REPO",
@@ -225,8 +231,26 @@ async fn execute(
         }
     };
     let files = write_files(dir.path(), item, &prompt)?;
-    let inv = invocation(shared, item, run, &files, prompt);
+    let mut inv = invocation(shared, item, run, &files, prompt);
     let capture = Arc::new(Mutex::new(Capture::new(shared.agents.log_bytes)));
+    if let Some(template) = &shared.agents.checkout {
+        let url = checkout::clone_url(
+            template,
+            shared.config.forgejo_url.as_deref().unwrap_or_default(),
+            item.repo.as_str(),
+        );
+        let git_env = checkout::git_env(shared.agents.forgejo_token.as_ref());
+        let mut env = shared.base_env.clone();
+        env.extend(git_env.iter().cloned());
+        let made = tokio::select! {
+            r = checkout::checkout(&shared.forgejo, item, &url, dir.path(), &env) => r,
+            reason = stopped_by(&mut stop) => return Ok(stopped(run, Some(reason))),
+        };
+        let (work, log) = made.context("making the agent's checkout")?;
+        capture.lock().expect("capture lock").push(log.as_bytes());
+        inv.dir = work;
+        inv.env.extend(git_env);
+    }
     let mut agent = match shared.spawner.launch(&inv, capture.clone()).await {
         Ok(a) => a,
         Err(e) => {

@@ -25,10 +25,12 @@
 //! | `job.rs` | one work item from the check to the report |
 //! | `launch.rs` | the `exec` launcher: placeholders, process group, parent-death signal |
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
+//! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
 //!
 //! The runner also serves `GET /healthz` and `GET /metrics` on `SHEPHERD_LISTEN`.
 
+pub mod checkout;
 pub mod consume;
 pub mod context;
 pub mod job;
@@ -63,6 +65,11 @@ pub async fn run(
         .unwrap_or_default();
     launch::resolve_program(program, std::env::var_os("PATH").as_deref())
         .map_err(|e| anyhow::anyhow!("invalid configuration: SHEPHERD_AGENT_COMMAND: {e}"))?;
+    if agents.checkout.is_some() {
+        launch::resolve_program("git", std::env::var_os("PATH").as_deref()).map_err(|e| {
+            anyhow::anyhow!("invalid configuration: SHEPHERD_AGENT_CHECKOUT needs git: {e}")
+        })?;
+    }
     std::fs::create_dir_all(&agents.work_dir).with_context(|| {
         format!(
             "SHEPHERD_AGENT_WORK_DIR: cannot create {}",

@@ -186,6 +186,7 @@ fn documented_env_vars() -> BTreeSet<String> {
             .iter()
             .map(|v| (*v).to_owned()),
     );
+    all.insert(shepherd::agents::checkout::TOKEN_VAR.to_owned());
     all
 }
 

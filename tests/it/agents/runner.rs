@@ -455,3 +455,112 @@ async fn a_bad_agent_command_is_a_clear_error_at_start() {
         );
     }
 }
+
+/// Runs git in `dir` for the test's repository setup.
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `SHEPHERD_AGENT_CHECKOUT`: the agent runs in a fresh clone on the PR's head branch
+/// at its head commit, can commit and `git push origin HEAD`, the agent token reaches
+/// git only through the environment (not the clone's config), and the clone is
+/// removed afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_works_in_a_fresh_checkout_of_the_pr_head_and_can_push() {
+    let rig = Rig::start().await;
+    let bare = rig.path("git/acme/agents.git");
+    std::fs::create_dir_all(&bare).unwrap();
+    git(&bare, &["init", "-q", "--bare"]);
+    let seed = rig.path("seed");
+    std::fs::create_dir_all(&seed).unwrap();
+    git(&seed, &["init", "-q"]);
+    std::fs::write(seed.join("README"), "hello\n").unwrap();
+    git(&seed, &["add", "README"]);
+    git(
+        &seed,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.org",
+            "commit",
+            "-qm",
+            "one",
+        ],
+    );
+    git(
+        &seed,
+        &[
+            "push",
+            "-q",
+            &format!("file://{}", bare.display()),
+            "HEAD:refs/heads/feature-x",
+        ],
+    );
+    let sha = git(&seed, &["rev-parse", "HEAD"]);
+    let n = rig.fake.open_pr(
+        REPO,
+        crate::support::fake_forgejo::NewPr::new("agent-bot", "Fix")
+            .head_sha(&sha)
+            .head_ref("feature-x"),
+    );
+    let script = rig.script(
+        "git.sh",
+        r#"git rev-parse HEAD > "$DIR/head"
+git rev-parse --abbrev-ref HEAD > "$DIR/branch"
+cp .git/config "$DIR/gitconfig"
+env > "$DIR/env"
+pwd > "$DIR/pwd"
+echo change > change.txt && git add change.txt \
+  && git -c user.name=agent -c user.email=agent@example.org commit -qm fix \
+  && git push -q origin HEAD"#,
+    );
+    let url = format!(
+        "file://{}/git/{{owner}}/{{repo}}.git",
+        rig.dir.path().display()
+    );
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENT_CHECKOUT", "true")
+        .env("SHEPHERD_AGENT_CLONE_URL", url)
+        .env("SHEPHERD_AGENT_FORGEJO_TOKEN", "agent-tok-98765")
+        .start()
+        .await;
+    let id = rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
+    let results = rig.wait_results(1).await;
+    assert_eq!(results[0]["outcome"], "succeeded", "{}", results[0]);
+    let read = |f: &str| {
+        std::fs::read_to_string(rig.path(f))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("head"), sha);
+    assert_eq!(read("branch"), "feature-x");
+    assert!(
+        !read("gitconfig").contains("agent-tok-98765"),
+        "no token in the clone's config"
+    );
+    assert!(
+        read("env").contains("SHEPHERD_GIT_TOKEN=agent-tok-98765"),
+        "git's credential helper reads it"
+    );
+    let pushed = git(&bare, &["rev-parse", "feature-x"]);
+    assert_ne!(pushed, sha, "the agent's push reached the branch");
+    assert_eq!(git(&bare, &["rev-parse", "feature-x~1"]), sha);
+    assert!(
+        !std::path::Path::new(&read("pwd")).exists(),
+        "the checkout is removed"
+    );
+    rig.wait_state(&id, "finished").await;
+}
