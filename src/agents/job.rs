@@ -271,7 +271,7 @@ async fn execute(
     run.started_ms = Some(now_ms());
     agent_runs::save(&mut conn, keys, run, shared.config.retention).await?;
     let m = &shared.metrics.agents;
-    m.running.inc();
+    let running_gauge = RunningGauge::new(&m.running);
     m.started
         .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
         .inc();
@@ -293,7 +293,7 @@ async fn execute(
         }
     };
     agent.finish().await;
-    m.running.dec();
+    drop(running_gauge);
     m.duration
         .with_label_values(&[run.kind.as_str()])
         .observe(started.elapsed().as_secs_f64());
@@ -349,6 +349,23 @@ async fn execute(
         .inc();
     drop(dir);
     Ok(Disposition::Ack)
+}
+
+/// Counts one running agent in the gauge for as long as it lives (whatever way the
+/// job ends).
+struct RunningGauge(prometheus::IntGauge);
+
+impl RunningGauge {
+    fn new(g: &prometheus::IntGauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for RunningGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// How the agent's wait ended.

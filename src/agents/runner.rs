@@ -57,6 +57,8 @@ struct Running {
     stop: watch::Sender<Option<StopReason>>,
     /// Its run record as started (the heartbeat refreshes `seen_ms`).
     run: AgentRun,
+    /// The job's task (to find it when it panics).
+    task: Option<tokio::task::Id>,
 }
 
 /// A job's end, as the join set returns it.
@@ -121,9 +123,9 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             Some(d) = deliveries.recv() => r.on_delivery(d).await,
             Some(c) = cancels.recv() => r.on_cancel(&c).await,
-            Some(done) = r.jobs.join_next(), if !r.jobs.is_empty() => match done {
-                Ok(end) => r.on_job_end(end).await,
-                Err(e) => tracing::error!(error = %e, "an agent job panicked; its entry stays pending"),
+            Some(done) = r.jobs.join_next_with_id(), if !r.jobs.is_empty() => match done {
+                Ok((_, end)) => r.on_job_end(end).await,
+                Err(e) => r.on_job_panic(e).await,
             },
             _ = heartbeat.tick() => r.on_heartbeat().await,
             Some(t) = tasks.join_next() => {
@@ -213,6 +215,25 @@ impl Runner {
         }
     }
 
+    /// A job panicked: free its slot and hand its entry back (a bug, logged loudly; the
+    /// delivery count bounds how often one work item can cause it).
+    async fn on_job_panic(&mut self, e: tokio::task::JoinError) {
+        tracing::error!(error = %e, "an agent job panicked; its entry is handed back");
+        let id = e.id();
+        let Some(work) = self
+            .running
+            .iter()
+            .find(|(_, r)| r.task == Some(id))
+            .map(|(w, _)| w.clone())
+        else {
+            return;
+        };
+        let run = self.running.get(&work).map(|r| r.run.clone());
+        if let Some(run) = run {
+            self.on_job_end((work, Disposition::GiveBack, run)).await;
+        }
+    }
+
     /// Renews the hold on every held entry; stops what another runner took over.
     async fn on_heartbeat(&mut self) {
         let now = job::now_ms();
@@ -279,13 +300,18 @@ impl Runner {
                     repo: w.item.repo.to_string(),
                     stop,
                     run: run.clone(),
+                    task: None,
                 },
             );
             let shared = self.shared.clone();
-            self.jobs.spawn(async move {
+            let work = id.clone();
+            let handle = self.jobs.spawn(async move {
                 let (d, run) = job::run(shared, w.item, w.run, stop_rx).await;
-                (id, d, run)
+                (work, d, run)
             });
+            if let Some(r) = self.running.get_mut(&id) {
+                r.task = Some(handle.id());
+            }
         }
     }
 
@@ -307,9 +333,10 @@ impl Runner {
         for r in self.running.values() {
             let _ = r.stop.send(Some(StopReason::Shutdown));
         }
-        while let Some(done) = self.jobs.join_next().await {
-            if let Ok(end) = done {
-                self.on_job_end(end).await;
+        while let Some(done) = self.jobs.join_next_with_id().await {
+            match done {
+                Ok((_, end)) => self.on_job_end(end).await,
+                Err(e) => self.on_job_panic(e).await,
             }
         }
         let entries: Vec<String> = self.waiting.iter().map(|w| w.entry.clone()).collect();
