@@ -737,6 +737,85 @@ mod tests {
         assert!(c.require_bot_login_for_executor().is_ok());
     }
 
+    #[derive(Parser)]
+    struct A {
+        #[command(flatten)]
+        s: AgentSettings,
+    }
+
+    fn agents(args: &[&str]) -> Result<AgentsConfig, ConfigError> {
+        let mut v = vec!["t"];
+        v.extend_from_slice(args);
+        A::try_parse_from(v).expect("parse").s.validate()
+    }
+
+    #[test]
+    fn agent_settings_validate_and_name_the_setting() {
+        let c = agents(&[
+            "--agent-command",
+            "opencode run -m '{model}' --agent {agent}",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.command,
+            ["opencode", "run", "-m", "{model}", "--agent", "{agent}"]
+        );
+        assert_eq!((c.max, c.per_repo), (2, 1));
+        assert!(c.env_pass.iter().any(|v| v == "PATH"));
+        let c = agents(&[
+            "--agent-command",
+            "a",
+            "--agents-max",
+            "3",
+            "--agents-per-repo",
+            "9",
+        ])
+        .unwrap();
+        assert_eq!(c.per_repo, 3, "never above the total");
+        for (args, setting) in [
+            (vec![], "SHEPHERD_AGENT_COMMAND"),
+            (
+                vec!["--agent-command", "{agent} x"],
+                "SHEPHERD_AGENT_COMMAND",
+            ),
+            (
+                vec!["--agent-command", "a", "--agents-max", "0"],
+                "SHEPHERD_AGENTS_MAX",
+            ),
+            (
+                vec![
+                    "--agent-command",
+                    "a",
+                    "--agent-env",
+                    "SHEPHERD_FORGEJO_TOKEN",
+                ],
+                "SHEPHERD_AGENT_ENV",
+            ),
+            (
+                vec!["--agent-command", "a", "--agent-env", "A B"],
+                "SHEPHERD_AGENT_ENV",
+            ),
+            (
+                vec!["--agent-command", "a", "--agent-credentials", "true"],
+                "SHEPHERD_AGENT_CREDENTIALS",
+            ),
+            (
+                vec![
+                    "--agent-command",
+                    "a",
+                    "--agent-checkout",
+                    "true",
+                    "--agent-clone-url",
+                    "https://x/y.git",
+                ],
+                "SHEPHERD_AGENT_CLONE_URL",
+            ),
+        ] {
+            let e = agents(&args).unwrap_err();
+            assert_eq!(e.setting, setting, "{args:?}: {e}");
+        }
+    }
+
     #[test]
     fn secrets_split_and_stay_hidden() {
         let c = settings(&["--webhook-secrets", "s3cret-one, s3cret-two"])
