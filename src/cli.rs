@@ -43,6 +43,21 @@ pub enum Command {
     Resync(ResyncArgs),
     /// Inspect and act on dead-lettered entries.
     Dlq(DlqArgs),
+    /// Run the agent runner: consume work items (group `agents` on <prefix>:dispatch),
+    /// run SHEPHERD_AGENT_COMMAND for each, report the results.
+    Agents(AgentsArgs),
+}
+
+/// Arguments of `agents`.
+#[derive(Debug, Clone, Args)]
+pub struct AgentsArgs {
+    /// Consumer name in the `agents` group; unique per process (default:
+    /// hostname-pid-random).
+    #[arg(long, env = "SHEPHERD_CONSUMER")]
+    pub consumer: Option<String>,
+    /// The runner's settings.
+    #[command(flatten)]
+    pub settings: crate::config::AgentSettings,
 }
 
 /// Arguments of `work` and `run`.

@@ -181,6 +181,219 @@ pub struct Settings {
     pub data_dir: PathBuf,
 }
 
+/// Settings of `shepherd agents` (the agent runner, DESIGN §4), each an environment
+/// variable and a flag. Validated into [`AgentsConfig`] by [`AgentSettings::validate`].
+#[derive(Debug, Clone, Args)]
+pub struct AgentSettings {
+    /// The agent's command line (contract), split like a shell splits words but never
+    /// run through a shell. Placeholders: {agent} {model} {tier} {tier_name} {kind}
+    /// {prompt_file} {work_file}. The prompt also arrives on stdin.
+    #[arg(long, env = "SHEPHERD_AGENT_COMMAND")]
+    pub agent_command: Option<String>,
+
+    /// Most agents this runner process runs at once.
+    #[arg(long, env = "SHEPHERD_AGENTS_MAX", default_value_t = 2)]
+    pub agents_max: usize,
+
+    /// Most agents this runner process runs at once for one repository.
+    #[arg(long, env = "SHEPHERD_AGENTS_PER_REPO", default_value_t = 1)]
+    pub agents_per_repo: usize,
+
+    /// Seconds between SIGTERM and SIGKILL when an agent's process group is stopped.
+    #[arg(long, env = "SHEPHERD_AGENT_KILL_GRACE_SECS", default_value_t = 10)]
+    pub agent_kill_grace_secs: u64,
+
+    /// The agent is stopped (and `failed`/`timeout` reported) this many seconds before
+    /// its claim expires, so the result arrives while the claim still holds.
+    #[arg(
+        long,
+        env = "SHEPHERD_AGENT_DEADLINE_MARGIN_SECS",
+        default_value_t = 60
+    )]
+    pub agent_deadline_margin_secs: u64,
+
+    /// Bytes of an agent's output kept (the newest; secrets masked).
+    #[arg(long, env = "SHEPHERD_AGENT_LOG_BYTES", default_value_t = 1024 * 1024)]
+    pub agent_log_bytes: usize,
+
+    /// Comma-separated names of further environment variables the agent may see (e.g.
+    /// its model provider's API key). Names starting with SHEPHERD_ are refused.
+    #[arg(long, env = "SHEPHERD_AGENT_ENV", default_value = "")]
+    pub agent_env: String,
+
+    /// Directory for the per-work-item folders (prompt, work item, result file);
+    /// default: the system's temporary directory.
+    #[arg(long, env = "SHEPHERD_AGENT_WORK_DIR")]
+    pub agent_work_dir: Option<PathBuf>,
+
+    /// A Forgejo token for the agents (best: a second token of the bot user, so their
+    /// pushes count as the bot's). Shepherd's own token never reaches an agent; without
+    /// this one an agent gets no token at all.
+    #[arg(long, env = "SHEPHERD_AGENT_FORGEJO_TOKEN", hide_env_values = true, value_parser = parse_secret)]
+    pub agent_forgejo_token: Option<SecretString>,
+
+    /// Opt in to handing the agent token to the agent: in the prompt (`forgejo_pat`)
+    /// and as `SHEPHERD_AGENT_FORGEJO_TOKEN` in its environment.
+    #[arg(long, env = "SHEPHERD_AGENT_CREDENTIALS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub agent_credentials: bool,
+
+    /// Run each agent in a fresh clone of the repository, on the PR's head branch
+    /// (with SHEPHERD_AGENT_FORGEJO_TOKEN, git authenticates with it through the
+    /// environment, and so does the agent's own `git push`).
+    #[arg(long, env = "SHEPHERD_AGENT_CHECKOUT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub agent_checkout: bool,
+
+    /// Clone URL of a repository for the checkout; {forgejo_url}, {owner}, {repo}.
+    #[arg(
+        long,
+        env = "SHEPHERD_AGENT_CLONE_URL",
+        default_value = "{forgejo_url}/{owner}/{repo}.git"
+    )]
+    pub agent_clone_url: String,
+}
+
+/// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
+/// work item's own `SHEPHERD_*` variables): nothing else of the runner's environment
+/// reaches it, so none of Shepherd's secrets can.
+pub const AGENT_ENV_ALLOWED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+];
+
+/// The validated settings of `shepherd agents`.
+#[derive(Debug, Clone)]
+pub struct AgentsConfig {
+    /// The command line's words (placeholders not yet filled in).
+    pub command: Vec<String>,
+    /// Total concurrency of this process (≥ 1).
+    pub max: usize,
+    /// Concurrency per repository (1..=max).
+    pub per_repo: usize,
+    /// SIGTERM → SIGKILL grace period.
+    pub kill_grace: Duration,
+    /// Stop this long before the claim expires.
+    pub deadline_margin: Duration,
+    /// Output bytes kept per work item.
+    pub log_bytes: usize,
+    /// Environment variables passed through to agents (allow-list plus extras).
+    pub env_pass: Vec<String>,
+    /// Parent directory of the per-work-item folders.
+    pub work_dir: PathBuf,
+    /// The agents' Forgejo token.
+    pub forgejo_token: Option<SecretString>,
+    /// Whether the agent token is handed to the agent (prompt and environment).
+    pub credentials: bool,
+    /// The clone URL template, when each agent gets a fresh checkout.
+    pub checkout: Option<String>,
+}
+
+impl AgentSettings {
+    /// Validates the runner's settings, failing with the name of the first bad one.
+    pub fn validate(&self) -> Result<AgentsConfig, ConfigError> {
+        let line = self
+            .agent_command
+            .as_deref()
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| bad("SHEPHERD_AGENT_COMMAND", "is required by `shepherd agents`"))?;
+        let command = shlex::split(line).ok_or_else(|| {
+            bad(
+                "SHEPHERD_AGENT_COMMAND",
+                "cannot be split into words (an unclosed quote or a trailing backslash)",
+            )
+        })?;
+        match command.first() {
+            None => return Err(bad("SHEPHERD_AGENT_COMMAND", "has no program")),
+            Some(p) if p.contains('{') => {
+                return Err(bad(
+                    "SHEPHERD_AGENT_COMMAND",
+                    "the program (first word) cannot be a placeholder",
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.agents_max == 0 || self.agents_max > 256 {
+            return Err(bad("SHEPHERD_AGENTS_MAX", "must be between 1 and 256"));
+        }
+        if self.agents_per_repo == 0 {
+            return Err(bad("SHEPHERD_AGENTS_PER_REPO", "must be at least 1"));
+        }
+        if self.agent_log_bytes < 1024 || self.agent_log_bytes > 64 * 1024 * 1024 {
+            return Err(bad(
+                "SHEPHERD_AGENT_LOG_BYTES",
+                "must be between 1 KiB and 64 MiB",
+            ));
+        }
+        let mut env_pass: Vec<String> = AGENT_ENV_ALLOWED.iter().map(|s| (*s).to_owned()).collect();
+        for name in self
+            .agent_env
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            if name.to_ascii_uppercase().starts_with("SHEPHERD_") {
+                return Err(bad(
+                    "SHEPHERD_AGENT_ENV",
+                    format!("{name} is Shepherd's own setting and never reaches an agent"),
+                ));
+            }
+            if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(bad(
+                    "SHEPHERD_AGENT_ENV",
+                    format!("{name:?} is not a variable name"),
+                ));
+            }
+            env_pass.push(name.to_owned());
+        }
+        if let Some(t) = &self.agent_forgejo_token
+            && t.expose_secret().trim().is_empty()
+        {
+            return Err(bad("SHEPHERD_AGENT_FORGEJO_TOKEN", "is set but empty"));
+        }
+        if self.agent_checkout && !self.agent_clone_url.contains("{repo}") {
+            return Err(bad("SHEPHERD_AGENT_CLONE_URL", "must contain {repo}"));
+        }
+        if self.agent_credentials && self.agent_forgejo_token.is_none() {
+            return Err(bad(
+                "SHEPHERD_AGENT_CREDENTIALS",
+                "needs SHEPHERD_AGENT_FORGEJO_TOKEN (Shepherd's own token is never handed out)",
+            ));
+        }
+        Ok(AgentsConfig {
+            command,
+            max: self.agents_max,
+            per_repo: self.agents_per_repo.min(self.agents_max),
+            kill_grace: Duration::from_secs(self.agent_kill_grace_secs),
+            deadline_margin: Duration::from_secs(self.agent_deadline_margin_secs),
+            log_bytes: self.agent_log_bytes,
+            env_pass,
+            work_dir: self
+                .agent_work_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
+            forgejo_token: self.agent_forgejo_token.clone(),
+            credentials: self.agent_credentials,
+            checkout: self.agent_checkout.then(|| self.agent_clone_url.clone()),
+        })
+    }
+}
+
 /// Parses a secret straight into a [`SecretString`] so it is never held as plain text.
 fn parse_secret(s: &str) -> Result<SecretString, String> {
     Ok(SecretString::from(s.to_owned()))
@@ -547,6 +760,85 @@ mod tests {
         // No executor (no Forgejo access): nothing acts on markers, nothing required.
         let c = settings(&[]).validate().unwrap();
         assert!(c.require_bot_login_for_executor().is_ok());
+    }
+
+    #[derive(Parser)]
+    struct A {
+        #[command(flatten)]
+        s: AgentSettings,
+    }
+
+    fn agents(args: &[&str]) -> Result<AgentsConfig, ConfigError> {
+        let mut v = vec!["t"];
+        v.extend_from_slice(args);
+        A::try_parse_from(v).expect("parse").s.validate()
+    }
+
+    #[test]
+    fn agent_settings_validate_and_name_the_setting() {
+        let c = agents(&[
+            "--agent-command",
+            "opencode run -m '{model}' --agent {agent}",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.command,
+            ["opencode", "run", "-m", "{model}", "--agent", "{agent}"]
+        );
+        assert_eq!((c.max, c.per_repo), (2, 1));
+        assert!(c.env_pass.iter().any(|v| v == "PATH"));
+        let c = agents(&[
+            "--agent-command",
+            "a",
+            "--agents-max",
+            "3",
+            "--agents-per-repo",
+            "9",
+        ])
+        .unwrap();
+        assert_eq!(c.per_repo, 3, "never above the total");
+        for (args, setting) in [
+            (vec![], "SHEPHERD_AGENT_COMMAND"),
+            (
+                vec!["--agent-command", "{agent} x"],
+                "SHEPHERD_AGENT_COMMAND",
+            ),
+            (
+                vec!["--agent-command", "a", "--agents-max", "0"],
+                "SHEPHERD_AGENTS_MAX",
+            ),
+            (
+                vec![
+                    "--agent-command",
+                    "a",
+                    "--agent-env",
+                    "SHEPHERD_FORGEJO_TOKEN",
+                ],
+                "SHEPHERD_AGENT_ENV",
+            ),
+            (
+                vec!["--agent-command", "a", "--agent-env", "A B"],
+                "SHEPHERD_AGENT_ENV",
+            ),
+            (
+                vec!["--agent-command", "a", "--agent-credentials", "true"],
+                "SHEPHERD_AGENT_CREDENTIALS",
+            ),
+            (
+                vec![
+                    "--agent-command",
+                    "a",
+                    "--agent-checkout",
+                    "true",
+                    "--agent-clone-url",
+                    "https://x/y.git",
+                ],
+                "SHEPHERD_AGENT_CLONE_URL",
+            ),
+        ] {
+            let e = agents(&args).unwrap_err();
+            assert_eq!(e.setting, setting, "{args:?}: {e}");
+        }
     }
 
     #[test]

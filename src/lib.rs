@@ -22,7 +22,8 @@
 //!             timers, locks, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
-//! agents/     the agent runner: a work item's context from Forgejo, its prompt
+//! agents/     `shepherd agents`: runs the coding agents of work items (context from
+//!             Forgejo, prompt, launch, result)
 //! ops/        replay, inspect, rebuild, resync, dead letters, status: request → report
 //! ingest/     the HTTP surface: webhooks (verify HMAC → classify → dedup+XADD → 202),
 //!             health, metrics, results API, admin API, status page
@@ -34,7 +35,9 @@
 //! Data flow: Forgejo → `ingest` → events stream → `worker` (`core::step`, CAS commit)
 //! → effects stream → executor → Forgejo / dispatch sinks; outcomes and observations
 //! come back into the events stream as internal events.
-#![forbid(unsafe_code)]
+// One audited `unsafe` block: setting the agents' parent-death signal between fork and
+// exec (src/agents/launch.rs; docs/security.md).
+#![deny(unsafe_code)]
 
 pub mod agents;
 pub mod app;

@@ -3,8 +3,8 @@
 //! and shared by reference, rendered at `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -59,6 +59,83 @@ pub struct Metrics {
     pub queue_gauges: IntGaugeVec,
     /// 1 while the circuit breaker for a Forgejo host is open.
     pub circuit_open: IntGaugeVec,
+    /// The agent runner's families (`shepherd agents`).
+    pub agents: AgentMetrics,
+}
+
+/// Metrics of the agent runner. Labels: work kind, tier name (bounded by the policy's
+/// tier list) and outcome (`succeeded`, `failed`, `no-changes`, `timeout`, `cancelled`,
+/// `released`).
+#[derive(Clone)]
+pub struct AgentMetrics {
+    /// Agents running now in this process.
+    pub running: IntGauge,
+    /// Agents started, by kind and tier.
+    pub started: IntCounterVec,
+    /// Agents finished, by kind, tier and outcome.
+    pub finished: IntCounterVec,
+    /// Run time of an agent (start → exit), by kind.
+    pub duration: HistogramVec,
+    /// Tokens agents reported in their result files, by kind and tier.
+    pub tokens: IntCounterVec,
+    /// Cost agents reported in their result files, by kind and tier.
+    pub cost: CounterVec,
+}
+
+impl AgentMetrics {
+    fn new() -> Self {
+        let kt = &["kind", "tier"];
+        Self {
+            running: IntGauge::new("agents_running", "Agents running now in this process")
+                .expect("valid metric"),
+            started: IntCounterVec::new(
+                Opts::new("agents_started_total", "Agents started by kind and tier"),
+                kt,
+            )
+            .expect("valid metric"),
+            finished: IntCounterVec::new(
+                Opts::new(
+                    "agents_finished_total",
+                    "Agents finished by kind, tier and outcome",
+                ),
+                &["kind", "tier", "outcome"],
+            )
+            .expect("valid metric"),
+            duration: HistogramVec::new(
+                HistogramOpts::new("agent_run_seconds", "Agent run time, start to exit").buckets(
+                    vec![
+                        0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0,
+                    ],
+                ),
+                &["kind"],
+            )
+            .expect("valid metric"),
+            tokens: IntCounterVec::new(
+                Opts::new(
+                    "agent_tokens_total",
+                    "Tokens agents reported, by kind and tier",
+                ),
+                kt,
+            )
+            .expect("valid metric"),
+            cost: CounterVec::new(
+                Opts::new("agent_cost_total", "Cost agents reported, by kind and tier"),
+                kt,
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.running.clone()),
+            Box::new(self.started.clone()),
+            Box::new(self.finished.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.tokens.clone()),
+            Box::new(self.cost.clone()),
+        ]
+    }
 }
 
 impl Metrics {
@@ -133,6 +210,7 @@ impl Metrics {
             &["host"],
         )
         .expect("valid metric");
+        let agents = AgentMetrics::new();
         for c in [
             Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(signature_failures.clone()),
@@ -144,7 +222,10 @@ impl Metrics {
             Box::new(lag.clone()),
             Box::new(queue_gauges.clone()),
             Box::new(circuit_open.clone()),
-        ] {
+        ]
+        .into_iter()
+        .chain(agents.collectors())
+        {
             registry
                 .register(c)
                 .expect("each family is registered once");
@@ -161,6 +242,7 @@ impl Metrics {
             lag,
             queue_gauges,
             circuit_open,
+            agents,
         }
     }
 

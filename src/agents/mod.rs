@@ -1,4 +1,193 @@
-//! The agent runner's context and prompt: what Forgejo says about a work item, and the prompt rendered from it.
+//! `shepherd agents`: the agent runner (DESIGN §4). It consumes the work items of
+//! `<prefix>:dispatch` in the consumer group `agents` — any number of runner processes
+//! share the stream, and each work item runs on one of them — fetches each item's
+//! context from Forgejo, renders its prompt, runs `SHEPHERD_AGENT_COMMAND` for it and
+//! reports the result through the results path, exactly once per work id.
+//!
+//! ```text
+//! <prefix>:dispatch ──group "agents"──▶ consume (reader, reclaim, renew, ack)
+//!        │                                   │
+//!        └──every runner: cancel notices     ▼
+//!                         └──────────▶ runner (caps, priority, heartbeat, stop)
+//!                                            │ one job per work item
+//!                                            ▼
+//!                    job: still wanted? → context (Forgejo) → prompt → files
+//!                         → launch (exec: own process group, parent-death signal,
+//!                           allow-listed environment) → wait | deadline | cancel
+//!                         → outcome (result file / exit status / timeout)
+//!                         → log (Redis, TTL) → worker::results::submit (once)
+//! ```
+//!
+//! | file | owns |
+//! |---|---|
+//! | `consume.rs` | everything that touches the dispatch stream |
+//! | `runner.rs` | which held item runs next, caps, heartbeat, cancel, shutdown |
+//! | `job.rs` | one work item from the check to the report |
+//! | `launch.rs` | the `exec` launcher: placeholders, process group, parent-death signal |
+//! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
+//! | `checkout.rs` | the optional fresh clone the agent works in |
+//! | `context.rs`, `prompt.rs` | what the agent is told |
+//!
+//! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
+//! `GET /metrics` on `SHEPHERD_LISTEN`.
 
+pub mod checkout;
+pub mod consume;
 pub mod context;
+pub mod job;
+pub mod launch;
+pub mod outcome;
 pub mod prompt;
+pub mod runner;
+
+use std::ffi::OsString;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use secrecy::ExposeSecret as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AgentsConfig, Config};
+use crate::forgejo::ForgejoClient;
+use crate::store::{Keys, Store};
+use crate::telemetry::Metrics;
+
+/// Runs the agent runner until `shutdown`: checks the command and the settings first
+/// (a program that does not exist fails here, naming the setting). `crate::app`
+/// starts it, beside the health and metrics endpoint, for `shepherd agents`.
+pub async fn run(
+    config: Arc<Config>,
+    agents: AgentsConfig,
+    consumer: Option<String>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let program = agents
+        .command
+        .first()
+        .map(String::as_str)
+        .unwrap_or_default();
+    launch::resolve_program(program, std::env::var_os("PATH").as_deref())
+        .map_err(|e| anyhow::anyhow!("invalid configuration: SHEPHERD_AGENT_COMMAND: {e}"))?;
+    if agents.checkout.is_some() {
+        launch::resolve_program("git", std::env::var_os("PATH").as_deref()).map_err(|e| {
+            anyhow::anyhow!("invalid configuration: SHEPHERD_AGENT_CHECKOUT needs git: {e}")
+        })?;
+    }
+    std::fs::create_dir_all(&agents.work_dir).with_context(|| {
+        format!(
+            "SHEPHERD_AGENT_WORK_DIR: cannot create {}",
+            agents.work_dir.display()
+        )
+    })?;
+    let forgejo = ForgejoClient::from_config(&config, Some(metrics.clone()))
+        .context("shepherd agents reads each work item's context from Forgejo")?;
+    let policy = Arc::new(crate::config::load_policy(&config)?);
+    let templates = prompt::Templates::load(&policy)?;
+    warn_short_claims(&policy, &agents);
+    let keys = Keys::new(config.key_prefix.clone(), config.shards);
+    let store = Store::connect(&config.redis_url, keys)
+        .await
+        .context("connecting to Redis at SHEPHERD_REDIS_URL")?;
+    let name = consumer.unwrap_or_else(crate::worker::consumer_name);
+    let spawner = launch::Spawner::start(tokio::runtime::Handle::current())
+        .context("starting the agent spawning thread")?;
+    let shared = Arc::new(job::Shared {
+        base_env: base_env(&agents),
+        secrets: secrets(&config, &agents),
+        store: store.clone(),
+        forgejo,
+        policy,
+        templates,
+        config: config.clone(),
+        agents,
+        spawner,
+        metrics: metrics.clone(),
+        runner: name.clone(),
+    });
+    let consumer = Arc::new(consume::Consumer::new(
+        store,
+        name.clone(),
+        config.reclaim_idle,
+    ));
+    tracing::info!(
+        consumer = %name,
+        max = shared.agents.max,
+        per_repo = shared.agents.per_repo,
+        "agent runner started"
+    );
+    let result = runner::run(shared, consumer, shutdown).await;
+    tracing::info!(consumer = %name, "agent runner stopped");
+    result
+}
+
+/// Warns when a policy's claim TTL leaves the agent no time before its deadline.
+fn warn_short_claims(policy: &crate::core::policy::PolicyFile, agents: &AgentsConfig) {
+    let margin = agents.deadline_margin.as_secs();
+    let mut ttls = vec![("defaults".to_owned(), policy.defaults.claim_ttl_secs)];
+    ttls.extend(
+        policy
+            .repos
+            .iter()
+            .filter_map(|(k, o)| o.claim_ttl_secs.map(|t| (k.clone(), t))),
+    );
+    for (scope, ttl) in ttls.into_iter().filter(|(_, ttl)| *ttl <= margin) {
+        tracing::warn!(
+            scope,
+            claim_ttl_secs = ttl,
+            margin_secs = margin,
+            "claim_ttl_secs is not longer than SHEPHERD_AGENT_DEADLINE_MARGIN_SECS: \
+             agents of these work items are stopped before they start"
+        );
+    }
+}
+
+/// The allow-listed variables of the runner's own environment (read once, here).
+fn base_env(agents: &AgentsConfig) -> Vec<(OsString, OsString)> {
+    agents
+        .env_pass
+        .iter()
+        .filter_map(|name| std::env::var_os(name).map(|v| (OsString::from(name), v)))
+        .collect()
+}
+
+/// Every secret value the runner knows, masked in agents' output and summaries.
+fn secrets(config: &Config, agents: &AgentsConfig) -> Vec<String> {
+    let mut out: Vec<String> = config
+        .webhook_secrets
+        .iter()
+        .chain(&config.forgejo_token)
+        .chain(&config.admin_token)
+        .chain(&config.agent_token)
+        .chain(&config.dispatch_secret)
+        .chain(&agents.forgejo_token)
+        .map(|s| s.expose_secret().to_owned())
+        .collect();
+    if let Some(password) = redis_password(&config.redis_url) {
+        out.push(password);
+    }
+    out
+}
+
+/// The password in a Redis URL (`redis://user:password@host`), if any.
+fn redis_password(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+    (!password.is_empty()).then(|| password.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_passwords_are_found() {
+        assert_eq!(
+            redis_password("redis://:pw-1@h:6379/0").as_deref(),
+            Some("pw-1")
+        );
+        assert_eq!(redis_password("redis://u:pw-2@h").as_deref(), Some("pw-2"));
+        assert_eq!(redis_password("redis://h:6379"), None);
+    }
+}

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `serve` | the HTTP server with every route ([`http::routes`]) |
 //! | `work` | the worker tasks ([`worker_tasks`]) and the small health/metrics endpoint ([`health`]) |
+//! | `agents` | the agent runner (`crate::agents::run`) and the health/metrics endpoint |
 //! | `run` | a local `redis-server` when none answers ([`local_redis`]), then `serve` and the worker tasks in one process |
 //! | `send` | nothing: signs and POSTs one payload ([`send`]) |
 //! | `replay`, `inspect`, `rebuild`, `resync`, `dlq` | nothing: one `ops` function, printed ([`commands`]) |
@@ -45,7 +46,40 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Rebuild(args) => commands::rebuild_cmd(&operator(config)?, &args).await,
         Command::Resync(args) => commands::resync_cmd(&operator(config)?, &args).await,
         Command::Dlq(args) => commands::dlq_cmd(&operator(config)?, &args).await,
+        Command::Agents(args) => {
+            let agents = args.settings.validate()?;
+            agents_process(config, agents, args.consumer).await
+        }
     }
+}
+
+/// `shepherd agents`: the agent runner plus its health/metrics endpoint, until
+/// SIGINT/SIGTERM.
+pub async fn agents_process(
+    config: Config,
+    agents: crate::config::AgentsConfig,
+    consumer: Option<String>,
+) -> anyhow::Result<()> {
+    let shutdown = crate::shutdown::on_signals();
+    let metrics = Metrics::new();
+    let config = Arc::new(config);
+    let runner = async {
+        let r = crate::agents::run(
+            config.clone(),
+            agents,
+            consumer,
+            metrics.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        shutdown.cancel();
+        r
+    };
+    let (result, ()) = tokio::join!(
+        runner,
+        health::serve(&config, metrics.clone(), shutdown.clone())
+    );
+    result
 }
 
 /// The operator tools on a connection of their own.

@@ -147,7 +147,16 @@ policy_settings! {
     /// template of its kind; `shepherd agents` reads and checks them at start. A
     /// repository's table replaces the defaults' table as a whole.
     prompt_templates: BTreeMap<WorkKind, String> = BTreeMap::new();
+    /// The agent (`{agent}` of `shepherd agents`) of each work kind, by kind name;
+    /// a kind not listed gets [`DEFAULT_AGENT`].
+    agents: BTreeMap<WorkKind, String> = BTreeMap::new();
+    /// The model id (`{model}` of `shepherd agents`) of each tier, by tier name; a
+    /// tier not listed uses its name as the model id.
+    models: BTreeMap<String, String> = BTreeMap::new();
 }
+
+/// The agent of a work kind the policy's `agents` table does not name.
+pub const DEFAULT_AGENT: &str = "implementation-worker";
 
 impl Policy {
     /// Index of the top tier.
@@ -159,6 +168,18 @@ impl Policy {
     pub fn tier_name(&self, tier: u8) -> String {
         let i = usize::from(tier).min(self.tiers.len().saturating_sub(1));
         self.tiers.get(i).cloned().unwrap_or_default()
+    }
+
+    /// The agent of work kind `kind` (policy `agents`, else [`DEFAULT_AGENT`]).
+    pub fn agent_for(&self, kind: WorkKind) -> &str {
+        self.agents.get(&kind).map_or(DEFAULT_AGENT, String::as_str)
+    }
+
+    /// The model id of tier `tier`: the policy's `models` entry for the tier's name,
+    /// else the name itself.
+    pub fn model_for(&self, tier: u8) -> String {
+        let name = self.tier_name(tier);
+        self.models.get(&name).cloned().unwrap_or(name)
     }
 
     /// The tier label for `tier`.
@@ -211,6 +232,20 @@ impl Policy {
                 &format!("prompt_templates.{}", kind.as_str()),
                 "needs a file path",
             ));
+        }
+        if let Some(tier) = self.models.keys().find(|t| !self.tiers.contains(t)) {
+            return Err(invalid(
+                "models",
+                &format!("{tier:?} is not one of the tiers {:?}", self.tiers),
+            ));
+        }
+        if self
+            .models
+            .values()
+            .chain(self.agents.values())
+            .any(|v| v.trim().is_empty())
+        {
+            return Err(invalid("agents/models", "a name or model id is empty"));
         }
         if self.ci_poll_initial_secs == 0 || self.ci_poll_max_secs < self.ci_poll_initial_secs {
             return Err(invalid(
@@ -447,6 +482,43 @@ mod tests {
         assert!(err.to_string().contains("webhooks.\"a/b\""), "{err}");
         let err = PolicyFile::from_toml("[webhooks.\"a/b/c\"]\nsecret_env = \"X\"\n").unwrap_err();
         assert!(err.to_string().contains("owner/name"), "{err}");
+    }
+
+    #[test]
+    fn agents_and_models_per_kind_and_tier() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [defaults]
+            models = { haiku = "stub/small", opus = "stub/large" }
+            agents = { "issue-impl" = "issue-worker" }
+            [repos."a/b"]
+            tiers = ["one", "two"]
+            models = { two = "m2" }
+            "#,
+        )
+        .unwrap();
+        let p = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(p.model_for(0), "stub/small");
+        assert_eq!(
+            p.model_for(1),
+            "codex",
+            "an unmapped tier's model is its name"
+        );
+        assert_eq!(p.model_for(3), "stub/large");
+        assert_eq!(p.agent_for(WorkKind::IssueImpl), "issue-worker");
+        assert_eq!(p.agent_for(WorkKind::CiFix), DEFAULT_AGENT);
+        let ab = file.for_repo(&"a/b".parse().unwrap());
+        assert_eq!(
+            (ab.model_for(0).as_str(), ab.model_for(1).as_str()),
+            ("one", "m2")
+        );
+        let err = PolicyFile::from_toml("[defaults]\nmodels = { sonet = \"x\" }\n").unwrap_err();
+        assert!(
+            err.to_string().contains("defaults.models") && err.to_string().contains("sonet"),
+            "{err}"
+        );
+        let err = PolicyFile::from_toml("[defaults]\nagents = { fixing = \"x\" }\n").unwrap_err();
+        assert!(err.to_string().contains("fixing"), "{err}");
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! refreshes itself every [`REFRESH_SECS`] (`<meta http-equiv="refresh">`).
 //!
 //! It shows open PRs grouped by phase (reason, age of the phase, tier, active work
-//! and claim expiry), the PRs that need a human, queue depth and lag of every
-//! consumer group, the dead-letter count and the last resync time — the figures of
-//! [`crate::ops::status::overview`].
+//! and claim expiry), the PRs that need a human, the agents running in the agent
+//! runners, queue depth and lag of every consumer group, the dead-letter count and the
+//! last resync time — the figures of [`crate::ops::status::overview`].
 //!
 //! Access: off (404, stated in a log line at start) when no `SHEPHERD_ADMIN_TOKEN` is
 //! set, never public; otherwise the admin token as
@@ -120,6 +120,7 @@ pub fn render(o: &Overview) -> String {
     needs_human(&mut h, o);
     phases(&mut h, o);
     active_work(&mut h, o);
+    running_agents(&mut h, o);
     queues(&mut h, o);
     h.push_str("</body></html>\n");
     h
@@ -247,6 +248,46 @@ fn active_work(h: &mut String, o: &Overview) {
     h.push_str("</table>");
 }
 
+/// The work items the agent runners hold: running ones first, then waiting ones.
+fn running_agents(h: &mut String, o: &Overview) {
+    let _ = write!(
+        h,
+        "<h2 id=\"running-agents\">Running agents ({})</h2>",
+        o.agents
+            .iter()
+            .filter(|a| a.state.as_str() == "running")
+            .count()
+    );
+    if o.agents.is_empty() {
+        h.push_str("<p class=\"muted\">No agent runner holds work.</p>");
+        return;
+    }
+    h.push_str(
+        "<table><tr><th>Work item</th><th>Kind</th><th>Tier</th><th>Model</th><th>State</th>\
+         <th>For</th><th>Deadline</th><th>Runner</th><th>Work id</th></tr>",
+    );
+    for a in &o.agents {
+        let since = a.started_ms.unwrap_or(a.taken_ms);
+        let _ = write!(
+            h,
+            "<tr class=\"agent\"><td>{}#{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>in {}</td><td class=\"muted\">{}</td><td class=\"muted\">{}</td></tr>",
+            esc(&a.repo),
+            a.number,
+            esc(&a.kind),
+            a.tier,
+            esc(&a.tier_name),
+            esc(&a.model),
+            a.state.as_str(),
+            duration(o.now_ms - since),
+            duration(a.deadline_ms - o.now_ms),
+            esc(&a.runner),
+            esc(&a.work_id)
+        );
+    }
+    h.push_str("</table>");
+}
+
 /// Queue depth and lag per stream and group.
 fn queues(h: &mut String, o: &Overview) {
     h.push_str(
@@ -283,6 +324,7 @@ fn age(o: &Overview, p: &PrSummary) -> String {
 mod tests {
     use super::*;
     use crate::ops::status::ActiveSummary;
+    use crate::store::agent_runs::{AgentRun, RunState};
 
     fn pr(n: u64, phase: &str) -> PrSummary {
         PrSummary {
@@ -335,5 +377,35 @@ mod tests {
         assert!(open.contains("circuit open, next try in"), "{open}");
         assert!(!html.contains("<script"));
         assert!(html.find("phase-needs-human") < html.find("phase-awaiting-review"));
+        assert!(html.contains("No agent runner holds work."));
+        let run = AgentRun {
+            work_id: "o:r:pr:2:1".into(),
+            repo: "o/r".into(),
+            number: 2,
+            kind: "ci-fix".into(),
+            tier: 1,
+            tier_name: "codex".into(),
+            model: "stub/<m>".into(),
+            agent: "implementation-worker".into(),
+            runner: "host-1-abc".into(),
+            state: RunState::Running,
+            pid: Some(42),
+            taken_ms: 1_000,
+            started_ms: Some(1_000),
+            ended_ms: None,
+            deadline_ms: 3_661_000,
+            seen_ms: 60_000,
+            outcome: None,
+            signature: None,
+            note: None,
+            output_bytes: None,
+        };
+        let busy = render(&Overview {
+            agents: vec![run],
+            ..o.clone()
+        });
+        assert!(busy.contains("Running agents (1)"), "{busy}");
+        assert!(busy.contains("<td>o/r#2</td><td>ci-fix</td><td>1 (codex)</td><td>stub/&lt;m&gt;</td><td>running</td>"), "{busy}");
+        assert!(busy.contains("host-1-abc"));
     }
 }

@@ -17,6 +17,7 @@ use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
 use crate::core::event::{CiContext, ReviewFact};
 use crate::core::machine::decide;
 use crate::core::record::{Attempt, Hold, PrRecord};
+use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::effect_fields;
 use crate::store::keys::EXECUTORS_GROUP;
 use crate::store::streams;
@@ -48,9 +49,25 @@ pub struct Inspection {
     pub timers: Vec<TimerView>,
     /// The last history entries, newest first.
     pub history: Vec<BTreeMap<String, String>>,
+    /// The work item in the agent runners (`shepherd agents`): the active one, else
+    /// the latest attempt's, when a runner took it.
+    #[serde(default)]
+    pub agent: Option<AgentView>,
     /// The record itself.
     pub record: serde_json::Value,
 }
+
+/// A work item as an agent runner sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentView {
+    /// The runner's record: state, runner, model, times, outcome.
+    pub run: AgentRun,
+    /// The end of the agent's captured output, while it is kept.
+    pub log_tail: Option<String>,
+}
+
+/// Bytes of an agent's log shown by `inspect`.
+const LOG_TAIL_BYTES: usize = 2000;
 
 /// An effect waiting for the executors.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,7 +140,18 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         .into_iter()
         .map(|e| e.fields.into_iter().collect())
         .collect();
+    let work_id = record
+        .work
+        .active
+        .as_ref()
+        .map(|a| a.item.id.to_string())
+        .or_else(|| record.work.attempts.last().map(|a| a.work_id.to_string()));
+    let agent = match work_id {
+        Some(id) => agent_view(ops, &mut conn, &id).await?,
+        None => None,
+    };
     Ok(Inspection {
+        agent,
         summary,
         head_sha: head.map(|h| h.to_string()),
         ci,
@@ -135,6 +163,25 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         history,
         record: serde_json::to_value(&record).map_err(anyhow::Error::from)?,
     })
+}
+
+/// The agent runners' record of work item `id` and the end of its log.
+async fn agent_view(
+    ops: &Ops,
+    conn: &mut ConnectionManager,
+    id: &str,
+) -> Result<Option<AgentView>, OpsError> {
+    let Some(run) = agent_runs::load(conn, &ops.keys, id).await? else {
+        return Ok(None);
+    };
+    let log_tail = agent_runs::load_log(conn, &ops.keys, id).await?.map(|log| {
+        let mut start = log.len().saturating_sub(LOG_TAIL_BYTES);
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        log[start..].to_owned()
+    });
+    Ok(Some(AgentView { run, log_tail }))
 }
 
 /// Effects of record `key` not yet acknowledged by the executors.
@@ -220,6 +267,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
         }
         None => out += "work      none\n",
     }
+    if let Some(a) = &i.agent {
+        out += &render_agent(a, now);
+    }
     if let Some(h) = &i.hold {
         out += &format!(
             "hold      {}\n",
@@ -227,6 +277,39 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
         );
     }
     out + &render_lists(i)
+}
+
+/// The `agent` lines of [`render_pr`]: the runner's state of the work item and the end
+/// of its output.
+fn render_agent(a: &AgentView, now: i64) -> String {
+    let r = &a.run;
+    let since = r.started_ms.unwrap_or(r.taken_ms);
+    let mut out = format!(
+        "agent     {} {} on {} for {} (agent {}, model {}), deadline {}\n",
+        r.work_id,
+        r.state.as_str(),
+        r.runner,
+        duration(r.ended_ms.unwrap_or(now) - since),
+        r.agent,
+        r.model,
+        rfc3339(r.deadline_ms)
+    );
+    if let Some(o) = &r.outcome {
+        out += &format!(
+            "          outcome {o} {}\n",
+            r.signature.as_deref().unwrap_or("")
+        );
+    }
+    if let Some(n) = &r.note {
+        out += &format!("          {n}\n");
+    }
+    if let Some(tail) = &a.log_tail {
+        out += "agent output (end)\n";
+        for line in tail.lines() {
+            out += &format!("  | {line}\n");
+        }
+    }
+    out
 }
 
 /// The list sections of [`render_pr`]: CI, reviews, attempts, effects, timers, history.

@@ -1,6 +1,7 @@
 //! The figures behind the status page and `inspect owner/repo`: one summary line per
 //! open PR (phase, reason, age of the phase, active work, tier), queue depth and lag
-//! of every consumer group, dead-letter counts and the last resync time.
+//! of every consumer group, dead-letter counts, the last resync time, and the work
+//! items the agent runners (`shepherd agents`) hold.
 
 use std::collections::HashMap;
 
@@ -12,8 +13,9 @@ use super::{Ops, OpsError};
 use crate::core::ids::RepoName;
 use crate::core::machine::{Phase, decide};
 use crate::core::record::{Hold, PrRecord};
+use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::{self, history_fields};
-use crate::store::keys::{EXECUTORS_GROUP, WORKERS_GROUP};
+use crate::store::keys::{AGENTS_GROUP, EXECUTORS_GROUP, WORKERS_GROUP};
 use crate::store::{archive, markers, streams};
 
 /// History entries read back to find when the current phase began.
@@ -96,6 +98,16 @@ pub struct Overview {
     /// next probe.
     #[serde(default)]
     pub forgejo_circuit_open_ms: Option<i64>,
+    /// Work items the agent runners hold now (waiting for a slot or running), whose
+    /// runner's heartbeat is recent; oldest first.
+    #[serde(default)]
+    pub agents: Vec<AgentRun>,
+}
+
+/// How old a runner's heartbeat may be for its items to show as live: its heartbeat
+/// comes every third of the reclaim idle time, at most every 20 s.
+fn agents_fresh(ops: &Ops) -> std::time::Duration {
+    (ops.config.reclaim_idle * 2).min(std::time::Duration::from_secs(60))
 }
 
 /// Summaries of the open PRs of `repo` with a record, by number.
@@ -226,6 +238,9 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     }
     out.last_resync_ms = markers::last_resync(&mut conn, &ops.keys).await?;
     out.forgejo_circuit_open_ms = markers::open_circuit_ms(&mut conn, &ops.keys).await?;
+    out.queues
+        .push(queue(&mut conn, &ops.keys.dispatch(), AGENTS_GROUP).await?);
+    out.agents = agent_runs::live(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
     for repo in super::resync::known(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
     }

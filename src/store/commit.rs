@@ -177,6 +177,10 @@ pub struct CommitPlan {
     pub work_add: Vec<(String, String)>,
     /// Work ended (result reported, cancelled, expired, superseded).
     pub work_end: Vec<String>,
+    /// Of `work_end`, the ids whose claim the agent's own push superseded, with their
+    /// owner: the ended marker holds the owner instead of `1`, so the agent's late
+    /// result is still accepted once (`lua/report.lua`).
+    pub work_superseded: Vec<(String, String)>,
     /// TTL of the ended-work markers, in seconds.
     pub ended_ttl_secs: u64,
 }
@@ -210,6 +214,7 @@ struct WirePlan<'a> {
     timers: Vec<[String; 3]>,
     work_add: Vec<[&'a str; 2]>,
     work_end: &'a [String],
+    superseded: std::collections::BTreeMap<&'a str, &'a str>,
 }
 
 #[derive(Serialize)]
@@ -267,6 +272,11 @@ pub async fn commit(
             .map(|(id, owner)| [id.as_str(), owner.as_str()])
             .collect(),
         work_end: &plan.work_end,
+        superseded: plan
+            .work_superseded
+            .iter()
+            .map(|(id, owner)| (id.as_str(), owner.as_str()))
+            .collect(),
     };
     let json = serde_json::to_string(&wire).map_err(|e| StoreError::Protocol {
         script: "commit",

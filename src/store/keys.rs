@@ -15,6 +15,9 @@ pub const WORKERS_GROUP: &str = "workers";
 pub const EXECUTORS_GROUP: &str = "executors";
 /// Consumer group reading the results stream.
 pub const RESULTS_GROUP: &str = "results";
+/// Consumer group of the agent runners (`shepherd agents`) on the dispatch stream
+/// (contract, DESIGN §4).
+pub const AGENTS_GROUP: &str = "agents";
 
 /// Key builder for one key prefix and shard count.
 #[derive(Debug, Clone)]
@@ -233,6 +236,24 @@ impl Keys {
     /// Time of the last completed resync (unix ms).
     pub fn last_resync(&self) -> String {
         format!("{}:last-resync", self.prefix)
+    }
+
+    /// Hash of the agents running now: work id → the [`agent_run`](Self::agent_run)
+    /// JSON, refreshed by each runner's heartbeat (the status page's table).
+    pub fn agents_running(&self) -> String {
+        format!("{}:agents:running", self.prefix)
+    }
+
+    /// State of one work item in an agent runner (JSON, TTL = the retention window):
+    /// waiting, running, or how it finished (`inspect`).
+    pub fn agent_run(&self, work_id: &str) -> String {
+        format!("{}:agent-run:{}", self.prefix, work_id)
+    }
+
+    /// The captured output of one work item's agent (size-capped, secrets masked; TTL =
+    /// the retention window).
+    pub fn agent_log(&self, work_id: &str) -> String {
+        format!("{}:agent-log:{}", self.prefix, work_id)
     }
 }
 

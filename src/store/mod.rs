@@ -33,6 +33,7 @@ pub mod fields {
     pub const REPLAY: &str = "replay";
 }
 
+pub mod agent_runs;
 pub mod archive;
 pub mod client;
 pub mod commit;

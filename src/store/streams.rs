@@ -462,3 +462,72 @@ pub async fn trim_acknowledged(
         .query_async(conn)
         .await?)
 }
+
+/// Renews the hold of `consumer` on its pending entries (see `lua/renew.lua`);
+/// returns, per id, whether it is still this consumer's.
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/renew.lua")));
+
+/// Resets the idle time of each of `ids` that is still pending for `consumer`, so a
+/// long-running job's entry is not reclaimed by another consumer; returns, per id,
+/// whether it was still ours (false: another consumer claimed it, or it was acked).
+#[instrument(skip_all, fields(stream, entries = ids.len()))]
+pub async fn renew(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+    consumer: &str,
+    ids: &[&str],
+) -> Result<Vec<bool>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut inv = RENEW.key(stream);
+    inv.arg(group).arg(consumer);
+    for id in ids {
+        inv.arg(*id);
+    }
+    let reply: Vec<i64> = inv.invoke_async(conn).await?;
+    Ok(reply.into_iter().map(|v| v == 1).collect())
+}
+
+/// Id of the newest entry of `stream` (`0-0` when it is empty or missing): where a
+/// reader that wants only what comes next starts.
+pub async fn last_id(conn: &mut ConnectionManager, stream: &str) -> Result<String, StoreError> {
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(stream)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .next()
+        .map_or_else(|| "0-0".to_owned(), |e| e.id))
+}
+
+/// Reads up to `count` entries after `after` without a consumer group (every reader
+/// sees every entry), blocking up to `block`. Use a dedicated connection.
+pub async fn read_after(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    after: &str,
+    count: usize,
+    block: Duration,
+) -> Result<Vec<Entry>, StoreError> {
+    let opts = StreamReadOptions::default()
+        .count(count)
+        .block(block.as_millis().try_into().unwrap_or(usize::MAX));
+    let reply: Option<StreamReadReply> = conn.xread_options(&[stream], &[after], &opts).await?;
+    Ok(reply
+        .map(|r| {
+            r.keys
+                .into_iter()
+                .flat_map(|k| k.ids)
+                .map(|s| Entry::from_stream_id(s, 1))
+                .collect()
+        })
+        .unwrap_or_default())
+}

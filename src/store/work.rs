@@ -60,6 +60,9 @@ impl WorkOwner {
 pub enum WorkLookup {
     /// Active, owned by this record.
     Active(WorkOwner),
+    /// Its claim ended because the agent's own push superseded it (no cancel): the
+    /// agent's result is still accepted once, and recorded on that attempt.
+    Superseded(WorkOwner),
     /// It existed and has ended (within the retention window).
     Ended,
     /// Never seen.
@@ -76,30 +79,50 @@ pub async fn lookup(
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         pipe.hget(keys.work_index(shard), work_id);
-        pipe.exists(keys.work_ended(shard, work_id));
+        pipe.get(keys.work_ended(shard, work_id));
     }
-    let replies: Vec<(Option<String>, bool)> = {
+    let replies: Vec<(Option<String>, Option<String>)> = {
         let flat: Vec<redis::Value> = super::client::query_pipeline(conn, &pipe).await?;
         flat.chunks(2)
             .map(|c| {
                 let owner: Option<String> = redis::from_redis_value_ref(&c[0]).unwrap_or(None);
-                let ended: bool = redis::from_redis_value_ref(&c[1]).unwrap_or(false);
+                let ended: Option<String> = redis::from_redis_value_ref(&c[1]).unwrap_or(None);
                 (owner, ended)
             })
             .collect()
     };
     let mut ended = false;
-    for (shard, (owner, was_ended)) in (0..keys.shards()).zip(replies) {
+    for (shard, (owner, marker)) in (0..keys.shards()).zip(replies) {
         if let Some(owner) = owner.and_then(|v| WorkOwner::decode(shard, &v)) {
             return Ok(WorkLookup::Active(owner));
         }
-        ended |= was_ended;
+        // The ended marker is `1`, or the owner of a claim the agent's push superseded.
+        if let Some(owner) = marker.as_deref().and_then(|v| WorkOwner::decode(shard, v)) {
+            return Ok(WorkLookup::Superseded(owner));
+        }
+        ended |= marker.is_some();
     }
     Ok(if ended {
         WorkLookup::Ended
     } else {
         WorkLookup::Unknown
     })
+}
+
+/// Whether a result was already queued for `work_id` (of `owner`): a runner that
+/// finds one does not start the work again (a reclaimed entry whose result is queued
+/// but not yet folded into the record).
+pub async fn is_reported(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &WorkOwner,
+    work_id: &str,
+) -> Result<bool, StoreError> {
+    let n: u64 = redis::cmd("EXISTS")
+        .arg(keys.work_reported(owner.shard, work_id))
+        .query_async(conn)
+        .await?;
+    Ok(n > 0)
 }
 
 /// What came of [`report`].

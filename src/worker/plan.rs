@@ -13,7 +13,7 @@ use crate::core::effect::{Effect, EffectKind};
 use crate::core::ids::{RepoName, Scope};
 use crate::core::machine::{decide, decide_issue, step, step_issue};
 use crate::core::policy::Policy;
-use crate::core::record::{IssueRecord, PrRecord, WorkState};
+use crate::core::record::{AttemptOutcome, IssueRecord, PrRecord, WorkState};
 use crate::core::route::{self, Facts, FanOut, Reach, RecordRef};
 use crate::store::commit::{
     self, CommitPlan, RecordWrite, StoredRecord, TimerWrite, effect_fields, history_fields,
@@ -174,7 +174,6 @@ fn apply_pr(
     let indexed = t.record.is_open() || t.record.pr.is_none();
     let data = changed.then(|| t.record.to_json());
     let old_work = active_work(&old.work);
-    let new_work = active_work(&t.record.work);
     push_record(
         ctx,
         job,
@@ -187,7 +186,8 @@ fn apply_pr(
         &t.note,
         &t.effects,
     );
-    track_work(plan, old_work, new_work);
+    let owner = WorkOwner::encode(false, repo.as_str(), n);
+    track_work(plan, old_work, &t.record.work, &t.effects, &owner);
     links
 }
 
@@ -209,7 +209,6 @@ fn apply_issue(
     let indexed = t.record.issue.as_ref().is_none_or(|i| i.open);
     let data = changed.then(|| t.record.to_json());
     let old_work = active_work(&old.work);
-    let new_work = active_work(&t.record.work);
     push_record(
         ctx,
         job,
@@ -222,7 +221,8 @@ fn apply_issue(
         &t.note,
         &t.effects,
     );
-    track_work(plan, old_work, new_work);
+    let owner = WorkOwner::encode(true, repo.as_str(), n);
+    track_work(plan, old_work, &t.record.work, &t.effects, &owner);
 }
 
 /// Decodes a stored PR record (`None` when there is none).
@@ -249,13 +249,41 @@ fn name_of<T: serde::Serialize>(value: &T) -> String {
 }
 
 /// Records that the active work changed: the old id ends unless it is still active.
-fn track_work(plan: &mut CommitPlan, old: Option<String>, new: Option<String>) {
+/// When its claim ended because the agent's own push superseded it (no cancel), the
+/// ended marker names the owner (`owner`), so the agent's late result is still
+/// recorded on that attempt (`store/lua/report.lua`, docs/state-machine.md).
+fn track_work(
+    plan: &mut CommitPlan,
+    old: Option<String>,
+    new_work: &WorkState,
+    effects: &[Effect],
+    owner: &str,
+) {
+    let new = active_work(new_work);
     if let Some(old) = old
         && new.as_deref() != Some(old.as_str())
         && !plan.work_add.iter().any(|(id, _)| *id == old)
     {
+        if superseded_by_push(new_work, effects, &old) {
+            plan.work_superseded.push((old.clone(), owner.to_owned()));
+        }
         plan.work_end.push(old);
     }
+}
+
+/// Whether work `id` ended as `superseded` without a `CancelWork` (a human push
+/// supersedes *and* cancels: that agent's result stays refused).
+fn superseded_by_push(work: &WorkState, effects: &[Effect], id: &str) -> bool {
+    let superseded = work
+        .attempts
+        .iter()
+        .rev()
+        .find(|a| a.work_id.as_str() == id)
+        .is_some_and(|a| a.outcome == AttemptOutcome::Superseded);
+    let cancelled = effects
+        .iter()
+        .any(|e| matches!(&e.kind, EffectKind::CancelWork { work_id } if work_id.as_str() == id));
+    superseded && !cancelled
 }
 
 /// The state a record is committed in: (expected version, data when changed, phase,

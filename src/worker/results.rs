@@ -3,7 +3,9 @@
 //! `result`: `{"id", "outcome", "signature"?, "summary"?}`). Both end in [`submit`],
 //! which turns a result for an active work id into a `WorkResult` internal event on
 //! the owner's shard — once: a second report, or a report for work that has ended,
-//! is refused (409 on the API; acked and logged on the stream).
+//! is refused (409 on the API; acked and logged on the stream). One kind of ended
+//! work still takes its result: work whose claim the agent's own push superseded
+//! (the agent pushes, then reports), recorded on that attempt — once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +59,8 @@ pub enum Submitted {
     AlreadyReported,
 }
 
-/// Queues `report` for `work_id` when that work is active and not yet reported.
+/// Queues `report` for `work_id` when that work is active (or superseded by the
+/// agent's own push) and not yet reported.
 #[instrument(skip_all, fields(work_id))]
 pub async fn submit(
     conn: &mut ConnectionManager,
@@ -67,7 +70,7 @@ pub async fn submit(
     marker_ttl: Duration,
 ) -> Result<Submitted, StoreError> {
     let owner = match work::lookup(conn, keys, work_id).await? {
-        WorkLookup::Active(owner) => owner,
+        WorkLookup::Active(owner) | WorkLookup::Superseded(owner) => owner,
         WorkLookup::Ended => return Ok(Submitted::Ended),
         WorkLookup::Unknown => return Ok(Submitted::Unknown),
     };

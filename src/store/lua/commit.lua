@@ -8,7 +8,8 @@
 -- KEYS[5] timer payloads (hash)
 -- KEYS[B+3i-2], KEYS[B+3i-1], KEYS[B+3i] with B = 5: record i, its history stream, its
 --   repo index
--- KEYS[B+3n+j]: ended-work marker of plan.work_end[j]
+-- KEYS[B+3n+j]: ended-work marker of plan.work_end[j] ('1', or the owner of a work id in
+--   plan.superseded)
 -- ARGV[1]: the plan as JSON (every scalar a string; see commit.rs)
 --
 -- Replies: {'ok'} | {'conflict', <record index from 0>, <current version>} |
@@ -64,9 +65,12 @@ end
 for _, w in ipairs(plan.work_add) do
   redis.call('HSET', KEYS[4], w[1], w[2])
 end
+-- The ended marker is '1', or the owner when the agent's own push superseded the claim
+-- (report.lua still accepts that agent's result, once).
 for j, id in ipairs(plan.work_end) do
   redis.call('HDEL', KEYS[4], id)
-  redis.call('SET', KEYS[B + 3 * n + j], '1', 'EX', plan.ended_ttl)
+  local marker = plan.superseded[id] or '1'
+  redis.call('SET', KEYS[B + 3 * n + j], marker, 'EX', plan.ended_ttl)
 end
 if plan.entry_id ~= '' then
   redis.call('XACK', KEYS[1], plan.group, plan.entry_id)

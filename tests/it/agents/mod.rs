@@ -1,5 +1,303 @@
-//! The agents' context and prompt against the fake Forgejo, and the real opencode CLI
-//! against a stub model server.
+//! `shepherd agents` (issue 14): the real runner binary with plain shell scripts as
+//! agents, a real redis-server and the fake Forgejo (for the work items' context).
+//!
+//! - `runner`: work items put straight into the dispatch stream (and the work index,
+//!   as a commit would): placeholders, environment, prompt, result files, caps and
+//!   priority, deadline, two runners, a missing program.
+//! - `e2e`: the whole loop through `shepherd run` and the scenario harness: cancel by
+//!   a human push, the agent's own push then its result, a runner crash, escalation.
 
+mod bench;
 mod context;
+mod e2e;
 mod opencode;
+mod runner;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shepherd::store::Keys;
+
+use crate::support::fake_forgejo::{FakeForgejo, NewPr};
+use crate::support::redis::{RedisServer, stream_entries};
+use crate::support::shepherd::{Builder, Shepherd};
+use crate::support::{poll_until_named, scenario::DEADLINE};
+
+/// The repository of the injected work items.
+pub const REPO: &str = "acme/agents";
+
+/// A redis-server, a fake Forgejo, a key prefix and a folder for the agents' scripts
+/// and the marker files they write.
+pub struct Rig {
+    /// Redis.
+    pub redis: RedisServer,
+    /// The fake Forgejo (the runner reads each work item's PR or issue from it).
+    pub fake: FakeForgejo,
+    /// Scripts and markers.
+    pub dir: tempfile::TempDir,
+    /// The key prefix every runner of the rig shares.
+    pub prefix: String,
+    /// A connection for assertions.
+    pub conn: redis::aio::MultiplexedConnection,
+    /// Work items dispatched so far (their sequence numbers).
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl Rig {
+    /// Starts Redis and the fake.
+    pub async fn start() -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let redis = RedisServer::start();
+        let fake = FakeForgejo::start().await;
+        let conn = redis.conn().await;
+        Self {
+            redis,
+            fake,
+            dir: tempfile::tempdir().expect("temp dir"),
+            prefix: format!("ag{}-{n}", std::process::id()),
+            conn,
+            seq: Default::default(),
+        }
+    }
+
+    /// The rig's key layout.
+    pub fn keys(&self) -> Keys {
+        Keys::new(self.prefix.clone(), 1)
+    }
+
+    /// A path in the rig's folder.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes an executable `/bin/sh` script `name` (`$DIR` in `body` is the rig's
+    /// folder); returns its path.
+    pub fn script(&self, name: &str, body: &str) -> String {
+        write_script(self.dir.path(), name, body)
+    }
+
+    /// `shepherd agents` on the rig running `command`, with the fake's URL and token.
+    pub fn runner(&self, command: &str) -> Builder {
+        Shepherd::builder(&self.redis)
+            .agents(command)
+            .prefix(&self.prefix)
+            .env("SHEPHERD_FORGEJO_URL", self.fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", self.fake.token())
+            .env("SHEPHERD_BOT_LOGIN", self.fake.bot_login())
+            .env("SHEPHERD_AGENT_DEADLINE_MARGIN_SECS", "1")
+            .env("SHEPHERD_AGENT_KILL_GRACE_SECS", "2")
+    }
+
+    /// Opens a PR in the fake; returns its number.
+    pub fn open_pr(&self, repo: &str) -> u64 {
+        self.fake.open_pr(
+            repo,
+            NewPr::new("agent-bot", "Fix the thing").body("Fixes it."),
+        )
+    }
+
+    /// Dispatches a work item for `repo#number` of `kind` as a commit would (work index
+    /// entry, then the dispatch entry); returns its id. The claim expires in
+    /// `expires_in`.
+    pub async fn dispatch(
+        &self,
+        repo: &str,
+        number: u64,
+        kind: &str,
+        tier: u8,
+        expires_in: Duration,
+    ) -> String {
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let issue = kind == "issue-impl";
+        let scope = if issue { "issue" } else { "pr" };
+        let (owner, name) = repo.split_once('/').expect("owner/name");
+        let id = format!("{owner}:{name}:{scope}:{number}:{seq}");
+        let priority = match kind {
+            "merge-conflicts" => 50,
+            "ci-fix" => 40,
+            "review-feedback" => 30,
+            "stale-check" => 20,
+            _ => 10,
+        };
+        let tiers = ["haiku", "codex", "sonnet", "opus"];
+        let expires =
+            chrono::Utc::now() + chrono::Duration::from_std(expires_in).expect("duration");
+        let item = json!({
+            "id": id, "kind": kind, "repo": repo, "number": number,
+            "head_sha": if issue { Value::Null } else { json!(self.fake.head_sha(repo, number)) },
+            "tier": tier, "tier_name": tiers[usize::from(tier)], "attempt": 1, "priority": priority,
+            "claim_expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "context": {"failing_checks": [], "change_requests": [], "attempts": []},
+        });
+        let keys = self.keys();
+        let mut conn = self.conn.clone();
+        let owner = format!("{scope}\t{repo}\t{number}");
+        let () = redis::cmd("HSET")
+            .arg(keys.work_index(0))
+            .arg(&id)
+            .arg(owner)
+            .query_async(&mut conn)
+            .await
+            .expect("HSET work index");
+        let _: String = redis::cmd("XADD")
+            .arg(keys.dispatch())
+            .arg("*")
+            .arg("work")
+            .arg(item.to_string())
+            .query_async(&mut conn)
+            .await
+            .expect("XADD dispatch");
+        id
+    }
+
+    /// Appends a cancel notice for work item `id` of `repo#number`.
+    pub async fn cancel(&self, id: &str, repo: &str, number: u64) {
+        let notice = json!({"id": id, "kind": "cancel", "repo": repo, "number": number});
+        let mut conn = self.conn.clone();
+        let _: String = redis::cmd("XADD")
+            .arg(self.keys().dispatch())
+            .arg("*")
+            .arg("cancel")
+            .arg(notice.to_string())
+            .query_async(&mut conn)
+            .await
+            .expect("XADD cancel");
+    }
+
+    /// The work results queued on the events stream so far (`work_id`, `outcome`,
+    /// `signature`, `summary`).
+    pub async fn results(&self) -> Vec<Value> {
+        results_on(&mut self.conn.clone(), &self.keys()).await
+    }
+
+    /// Waits until `n` results are queued; returns them all.
+    pub async fn wait_results(&self, n: usize) -> Vec<Value> {
+        poll_until_named(DEADLINE, &format!("{n} work result(s) queued"), || async {
+            self.results().await.len() >= n
+        })
+        .await;
+        self.results().await
+    }
+
+    /// The runner's record of work item `id` (`<p>:agent-run:<id>`).
+    pub async fn run_record(&self, id: &str) -> Option<Value> {
+        run_record_on(&mut self.conn.clone(), &self.keys(), id).await
+    }
+
+    /// Waits until the runner's record of `id` is in `state`; returns it.
+    pub async fn wait_state(&self, id: &str, state: &str) -> Value {
+        let what = format!("work item {id} is {state} in a runner");
+        poll_until_named(DEADLINE, &what, || async {
+            self.run_record(id)
+                .await
+                .is_some_and(|r| r["state"] == state)
+        })
+        .await;
+        self.run_record(id).await.expect("run record")
+    }
+
+    /// The stored output log of `id`.
+    pub async fn log(&self, id: &str) -> Option<String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("GET")
+            .arg(self.keys().agent_log(id))
+            .query_async(&mut conn)
+            .await
+            .expect("GET agent log")
+    }
+
+    /// Entries pending (delivered, not acked) in the `agents` group.
+    pub async fn pending(&self) -> u64 {
+        pending_on(&mut self.conn.clone(), &self.keys()).await
+    }
+}
+
+/// Writes an executable `/bin/sh` script `name` into `dir` (`$DIR` in `body` is
+/// `dir`); returns its path.
+pub fn write_script(dir: &std::path::Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(name);
+    let text = format!("#!/bin/sh\nDIR='{}'\n{body}\n", dir.display());
+    std::fs::write(&path, text).expect("write script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path.display().to_string()
+}
+
+/// The work results queued on shard 0's events stream.
+pub async fn results_on(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys) -> Vec<Value> {
+    stream_entries(conn, &keys.events(0))
+        .await
+        .into_iter()
+        .filter(|(_, f)| f.get("event").is_some_and(|e| e.starts_with("work-result")))
+        .map(|(_, f)| {
+            let body: Value = serde_json::from_str(&f["body"]).expect("event JSON");
+            find_work_id(&body).cloned().unwrap_or(body)
+        })
+        .collect()
+}
+
+/// The object holding `work_id` inside an event's JSON (whatever its tagging).
+fn find_work_id(v: &Value) -> Option<&Value> {
+    match v {
+        Value::Object(m) if m.contains_key("work_id") => Some(v),
+        Value::Object(m) => m.values().find_map(find_work_id),
+        _ => None,
+    }
+}
+
+/// A runner's record of `id`.
+pub async fn run_record_on(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &Keys,
+    id: &str,
+) -> Option<Value> {
+    let json: Option<String> = redis::cmd("GET")
+        .arg(keys.agent_run(id))
+        .query_async(conn)
+        .await
+        .expect("GET agent run");
+    json.map(|j| serde_json::from_str(&j).expect("run JSON"))
+}
+
+/// Pending entries of the `agents` group on the dispatch stream.
+pub async fn pending_on(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys) -> u64 {
+    let v: redis::Value = redis::cmd("XPENDING")
+        .arg(keys.dispatch())
+        .arg("agents")
+        .query_async(conn)
+        .await
+        .expect("XPENDING");
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n as u64,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// Whether process `pid` is alive (`kill -0`), zombies counting as gone.
+pub fn alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state is the field after the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.trim_start().chars().next());
+    matches!(state, Some(Some(s)) if s != 'Z' && s != 'X')
+}
+
+/// Reads a pid that a script wrote to `path` (waiting until it is there).
+pub async fn read_pid(path: &std::path::Path) -> u32 {
+    let what = format!("{} is written", path.display());
+    poll_until_named(DEADLINE, &what, || async {
+        std::fs::read_to_string(path).is_ok_and(|t| t.trim().parse::<u32>().is_ok())
+    })
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}

@@ -63,20 +63,26 @@ impl Scenario {
 
     /// [`Scenario::start`] with extra environment variables for `shepherd run`.
     pub async fn start_with_env(extra: &str, env: &[(&str, &str)]) -> Self {
-        Self::launch(extra, env, false).await
+        Self::launch(&format!("{FAST_POLICY}{extra}"), env, false).await
+    }
+
+    /// Starts everything with exactly `defaults` under `[defaults]` (no
+    /// [`FAST_POLICY`]), e.g. to push the CI poll out of a benchmark's way.
+    pub async fn start_with_defaults(defaults: &str) -> Self {
+        Self::launch(defaults, &[], false).await
     }
 
     /// Like [`Scenario::start`], but with `shepherd serve` and `shepherd work` as two
     /// processes sharing the key prefix (the scaled-out deployment).
     pub async fn start_split(extra: &str) -> Self {
-        Self::launch(extra, &[], true).await
+        Self::launch(&format!("{FAST_POLICY}{extra}"), &[], true).await
     }
 
-    async fn launch(extra: &str, env: &[(&str, &str)], split: bool) -> Self {
+    async fn launch(defaults: &str, env: &[(&str, &str)], split: bool) -> Self {
         let redis = RedisServer::start();
         let fake = FakeForgejo::start().await;
         let mut policy = tempfile::NamedTempFile::new().expect("policy file");
-        write!(policy, "[defaults]\n{FAST_POLICY}{extra}\n").expect("write policy");
+        write!(policy, "[defaults]\n{defaults}\n").expect("write policy");
         let builder = |args: &[&str]| {
             let b = Shepherd::builder(&redis)
                 .args(args.iter().copied())
@@ -107,6 +113,19 @@ impl Scenario {
             http: reqwest::Client::new(),
             _policy: policy,
         }
+    }
+
+    /// `shepherd agents` for this scenario (same Redis, key prefix, Forgejo and policy
+    /// file) running `command` for each work item; start it with `.start()`.
+    pub fn agents(&self, command: &str) -> super::shepherd::Builder {
+        Shepherd::builder_url(&self._redis.url())
+            .agents(command)
+            .prefix(self.shepherd.prefix())
+            .env("SHEPHERD_FORGEJO_URL", self.fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", self.fake.token())
+            .env("SHEPHERD_BOT_LOGIN", self.fake.bot_login())
+            .env("SHEPHERD_CONFIG", self._policy.path().display().to_string())
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15")
     }
 
     /// Signs `hook` with a fresh delivery id and posts it to the ingest (202 expected);

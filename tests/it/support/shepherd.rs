@@ -74,6 +74,12 @@ impl Builder {
         self
     }
 
+    /// Makes it `shepherd agents` running `command` (`SHEPHERD_AGENT_COMMAND`) for
+    /// each work item.
+    pub fn agents(self, command: &str) -> Self {
+        self.args(["agents"]).env("SHEPHERD_AGENT_COMMAND", command)
+    }
+
     /// Sends the process's stderr (its logs) to `file` instead of the test's.
     pub fn stderr_to(mut self, file: std::fs::File) -> Self {
         self.stderr = Some(file);

@@ -1,0 +1,643 @@
+//! One work item in a runner, from the check that it is still wanted to the report:
+//!
+//! 1. still wanted? The work must be active in the work index and not yet reported (a
+//!    reclaimed entry of a crashed runner whose result is already queued, or work
+//!    cancelled or expired while it waited, never starts), and its deadline — the
+//!    claim's expiry minus `SHEPHERD_AGENT_DEADLINE_MARGIN_SECS` — not yet passed;
+//! 2. context from Forgejo ([`super::context::gather`]; transient failures are retried
+//!    a few times, then the entry is handed back: a Forgejo outage never counts as an
+//!    attempt) and the prompt ([`super::prompt`]);
+//! 3. a fresh folder with `prompt.md`, `work.json` and the result file's path (and,
+//!    with `SHEPHERD_AGENT_CHECKOUT`, a clone of the PR's head as the working
+//!    directory, [`super::checkout`]), the command line with its placeholders filled
+//!    in, the allow-listed environment;
+//! 4. the agent runs until it exits, the deadline passes (the group is stopped,
+//!    `failed`/`timeout`), or a stop comes (cancel notice, shutdown, the entry lost to
+//!    another runner: the group is stopped and nothing is reported);
+//! 5. its output (capped, secrets masked) is stored for the retention window, the
+//!    result ([`super::outcome::decide`]) goes through `worker::results::submit` —
+//!    exactly once per work id — and the folder is removed.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use secrecy::SecretString;
+use tokio::sync::watch;
+use tracing::instrument;
+
+use anyhow::Context as _;
+
+use super::checkout;
+use super::launch::{Capture, Invocation, Placeholders, Spawner, expand};
+use super::outcome::{self, Finish};
+use super::prompt::{PromptParams, Templates};
+use crate::config::{AgentsConfig, Config};
+use crate::core::effect::WorkItem;
+use crate::core::policy::PolicyFile;
+use crate::forgejo::ForgejoClient;
+use crate::store::Store;
+use crate::store::agent_runs::{self, AgentRun, RunState};
+use crate::store::work::{self, WorkLookup};
+use crate::telemetry::Metrics;
+use crate::worker::results::{self, Submitted};
+
+/// The variables the runner sets for every agent (the contract's and a few more);
+/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in, and
+/// git's (`checkout::TOKEN_VAR`, …) with a checkout.
+pub const AGENT_VARS: &[&str] = &[
+    "SHEPHERD_WORK_ID",
+    "SHEPHERD_REPO",
+    "SHEPHERD_NUMBER",
+    "SHEPHERD_HEAD_SHA",
+    "SHEPHERD_TIER",
+    "SHEPHERD_TIER_NAME",
+    "SHEPHERD_KIND",
+    "SHEPHERD_AGENT",
+    "SHEPHERD_MODEL",
+    "SHEPHERD_PROMPT_FILE",
+    "SHEPHERD_WORK_FILE",
+    "SHEPHERD_RESULT_FILE",
+    "SHEPHERD_FORGEJO_URL",
+];
+
+/// Tries of the context read before the entry is handed back.
+const CONTEXT_TRIES: u32 = 3;
+
+/// Why a running job is stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A cancel notice for the work item: no result is counted.
+    Cancel,
+    /// The runner shuts down: the entry goes back to the group.
+    Shutdown,
+    /// Another runner holds the entry now: stop, report nothing, leave it alone.
+    Lost,
+}
+
+/// What the runner does with the job's entry afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Finished (reported, skipped or cancelled): acknowledge it.
+    Ack,
+    /// Not finished: hand it back for another try (by any runner).
+    GiveBack,
+    /// Another runner has it: touch nothing.
+    Leave,
+}
+
+/// Everything the jobs share (one per runner process).
+pub struct Shared {
+    /// Redis.
+    pub store: Store,
+    /// Forgejo, for the context.
+    pub forgejo: ForgejoClient,
+    /// Policy (agents, models, tiers per repository).
+    pub policy: Arc<PolicyFile>,
+    /// Prompt templates.
+    pub templates: Templates,
+    /// Process configuration (retention, Forgejo URL).
+    pub config: Arc<Config>,
+    /// Runner settings.
+    pub agents: AgentsConfig,
+    /// The allow-listed part of the runner's environment, read once at start.
+    pub base_env: Vec<(OsString, OsString)>,
+    /// Secret values masked in agents' output.
+    pub secrets: Vec<String>,
+    /// Forks the agents.
+    pub spawner: Spawner,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// This runner's consumer name.
+    pub runner: String,
+}
+
+/// The run record of a work item just taken by this runner.
+pub fn new_run(shared: &Shared, item: &WorkItem, now_ms: i64) -> AgentRun {
+    let policy = shared.policy.for_repo(&item.repo);
+    AgentRun {
+        work_id: item.id.to_string(),
+        repo: item.repo.to_string(),
+        number: item.number,
+        kind: item.kind.as_str().to_owned(),
+        tier: item.tier,
+        tier_name: item.tier_name.clone(),
+        model: policy.model_for(item.tier),
+        agent: policy.agent_for(item.kind).to_owned(),
+        runner: shared.runner.clone(),
+        state: RunState::Waiting,
+        pid: None,
+        taken_ms: now_ms,
+        started_ms: None,
+        ended_ms: None,
+        deadline_ms: deadline_ms(shared, item),
+        seen_ms: now_ms,
+        outcome: None,
+        signature: None,
+        note: None,
+        output_bytes: None,
+    }
+}
+
+/// The claim's expiry minus the margin.
+fn deadline_ms(shared: &Shared, item: &WorkItem) -> i64 {
+    let margin = i64::try_from(shared.agents.deadline_margin.as_millis()).unwrap_or(i64::MAX);
+    item.claim_expires_at.saturating_sub(margin)
+}
+
+/// Runs one work item to its end; returns what to do with its entry and its final run
+/// record (already stored).
+#[instrument(skip_all, fields(work = %item.id, repo = %item.repo, number = item.number, kind = item.kind.as_str()))]
+pub async fn run(
+    shared: Arc<Shared>,
+    item: WorkItem,
+    mut run: AgentRun,
+    stop: watch::Receiver<Option<StopReason>>,
+) -> (Disposition, AgentRun) {
+    let disposition = match execute(&shared, &item, &mut run, stop).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "work item not finished; handed back"
+            );
+            run.state = RunState::Released;
+            run.note = Some(format!("{e:#}"));
+            Disposition::GiveBack
+        }
+    };
+    run.ended_ms = Some(now_ms());
+    run.pid = None;
+    let retention = shared.config.retention;
+    if let Err(e) = agent_runs::save(
+        &mut shared.store.conn(),
+        shared.store.keys(),
+        &run,
+        retention,
+    )
+    .await
+    {
+        tracing::warn!(error = %e, "storing the run's state failed");
+    }
+    (disposition, run)
+}
+
+/// Steps 1–5 of the module docs.
+async fn execute(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &mut AgentRun,
+    mut stop: watch::Receiver<Option<StopReason>>,
+) -> anyhow::Result<Disposition> {
+    let mut conn = shared.store.conn();
+    let keys = shared.store.keys();
+    let id = item.id.to_string();
+    if let Some(why) = not_wanted(shared, item, run).await? {
+        tracing::info!(reason = why, "work item not started");
+        run.state = RunState::Skipped;
+        run.note = Some(why.to_owned());
+        return Ok(Disposition::Ack);
+    }
+    let ctx = gather(shared, item, &mut stop).await?;
+    let Some(ctx) = ctx else {
+        return Ok(stopped(run, *stop.borrow()));
+    };
+    let params = PromptParams {
+        forgejo_url: shared.config.forgejo_url.clone().unwrap_or_default(),
+        forgejo_pat: shared
+            .agents
+            .credentials
+            .then(|| shared.agents.forgejo_token.clone())
+            .flatten(),
+    };
+    let prompt = shared.templates.render(item, &ctx, &params);
+    let dir = tempfile::Builder::new()
+        .prefix("shepherd-agent-")
+        .tempdir_in(&shared.agents.work_dir)?;
+    let prompt = match prompt {
+        Ok(p) => p,
+        Err(e) => {
+            // A template problem is the operator's to fix; the attempt says so.
+            let report = results::ResultReport {
+                id: None,
+                outcome: crate::core::event::WorkOutcome::Failed,
+                signature: Some("prompt".into()),
+                summary: Some(format!("the prompt could not be rendered: {e}")),
+            };
+            report_result(shared, item, run, &report).await?;
+            run.state = RunState::Finished;
+            return Ok(Disposition::Ack);
+        }
+    };
+    let files = write_files(dir.path(), item, &prompt)?;
+    let mut inv = invocation(shared, item, run, &files, prompt);
+    let capture = Arc::new(Mutex::new(Capture::new(shared.agents.log_bytes)));
+    if let Some(template) = &shared.agents.checkout {
+        let url = checkout::clone_url(
+            template,
+            shared.config.forgejo_url.as_deref().unwrap_or_default(),
+            item.repo.as_str(),
+        );
+        let git_env = checkout::git_env(shared.agents.forgejo_token.as_ref());
+        let mut env = shared.base_env.clone();
+        env.extend(git_env.iter().cloned());
+        let made = tokio::select! {
+            r = checkout::checkout(&shared.forgejo, item, &url, dir.path(), &env) => r,
+            reason = stopped_by(&mut stop) => return Ok(stopped(run, Some(reason))),
+        };
+        let (work, log) = made.context("making the agent's checkout")?;
+        capture.lock().expect("capture lock").push(log.as_bytes());
+        inv.dir = work;
+        inv.env.extend(git_env);
+    }
+    let mut agent = match shared.spawner.launch(&inv, capture.clone()).await {
+        Ok(a) => a,
+        Err(e) => {
+            let report = results::ResultReport {
+                id: None,
+                outcome: crate::core::event::WorkOutcome::Failed,
+                signature: Some("spawn".into()),
+                summary: Some(format!("the agent could not be started: {e}")),
+            };
+            report_result(shared, item, run, &report).await?;
+            run.state = RunState::Finished;
+            return Ok(Disposition::Ack);
+        }
+    };
+    let started = Instant::now();
+    run.state = RunState::Running;
+    run.pid = Some(agent.pid);
+    run.started_ms = Some(now_ms());
+    agent_runs::save(&mut conn, keys, run, shared.config.retention).await?;
+    let m = &shared.metrics.agents;
+    let running_gauge = RunningGauge::new(&m.running);
+    m.started
+        .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
+        .inc();
+    tracing::info!(pid = agent.pid, model = %run.model, "agent started");
+
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(u64::try_from(run.deadline_ms - now_ms()).unwrap_or(0));
+    let ended = tokio::select! {
+        status = agent.wait() => Ended::Exited(status?),
+        () = tokio::time::sleep_until(deadline) => {
+            tracing::warn!("deadline reached; stopping the agent");
+            agent.stop(shared.agents.kill_grace).await?;
+            Ended::Timeout
+        }
+        reason = stopped_by(&mut stop) => {
+            tracing::info!(?reason, "stopping the agent");
+            agent.stop(shared.agents.kill_grace).await?;
+            Ended::Stopped(reason)
+        }
+    };
+    agent.finish().await;
+    drop(running_gauge);
+    m.duration
+        .with_label_values(&[run.kind.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    let (output, total) = {
+        let mut c = capture.lock().expect("capture lock");
+        (outcome::mask(&c.text(), &shared.secrets), c.total())
+    };
+    run.output_bytes = Some(total);
+    let finish = match ended {
+        Ended::Exited(status) => Finish::Exited(status),
+        Ended::Timeout => Finish::Timeout,
+        Ended::Stopped(reason) => {
+            save_log(shared, &id, &output).await;
+            let d = stopped(run, Some(reason));
+            m.finished
+                .with_label_values(&[
+                    run.kind.as_str(),
+                    run.tier_name.as_str(),
+                    outcome_label(run),
+                ])
+                .inc();
+            return Ok(d);
+        }
+    };
+    let file = outcome::read_result_file(&files.result);
+    let result = outcome::decide(finish, file, &output);
+    let log = match &result.log_note {
+        Some(note) => format!("{output}\n{}", outcome::mask(note, &shared.secrets)),
+        None => output,
+    };
+    save_log(shared, &id, &log).await;
+    if let Some(t) = result.tokens {
+        m.tokens
+            .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
+            .inc_by(t);
+    }
+    if let Some(c) = result.cost {
+        m.cost
+            .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
+            .inc_by(c);
+    }
+    let mut report = result.report;
+    report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));
+    report.signature = report.signature.map(|s| outcome::mask(&s, &shared.secrets));
+    report_result(shared, item, run, &report).await?;
+    run.state = RunState::Finished;
+    m.finished
+        .with_label_values(&[
+            run.kind.as_str(),
+            run.tier_name.as_str(),
+            outcome_label(run),
+        ])
+        .inc();
+    drop(dir);
+    Ok(Disposition::Ack)
+}
+
+/// Counts one running agent in the gauge for as long as it lives (whatever way the
+/// job ends).
+struct RunningGauge(prometheus::IntGauge);
+
+impl RunningGauge {
+    fn new(g: &prometheus::IntGauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for RunningGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// How the agent's wait ended.
+enum Ended {
+    /// It exited.
+    Exited(std::process::ExitStatus),
+    /// The deadline stopped it.
+    Timeout,
+    /// A stop request stopped it.
+    Stopped(StopReason),
+}
+
+/// The label of a finished run's outcome.
+fn outcome_label(run: &AgentRun) -> &'static str {
+    match (run.state, run.signature.as_deref(), run.outcome.as_deref()) {
+        (RunState::Cancelled, _, _) => "cancelled",
+        (RunState::Released, _, _) => "released",
+        (_, Some("timeout"), _) => "timeout",
+        (_, _, Some("succeeded")) => "succeeded",
+        (_, _, Some("no-changes")) => "no-changes",
+        _ => "failed",
+    }
+}
+
+/// Why the work must not start, if it must not.
+async fn not_wanted(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &AgentRun,
+) -> anyhow::Result<Option<&'static str>> {
+    let mut conn = shared.store.conn();
+    let keys = shared.store.keys();
+    let id = item.id.to_string();
+    let owner = match work::lookup(&mut conn, keys, &id).await? {
+        WorkLookup::Active(owner) => owner,
+        WorkLookup::Superseded(_) => return Ok(Some("a push already superseded the work")),
+        WorkLookup::Ended => {
+            return Ok(Some("the work has ended (cancelled, expired or reported)"));
+        }
+        WorkLookup::Unknown => return Ok(Some("the work id is unknown")),
+    };
+    if work::is_reported(&mut conn, keys, &owner, &id).await? {
+        return Ok(Some("its result is already reported"));
+    }
+    if now_ms() >= run.deadline_ms {
+        return Ok(Some("its deadline passed before a slot was free"));
+    }
+    Ok(None)
+}
+
+/// Reads the context, retrying transient failures; `None` when a stop came first.
+async fn gather(
+    shared: &Shared,
+    item: &WorkItem,
+    stop: &mut watch::Receiver<Option<StopReason>>,
+) -> anyhow::Result<Option<super::context::AgentContext>> {
+    let mut pause = Duration::from_millis(500);
+    for attempt in 1..=CONTEXT_TRIES {
+        let read = tokio::select! {
+            r = super::context::gather(&shared.forgejo, item) => r,
+            _ = stopped_by(stop) => return Ok(None),
+        };
+        match read {
+            Ok(ctx) => return Ok(Some(ctx)),
+            Err(e) if e.is_retryable() && attempt < CONTEXT_TRIES => {
+                tracing::info!(error = %e, attempt, "reading the context failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    _ = stopped_by(stop) => return Ok(None),
+                }
+                pause *= 2;
+            }
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context("reading the work item's context from Forgejo")
+                );
+            }
+        }
+    }
+    unreachable!("the last try returns")
+}
+
+/// Waits until a stop is requested; returns its reason.
+async fn stopped_by(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+    loop {
+        if let Some(reason) = *stop.borrow_and_update() {
+            return reason;
+        }
+        if stop.changed().await.is_err() {
+            // The runner dropped the sender: it is going away.
+            return StopReason::Shutdown;
+        }
+    }
+}
+
+/// Marks `run` stopped for `reason`; the entry's disposition.
+fn stopped(run: &mut AgentRun, reason: Option<StopReason>) -> Disposition {
+    match reason {
+        Some(StopReason::Cancel) => {
+            run.state = RunState::Cancelled;
+            run.note = Some("cancelled: no result is counted".into());
+            Disposition::Ack
+        }
+        Some(StopReason::Lost) => {
+            run.state = RunState::Released;
+            run.note = Some("another runner holds the work item now".into());
+            Disposition::Leave
+        }
+        Some(StopReason::Shutdown) | None => {
+            run.state = RunState::Released;
+            run.note = Some("the runner stopped; the work item goes to another runner".into());
+            Disposition::GiveBack
+        }
+    }
+}
+
+/// Submits `report` once; notes what the results path said.
+async fn report_result(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &mut AgentRun,
+    report: &results::ResultReport,
+) -> anyhow::Result<()> {
+    let id = item.id.to_string();
+    let mut conn = shared.store.conn();
+    let submitted = results::submit(
+        &mut conn,
+        shared.store.keys(),
+        &id,
+        report,
+        shared.config.retention,
+    )
+    .await?;
+    run.outcome = Some(outcome_name(report.outcome).to_owned());
+    run.signature = report.signature.clone();
+    let note = match submitted {
+        Submitted::Queued(_) => "reported",
+        Submitted::Ended => "refused: the work had ended",
+        Submitted::Unknown => "refused: unknown work id",
+        Submitted::AlreadyReported => "refused: a result was already reported",
+    };
+    tracing::info!(
+        outcome = outcome_name(report.outcome),
+        signature = report.signature.as_deref().unwrap_or(""),
+        note,
+        "result"
+    );
+    run.note = Some(note.to_owned());
+    Ok(())
+}
+
+/// The contract name of an outcome.
+fn outcome_name(o: crate::core::event::WorkOutcome) -> &'static str {
+    use crate::core::event::WorkOutcome;
+    match o {
+        WorkOutcome::Succeeded => "succeeded",
+        WorkOutcome::Failed => "failed",
+        WorkOutcome::NoChanges => "no-changes",
+    }
+}
+
+/// Stores the output log (a failure is logged: the result matters more).
+async fn save_log(shared: &Shared, id: &str, text: &str) {
+    let r = agent_runs::save_log(
+        &mut shared.store.conn(),
+        shared.store.keys(),
+        id,
+        text,
+        shared.config.retention,
+    )
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "storing the agent's output failed");
+    }
+}
+
+/// The files of one run.
+struct Files {
+    /// The prompt.
+    prompt: PathBuf,
+    /// The work item JSON.
+    work: PathBuf,
+    /// Where the agent may write its result.
+    result: PathBuf,
+}
+
+/// Writes the prompt and the work item into `dir`.
+fn write_files(dir: &std::path::Path, item: &WorkItem, prompt: &str) -> std::io::Result<Files> {
+    let files = Files {
+        prompt: dir.join("prompt.md"),
+        work: dir.join("work.json"),
+        result: dir.join("result.json"),
+    };
+    std::fs::write(&files.prompt, prompt)?;
+    std::fs::write(
+        &files.work,
+        serde_json::to_vec_pretty(item).map_err(std::io::Error::other)?,
+    )?;
+    Ok(files)
+}
+
+/// The command line and environment of one run.
+fn invocation(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &AgentRun,
+    files: &Files,
+    prompt: String,
+) -> Invocation {
+    let path = |p: &PathBuf| p.display().to_string();
+    let placeholders = Placeholders {
+        agent: run.agent.clone(),
+        model: run.model.clone(),
+        tier: item.tier.to_string(),
+        tier_name: item.tier_name.clone(),
+        kind: item.kind.as_str().to_owned(),
+        prompt_file: path(&files.prompt),
+        work_file: path(&files.work),
+    };
+    let mut env = shared.base_env.clone();
+    let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
+    env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    if shared.agents.credentials
+        && let Some(token) = &shared.agents.forgejo_token
+    {
+        env.push(("SHEPHERD_AGENT_FORGEJO_TOKEN".into(), expose(token).into()));
+    }
+    Invocation {
+        argv: expand(&shared.agents.command, &placeholders),
+        env,
+        dir: files.prompt.parent().map(PathBuf::from).unwrap_or_default(),
+        stdin: prompt,
+    }
+}
+
+/// The work item's variables ([`AGENT_VARS`], in that order).
+fn agent_vars(
+    item: &WorkItem,
+    run: &AgentRun,
+    files: &Files,
+    forgejo_url: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    let path = |p: &PathBuf| p.display().to_string();
+    // One value per name: the array's length is the list's, checked by the compiler.
+    let values: [String; AGENT_VARS.len()] = [
+        item.id.to_string(),
+        item.repo.to_string(),
+        item.number.to_string(),
+        item.head_sha
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        item.tier.to_string(),
+        item.tier_name.clone(),
+        item.kind.as_str().to_owned(),
+        run.agent.clone(),
+        run.model.clone(),
+        path(&files.prompt),
+        path(&files.work),
+        path(&files.result),
+        forgejo_url.unwrap_or_default().to_owned(),
+    ];
+    AGENT_VARS.iter().copied().zip(values).collect()
+}
+
+/// The token's text, for the opted-in environment variable only.
+fn expose(token: &SecretString) -> String {
+    use secrecy::ExposeSecret as _;
+    token.expose_secret().to_owned()
+}
+
+/// Now in unix milliseconds.
+pub fn now_ms() -> i64 {
+    i64::try_from(crate::store::streams::now_ms()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,237 @@
+//! The agent runner's benchmark (issue 14), run by `bench/agents.sh`; ignored by
+//! default. Figures are printed, never asserted (the test asserts only that every work
+//! item ran once and reported once):
+//!
+//! 1. **Overhead per item**: one runner with one slot and the instant agent `true`
+//!    works through `BENCH_AGENTS_ITEMS` work items one after another; per item, its
+//!    wall time. Baseline, measured in the same run by this process, one after
+//!    another: the same Forgejo reads (`agents::context::gather` against the same fake)
+//!    plus spawning and waiting for `true`. Overhead = per item − baseline: the
+//!    runner's own cost (stream read, work-index check, render, files, run record,
+//!    log, report, ack).
+//! 2. **Throughput**: `BENCH_AGENTS_ITEMS` items queued at once for 1 and 2 runner
+//!    processes (2 slots each): items per second until the last result is queued.
+//! 3. **Webhook → agent start**: `shepherd run` and one runner; per PR (CI already
+//!    red, the poll pushed a day away), the signed `action_run_failure` webhook, then
+//!    the time until the agent process writes its start time (p50/p99), at
+//!    `BENCH_AGENTS_RATE` webhooks per second.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::{REPO, Rig, write_script};
+use crate::support::fake_forgejo::NewPr;
+use crate::support::poll_until_named;
+use crate::support::scenario::Scenario;
+
+/// An hour: claims that never expire during the run.
+const HOUR: Duration = Duration::from_secs(3600);
+/// How long one phase may take.
+const PHASE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A setting from the environment, or its default.
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Percentile `p` (0..=100) of sorted `v`.
+fn pct(v: &[f64], p: usize) -> f64 {
+    v[(v.len() * p / 100).min(v.len() - 1)]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: bench/agents.sh runs it"]
+async fn bench_agents() {
+    let items = setting("BENCH_AGENTS_ITEMS", 200);
+    let hooks = setting("BENCH_AGENTS_WEBHOOKS", 100);
+    let rate = setting("BENCH_AGENTS_RATE", 20);
+    overhead(items).await;
+    for runners in [1, 2] {
+        throughput(items, runners).await;
+    }
+    webhook_to_start(hooks, rate).await;
+}
+
+/// Part 1.
+async fn overhead(items: usize) {
+    let rig = Rig::start().await;
+    let prs: Vec<u64> = (0..items).map(|_| rig.open_pr(REPO)).collect();
+    let _runner = rig
+        .runner("true")
+        .env("SHEPHERD_AGENTS_MAX", "1")
+        .env("SHEPHERD_LOG", "warn")
+        .start()
+        .await;
+    let started = Instant::now();
+    for n in &prs {
+        rig.dispatch(REPO, *n, "ci-fix", 0, HOUR).await;
+    }
+    wait_results(&rig, items).await;
+    let per_item = started.elapsed().as_secs_f64() * 1000.0 / items as f64;
+
+    // Baseline: the same reads and the same spawn, done directly.
+    let forgejo = shepherd::forgejo::ForgejoClient::new(
+        &rig.fake.url(),
+        secrecy::SecretString::from(rig.fake.token().to_owned()),
+        Default::default(),
+    )
+    .expect("client");
+    let sample: serde_json::Value = {
+        let mut conn = rig.conn.clone();
+        let raw: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(rig.keys().dispatch())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE");
+        serde_json::from_str(&raw[0].1[0].1).expect("work JSON")
+    };
+    let item: shepherd::core::effect::WorkItem = serde_json::from_value(sample).expect("work item");
+    let base_start = Instant::now();
+    for _ in 0..items {
+        shepherd::agents::context::gather(&forgejo, &item)
+            .await
+            .expect("context");
+        let status = tokio::process::Command::new("true")
+            .status()
+            .await
+            .expect("spawn true");
+        assert!(status.success());
+    }
+    let baseline = base_start.elapsed().as_secs_f64() * 1000.0 / items as f64;
+    println!(
+        "BENCH overhead items={items} per_item_ms={per_item:.2} baseline_ms={baseline:.2} \
+         overhead_ms={:.2} ratio={:.2}",
+        per_item - baseline,
+        per_item / baseline
+    );
+}
+
+/// Part 2.
+async fn throughput(items: usize, runners: usize) {
+    let rig = Rig::start().await;
+    let repos = ["bench/a", "bench/b"];
+    let prs: Vec<(&str, u64)> = (0..items)
+        .map(|i| {
+            let repo = repos[i % 2];
+            (repo, rig.open_pr(repo))
+        })
+        .collect();
+    let mut procs = Vec::new();
+    for _ in 0..runners {
+        let p = rig
+            .runner("true")
+            .env("SHEPHERD_AGENTS_MAX", "2")
+            .env("SHEPHERD_AGENTS_PER_REPO", "2")
+            .env("SHEPHERD_LOG", "warn")
+            .start()
+            .await;
+        procs.push(p);
+    }
+    let started = Instant::now();
+    for (repo, n) in &prs {
+        rig.dispatch(repo, *n, "ci-fix", 0, HOUR).await;
+    }
+    let results = wait_results(&rig, items).await;
+    let secs = started.elapsed().as_secs_f64();
+    let ids: HashSet<String> = results.iter().map(|r| r["work_id"].to_string()).collect();
+    assert_eq!(
+        (results.len(), ids.len()),
+        (items, items),
+        "each item reported once"
+    );
+    println!(
+        "BENCH throughput runners={runners} items={items} secs={secs:.2} items_per_sec={:.1}",
+        items as f64 / secs
+    );
+}
+
+/// Waits for `n` results (polling every 50 ms, so the wait costs little CPU).
+async fn wait_results(rig: &Rig, n: usize) -> Vec<serde_json::Value> {
+    let end = Instant::now() + PHASE_DEADLINE;
+    loop {
+        let r = rig.results().await;
+        if r.len() >= n {
+            return r;
+        }
+        assert!(
+            Instant::now() < end,
+            "{} of {n} results after {PHASE_DEADLINE:?}",
+            r.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Part 3.
+async fn webhook_to_start(hooks: usize, rate: usize) {
+    let policy = "bot_users = [\"agent-bot\"]\nstale_after_secs = 31536000\n\
+                  ci_poll_initial_secs = 86400\nci_poll_max_secs = 86400\n\
+                  mergeability_delay_secs = 86400\n";
+    let s = Scenario::start_with_defaults(policy).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(
+        dir.path(),
+        "start.sh",
+        r#"echo "$SHEPHERD_NUMBER $(date +%s%N)" >> "$DIR/started""#,
+    );
+    let _runner = s
+        .agents(&script)
+        .env("SHEPHERD_AGENTS_MAX", "4")
+        .env("SHEPHERD_AGENTS_PER_REPO", "4")
+        .env("SHEPHERD_LOG", "warn")
+        .start()
+        .await;
+    let repo = "bench/lag";
+    let mut prs = Vec::new();
+    for _ in 0..hooks {
+        let n = s
+            .fake
+            .open_pr(repo, NewPr::new("agent-bot", "Bench").body("b"));
+        let sha = s.fake.head_sha(repo, n);
+        s.fake.set_status(repo, &sha, "ci/test", "failure", "red");
+        s.send(&s.fake.pr_opened(repo, n)).await;
+        prs.push((n, sha));
+    }
+    s.wait_idle_for(PHASE_DEADLINE).await;
+    let gap = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let mut sent = std::collections::HashMap::new();
+    let begin = Instant::now();
+    for (i, (n, sha)) in prs.iter().enumerate() {
+        let hook = s.fake.action_run(repo, sha, "failure", Some(*n));
+        tokio::time::sleep_until((begin + gap * i as u32).into()).await;
+        let at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        s.send(&hook).await;
+        sent.insert(*n, at);
+    }
+    let path = dir.path().join("started");
+    poll_until_named(PHASE_DEADLINE, "every agent started", || async {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.lines().count() >= hooks)
+    })
+    .await;
+    let mut lags: Vec<f64> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (n, at) = l.split_once(' ')?;
+            let t0 = sent.get(&n.parse::<u64>().ok()?)?;
+            Some((at.parse::<u128>().ok()?.saturating_sub(*t0)) as f64 / 1e6)
+        })
+        .collect();
+    lags.sort_by(f64::total_cmp);
+    assert_eq!(lags.len(), hooks, "one agent start per webhook");
+    println!(
+        "BENCH webhook_to_start webhooks={hooks} rate={rate}/s p50_ms={:.1} p90_ms={:.1} p99_ms={:.1} max_ms={:.1}",
+        pct(&lags, 50),
+        pct(&lags, 90),
+        pct(&lags, 99),
+        lags[lags.len() - 1]
+    );
+}
