@@ -196,7 +196,7 @@ async fn inspect(s: &Scenario, n: u64) -> Value {
 /// does not run again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crashed_runners_agent_dies_and_the_work_comes_back_as_the_next_attempt() {
-    let s = Scenario::start("claim_ttl_secs = 6\n").await;
+    let s = Scenario::start("claim_ttl_secs = 8\n").await;
     let dir = tempfile::tempdir().unwrap();
     let script = write_script(
         dir.path(),
