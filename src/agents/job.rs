@@ -11,9 +11,10 @@
 //!    with `SHEPHERD_AGENT_CHECKOUT`, a clone of the PR's head as the working
 //!    directory, [`super::checkout`]), the command line with its placeholders filled
 //!    in, the allow-listed environment;
-//! 4. the agent runs until it exits, the deadline passes (the group is stopped,
-//!    `failed`/`timeout`), or a stop comes (cancel notice, shutdown, the entry lost to
-//!    another runner: the group is stopped and nothing is reported);
+//! 4. the agent runs (its output so far stored every [`LOG_EVERY`]) until it exits,
+//!    the deadline passes (the group is stopped, `failed`/`timeout`), or a stop comes
+//!    (cancel notice, shutdown, the entry lost to another runner: the group is
+//!    stopped and nothing is reported);
 //! 5. its output (capped, secrets masked) is stored for the retention window, the
 //!    result ([`super::outcome::decide`]) goes through `worker::results::submit` —
 //!    exactly once per work id — and the folder is removed.
@@ -40,6 +41,9 @@ use crate::store::agent_runs::{self, AgentRun, RunState};
 use crate::store::work::{self, WorkState};
 use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
+
+/// How often a running agent's output so far is stored.
+const LOG_EVERY: Duration = Duration::from_secs(2);
 
 /// Tries of the context read before the entry is handed back.
 const CONTEXT_TRIES: u32 = 3;
@@ -204,7 +208,7 @@ async fn execute(
             return fail_early(shared, item, run, "spawn", why).await;
         }
     };
-    let ended = supervise(shared, run, agent, &mut stop).await?;
+    let ended = supervise(shared, run, agent, &capture, &mut stop).await?;
     let disposition = conclude(shared, item, run, ended, &files, &capture).await?;
     drop(dir);
     Ok(disposition)
@@ -279,6 +283,7 @@ async fn supervise(
     shared: &Shared,
     run: &mut AgentRun,
     mut agent: super::launch::Agent,
+    capture: &Mutex<Capture>,
     stop: &mut watch::Receiver<Option<StopReason>>,
 ) -> anyhow::Result<Ended> {
     let started = Instant::now();
@@ -300,17 +305,25 @@ async fn supervise(
     tracing::info!(pid = agent.pid, model = %run.model, "agent started");
     let deadline = tokio::time::Instant::now()
         + Duration::from_millis(u64::try_from(run.deadline_ms - now_ms()).unwrap_or(0));
-    let ended = tokio::select! {
-        status = agent.wait() => Ended::Exited(status?),
-        () = tokio::time::sleep_until(deadline) => {
-            tracing::warn!("deadline reached; stopping the agent");
-            agent.stop(shared.agents.kill_grace).await?;
-            Ended::Timeout
-        }
-        reason = stopped_by(stop) => {
-            tracing::info!(?reason, "stopping the agent");
-            agent.stop(shared.agents.kill_grace).await?;
-            Ended::Stopped(reason)
+    // The output so far is stored now and then, so `inspect` shows a running agent's.
+    let mut snapshot = tokio::time::interval_at(tokio::time::Instant::now() + LOG_EVERY, LOG_EVERY);
+    let ended = loop {
+        tokio::select! {
+            status = agent.wait() => break Ended::Exited(status?),
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!("deadline reached; stopping the agent");
+                agent.stop(shared.agents.kill_grace).await?;
+                break Ended::Timeout;
+            }
+            reason = stopped_by(stop) => {
+                tracing::info!(?reason, "stopping the agent");
+                agent.stop(shared.agents.kill_grace).await?;
+                break Ended::Stopped(reason);
+            }
+            _ = snapshot.tick() => {
+                let text = outcome::mask(&capture.lock().expect("capture lock").text(), &shared.secrets);
+                save_log(shared, &run.work_id, &text).await;
+            }
         }
     };
     agent.finish().await;

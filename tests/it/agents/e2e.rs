@@ -121,6 +121,18 @@ printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD
         },
     )
     .await;
+    // The output so far is stored while it runs.
+    poll_until_named(
+        DEADLINE,
+        "inspect shows the running agent's output",
+        || async {
+            let view = inspect(&s, n).await;
+            view["agent"]["log_tail"]
+                .as_str()
+                .is_some_and(|t| t.contains("pushing the fix"))
+        },
+    )
+    .await;
     let view = inspect(&s, n).await;
     assert_eq!(view["agent"]["run"]["state"], "running", "{view}");
     assert_eq!(
