@@ -43,7 +43,7 @@ use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
 /// How often a running agent's output so far is stored.
-const LOG_EVERY: Duration = Duration::from_secs(2);
+pub const LOG_EVERY: Duration = Duration::from_secs(2);
 
 /// Tries of the context read before the entry is handed back.
 const CONTEXT_TRIES: u32 = 3;
