@@ -7,6 +7,7 @@
 #
 # Env: PRS (1000)  EVENTS (60000)  WORKERS ("1 2 4")  REPS (1)  AOF (no | always)
 #      BENCH_REDIS_PORT (6392)  WORK (target/bench-worker)
+#      BIN (target/release/shepherd, built first; another path for an A/B run, not built)
 #
 # For each worker count and rep: FLUSHALL; queue one pull_request_sync webhook per PR
 # and let one worker commit them (the records exist, with the head sha the observations
@@ -65,7 +66,7 @@ start_workers() {
   for i in $(seq "$n"); do
     SHEPHERD_REDIS_URL="redis://127.0.0.1:$PORT" SHEPHERD_KEY_PREFIX="$PREFIX" \
       SHEPHERD_LISTEN="127.0.0.1:$((PORT + 10 + i))" SHEPHERD_LOG=warn \
-      "$ROOT/target/release/shepherd" work 2>>"$WORK/workers.log" &
+      "$BIN" work 2>>"$WORK/workers.log" &
     PIDS+=("$!")
   done
 }
@@ -98,8 +99,12 @@ conflicts() {
   echo "$total"
 }
 
-echo "== cargo build --release"
-(cd "$ROOT" && cargo build --release --bin shepherd 2>&1 | tail -1)
+# BIN=<path> measures another build of shepherd (an A/B against an older commit).
+if [ -z "${BIN:-}" ]; then
+  echo "== cargo build --release"
+  (cd "$ROOT" && cargo build --release --bin shepherd 2>&1 | tail -1)
+fi
+BIN="${BIN:-$ROOT/target/release/shepherd}"
 echo "== redis-server on $PORT (appendonly $AOF)"
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly "$AOF" --appendfsync always \
   --dir "$WORK" --daemonize no --loglevel warning &

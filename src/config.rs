@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
@@ -617,6 +618,30 @@ impl Settings {
             data_dir: self.data_dir.clone(),
         })
     }
+}
+
+/// Loads the policy file named by the configuration (defaults when none), with the bot
+/// login applied.
+pub fn load_policy(config: &Config) -> anyhow::Result<crate::core::policy::PolicyFile> {
+    let file = match &config.policy_path {
+        None => crate::core::policy::PolicyFile::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the policy file {}", path.display()))?;
+            crate::core::policy::PolicyFile::from_toml(&text).with_context(|| {
+                format!("SHEPHERD_CONFIG: invalid policy file {}", path.display())
+            })?
+        }
+    };
+    let bot = match &config.bot_login {
+        None => None,
+        Some(login) => Some(
+            login
+                .parse()
+                .map_err(|e| anyhow::anyhow!("SHEPHERD_BOT_LOGIN: {e}"))?,
+        ),
+    };
+    Ok(file.with_bot_login(bot))
 }
 
 impl Config {

@@ -102,12 +102,16 @@ pub fn json_probe(data: &[u8]) {
         }
         Err(DeliveryError::BadRepository(e, _)) => {
             assert!(valid, "called a body serde_json refuses a bad name: {e}");
-            let value: serde_json::Value = serde_json::from_slice(data).expect("valid");
-            let at = |path: &str| value.pointer(path).and_then(|v| v.as_str());
-            let named = at("/repository/full_name")
-                .or_else(|| at("/run/repository/full_name"))
-                .unwrap_or_default();
-            assert!(canonical_repo(named).is_err(), "refused {named:?} ({e})");
+            // serde_json skips a number too large for an f64 (`-1e400`) when it only
+            // checks the syntax, but refuses it when it builds a `Value`: such a body is
+            // valid JSON whose names cannot be read back here.
+            if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+                let at = |path: &str| value.pointer(path).and_then(|v| v.as_str());
+                let named = at("/repository/full_name")
+                    .or_else(|| at("/run/repository/full_name"))
+                    .unwrap_or_default();
+                assert!(canonical_repo(named).is_err(), "refused {named:?} ({e})");
+            }
         }
         Err(DeliveryError::Refused(_)) => {}
         Err(e) => assert!(!valid, "called a valid JSON object not JSON: {e}"),

@@ -25,7 +25,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(shepherd::ops::run_command(cli.command, config)) {
+    match runtime.block_on(shepherd::app::run(cli.command, config)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("shepherd: {e:#}");

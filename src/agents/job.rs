@@ -38,7 +38,7 @@ use crate::core::policy::PolicyFile;
 use crate::forgejo::ForgejoClient;
 use crate::store::Store;
 use crate::store::agent_runs::{self, AgentRun, RunState};
-use crate::store::work::{self, WorkState};
+use crate::store::work::{self, WorkLookup};
 use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
@@ -444,10 +444,12 @@ async fn not_wanted(
     let keys = shared.store.keys();
     let id = item.id.to_string();
     let owner = match work::lookup(&mut conn, keys, &id).await? {
-        WorkState::Active(owner) => owner,
-        WorkState::Superseded(_) => return Ok(Some("a push already superseded the work")),
-        WorkState::Ended => return Ok(Some("the work has ended (cancelled, expired or reported)")),
-        WorkState::Unknown => return Ok(Some("the work id is unknown")),
+        WorkLookup::Active(owner) => owner,
+        WorkLookup::Superseded(_) => return Ok(Some("a push already superseded the work")),
+        WorkLookup::Ended => {
+            return Ok(Some("the work has ended (cancelled, expired or reported)"));
+        }
+        WorkLookup::Unknown => return Ok(Some("the work id is unknown")),
     };
     if work::is_reported(&mut conn, keys, &owner, &id).await? {
         return Ok(Some("its result is already reported"));

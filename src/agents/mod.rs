@@ -29,7 +29,8 @@
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
 //!
-//! The runner also serves `GET /healthz` and `GET /metrics` on `SHEPHERD_LISTEN`.
+//! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
+//! `GET /metrics` on `SHEPHERD_LISTEN`.
 
 pub mod checkout;
 pub mod consume;
@@ -46,19 +47,22 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use secrecy::ExposeSecret as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{AgentsConfig, Config};
 use crate::forgejo::ForgejoClient;
 use crate::store::{Keys, Store};
 use crate::telemetry::Metrics;
 
-/// Runs `shepherd agents` until SIGINT/SIGTERM: checks the command and the settings
-/// (a program that does not exist fails here, naming the setting), then the runner
-/// and its health and metrics endpoint.
+/// Runs the agent runner until `shutdown`: checks the command and the settings first
+/// (a program that does not exist fails here, naming the setting). `crate::app`
+/// starts it, beside the health and metrics endpoint, for `shepherd agents`.
 pub async fn run(
-    config: Config,
+    config: Arc<Config>,
     agents: AgentsConfig,
     consumer: Option<String>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let program = agents
         .command
@@ -78,10 +82,9 @@ pub async fn run(
             agents.work_dir.display()
         )
     })?;
-    let metrics = Metrics::new();
     let forgejo = ForgejoClient::from_config(&config, Some(metrics.clone()))
         .context("shepherd agents reads each work item's context from Forgejo")?;
-    let policy = Arc::new(crate::worker::load_policy(&config)?);
+    let policy = Arc::new(crate::config::load_policy(&config)?);
     let templates = prompt::Templates::load(&policy)?;
     warn_short_claims(&policy, &agents);
     let keys = Keys::new(config.key_prefix.clone(), config.shards);
@@ -91,8 +94,6 @@ pub async fn run(
     let name = consumer.unwrap_or_else(crate::worker::consumer_name);
     let spawner = launch::Spawner::start(tokio::runtime::Handle::current())
         .context("starting the agent spawning thread")?;
-    let shutdown = crate::shutdown::on_signals();
-    let config = Arc::new(config);
     let shared = Arc::new(job::Shared {
         base_env: base_env(&agents),
         secrets: secrets(&config, &agents),
@@ -117,15 +118,7 @@ pub async fn run(
         per_repo = shared.agents.per_repo,
         "agent runner started"
     );
-    let runner = async {
-        let r = runner::run(shared, consumer, shutdown.clone()).await;
-        shutdown.cancel();
-        r
-    };
-    let (result, ()) = tokio::join!(
-        runner,
-        crate::worker::health::serve(&config, metrics, shutdown.clone())
-    );
+    let result = runner::run(shared, consumer, shutdown).await;
     tracing::info!(consumer = %name, "agent runner stopped");
     result
 }

@@ -1,71 +1,482 @@
-// PLACEHOLDER: replaced by the context helper's version on merge
-//! The prompt of one work item (placeholder: fixed sections and the parameter lines
-//! the agents expect, no templates).
+//! The agent's prompt: a `minijinja` template per work kind, rendered over the work
+//! item, its [`AgentContext`] and the parameter lines. The built-in templates
+//! (`src/agents/templates/`, compiled in) produce the named `## ` sections and the
+//! parameter lines the agents expect; the policy's `prompt_templates` replaces them per
+//! kind and repository with files read and checked once, at start.
+//!
+//! Untrusted text (PR bodies, comments, reviews, the diff) only ever reaches the
+//! engine as *values*: it is never compiled as template source, so `{{ … }}` in a PR
+//! body is printed as it is. The built-in templates put every multi-line untrusted
+//! text in a code fence longer than any backtick run inside it (the `fence` filter),
+//! and [`super::context`] flattens one-line texts, so a body cannot close its block or
+//! forge a section heading or a parameter line.
 
-use std::fmt::Write as _;
+use std::collections::BTreeSet;
 
+use anyhow::Context as _;
+use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value, context};
 use secrecy::{ExposeSecret, SecretString};
+use serde::Serialize;
 
 use super::context::AgentContext;
 use crate::core::effect::{WorkItem, WorkKind};
 use crate::core::policy::PolicyFile;
 
+/// The built-in templates: their names (as `{% extends %}`/`{% include %}` see them)
+/// and sources.
+const BUILTIN: [(&str, &str); 9] = [
+    (
+        "builtin/parameters.md.j2",
+        include_str!("templates/parameters.md.j2"),
+    ),
+    (
+        "builtin/data-note.md.j2",
+        include_str!("templates/data-note.md.j2"),
+    ),
+    ("builtin/pr.md.j2", include_str!("templates/pr.md.j2")),
+    (
+        "builtin/ci-fix.md.j2",
+        include_str!("templates/ci-fix.md.j2"),
+    ),
+    (
+        "builtin/review-feedback.md.j2",
+        include_str!("templates/review-feedback.md.j2"),
+    ),
+    (
+        "builtin/merge-conflicts.md.j2",
+        include_str!("templates/merge-conflicts.md.j2"),
+    ),
+    (
+        "builtin/stale-check.md.j2",
+        include_str!("templates/stale-check.md.j2"),
+    ),
+    (
+        "builtin/ready-to-merge.md.j2",
+        include_str!("templates/ready-to-merge.md.j2"),
+    ),
+    (
+        "builtin/issue-impl.md.j2",
+        include_str!("templates/issue-impl.md.j2"),
+    ),
+];
+
+/// Prefix of the built-in templates' names; no override file may be named so.
+const BUILTIN_PREFIX: &str = "builtin/";
+
+/// Every work kind, for checking that each has a template that renders.
+const KINDS: [WorkKind; 6] = [
+    WorkKind::CiFix,
+    WorkKind::ReviewFeedback,
+    WorkKind::MergeConflicts,
+    WorkKind::StaleCheck,
+    WorkKind::IssueImpl,
+    WorkKind::ReadyToMerge,
+];
+
 /// What the prompt needs besides the work item and its context.
+#[derive(Debug, Clone)]
 pub struct PromptParams {
-    /// `SHEPHERD_FORGEJO_URL`.
+    /// `SHEPHERD_FORGEJO_URL`: the `forgejo_url` parameter line.
     pub forgejo_url: String,
-    /// The agents' token, only when the operator opted in.
+    /// The `forgejo_pat` parameter line: only when the operator opted in to hand the
+    /// agents a token; otherwise no token is anywhere in the prompt.
     pub forgejo_pat: Option<SecretString>,
 }
 
 /// Why a prompt could not be rendered.
 #[derive(Debug, thiserror::Error)]
-#[error("prompt: {0}")]
-pub struct PromptError(pub String);
+pub enum PromptError {
+    /// The template failed on this work item (an override that uses a value this
+    /// item does not have, for example).
+    #[error("prompt template {template} ({kind} work): {message}")]
+    Render {
+        /// The work kind.
+        kind: &'static str,
+        /// The template's name (`builtin/…` or the override's path).
+        template: String,
+        /// minijinja's message, naming the template line.
+        message: String,
+    },
+}
 
-/// The prompt templates.
-pub struct Templates {}
+/// The compiled templates: the built-in ones and every override the policy names.
+pub struct Templates {
+    /// The engine holding every template.
+    env: Environment<'static>,
+    /// The policy, to resolve a repository's override of a kind.
+    policy: PolicyFile,
+}
+
+impl std::fmt::Debug for Templates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.env.templates().map(|(name, _)| name).collect();
+        f.debug_struct("Templates")
+            .field("templates", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The parameter lines, as the templates see them (`params.…`).
+#[derive(Serialize)]
+struct Params<'a> {
+    /// `pr_fix` or `issue_impl`.
+    work_type: &'static str,
+    /// PR or issue number.
+    work_number: u64,
+    /// The instance's base URL.
+    forgejo_url: &'a str,
+    /// Repository owner.
+    forgejo_owner: &'a str,
+    /// Repository name.
+    forgejo_repo: &'a str,
+    /// The tier index the agent starts at.
+    escalation_tier_hint: u8,
+    /// Always `"false"` (text, as the parameter line says it): Shepherd owns and
+    /// releases the claim.
+    release_claim_on_exit: &'static str,
+    /// The token, only when opted in.
+    forgejo_pat: Option<&'a str>,
+}
 
 impl Templates {
     /// Built-in templates plus per-repository overrides from the policy; fails at start
     /// on a missing or invalid template file.
-    pub fn load(_policy: &PolicyFile) -> anyhow::Result<Self> {
-        Ok(Self {})
+    ///
+    /// Every override file is read once, compiled, and rendered over two sample work
+    /// items of its kind (one with every piece of context, one where every optional
+    /// piece could not be read), so a syntax error, an unknown filter or a misspelt
+    /// variable is found now, with the file and line, rather than on the first work
+    /// item.
+    pub fn load(policy: &PolicyFile) -> anyhow::Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(true);
+        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.add_filter("fence", fence);
+        env.add_filter("one_line", |s: String| super::context::one_line(&s));
+        for (name, source) in BUILTIN {
+            env.add_template(name, source)
+                .with_context(|| format!("built-in prompt template {name}"))?;
+        }
+        let mut tables = vec![("defaults".to_owned(), &policy.defaults.prompt_templates)];
+        for (repo, o) in &policy.repos {
+            if let Some(t) = &o.prompt_templates {
+                tables.push((format!("repos.\"{repo}\""), t));
+            }
+        }
+        let mut checked: BTreeSet<(String, WorkKind)> = BTreeSet::new();
+        let mut templates = Self {
+            env,
+            policy: policy.clone(),
+        };
+        for (scope, table) in tables {
+            for (kind, path) in table {
+                let key = format!("{scope}.prompt_templates.{}", kind.as_str());
+                if !checked.insert((path.clone(), *kind)) {
+                    continue;
+                }
+                templates
+                    .add_override(path)
+                    .with_context(|| format!("policy {key}"))?;
+                templates
+                    .check(*kind, path)
+                    .with_context(|| format!("policy {key}"))?;
+            }
+        }
+        for kind in KINDS {
+            templates.check(kind, &builtin_name(kind))?;
+        }
+        Ok(templates)
     }
 
-    /// The prompt of `item`.
+    /// Reads and compiles the override file `path` (once, whatever uses it).
+    fn add_override(&mut self, path: &str) -> anyhow::Result<()> {
+        if path.starts_with(BUILTIN_PREFIX) {
+            anyhow::bail!(
+                "{path:?}: names starting with {BUILTIN_PREFIX:?} are the built-in templates'"
+            );
+        }
+        if self.env.get_template(path).is_ok() {
+            return Ok(());
+        }
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the prompt template {path:?}"))?;
+        self.env
+            .add_template_owned(path.to_owned(), source)
+            .map_err(|e| anyhow::anyhow!("prompt template {path:?}: {e}"))?;
+        Ok(())
+    }
+
+    /// Renders `template` over the sample work items of `kind`.
+    fn check(&self, kind: WorkKind, template: &str) -> anyhow::Result<()> {
+        let params = PromptParams {
+            forgejo_url: "https://forgejo.example".into(),
+            forgejo_pat: None,
+        };
+        for (item, ctx) in samples::items(kind) {
+            self.render_with(template, &item, &ctx, &params)
+                .map_err(anyhow::Error::new)?;
+        }
+        Ok(())
+    }
+
+    /// The prompt of `item`: its repository's template for its kind (the policy's
+    /// override, else the built-in one) over the item, its context and the parameters.
     pub fn render(
         &self,
         item: &WorkItem,
         ctx: &AgentContext,
         params: &PromptParams,
     ) -> Result<String, PromptError> {
-        let (owner, repo) = item.repo.as_str().split_once('/').unwrap_or(("", ""));
+        let policy = self.policy.for_repo(&item.repo);
+        let name = policy
+            .prompt_templates
+            .get(&item.kind)
+            .cloned()
+            .unwrap_or_else(|| builtin_name(item.kind));
+        self.render_with(&name, item, ctx, params)
+    }
+
+    fn render_with(
+        &self,
+        name: &str,
+        item: &WorkItem,
+        ctx: &AgentContext,
+        params: &PromptParams,
+    ) -> Result<String, PromptError> {
+        let fail = |e: minijinja::Error| PromptError::Render {
+            kind: item.kind.as_str(),
+            template: name.to_owned(),
+            message: error_text(&e),
+        };
         let work_type = match item.kind {
             WorkKind::IssueImpl => "issue_impl",
-            _ => "pr_fix",
+            WorkKind::CiFix
+            | WorkKind::ReviewFeedback
+            | WorkKind::MergeConflicts
+            | WorkKind::StaleCheck
+            | WorkKind::ReadyToMerge => "pr_fix",
         };
-        let mut p = String::new();
-        let _ = writeln!(
-            p,
-            "## Work item\n\n{} on {}#{}: {}\n",
-            item.kind.as_str(),
-            item.repo,
-            item.number,
-            ctx.title
-        );
-        let _ = writeln!(p, "## Description\n\n{}\n", ctx.body);
-        let _ = writeln!(p, "## Parameters\n");
-        let _ = writeln!(p, "work_type: {work_type}");
-        let _ = writeln!(p, "work_number: {}", item.number);
-        let _ = writeln!(p, "forgejo_url: {}", params.forgejo_url);
-        let _ = writeln!(p, "forgejo_owner: {owner}");
-        let _ = writeln!(p, "forgejo_repo: {repo}");
-        let _ = writeln!(p, "escalation_tier_hint: {}", item.tier);
-        let _ = writeln!(p, "release_claim_on_exit: false");
-        if let Some(pat) = &params.forgejo_pat {
-            let _ = writeln!(p, "forgejo_pat: {}", pat.expose_secret());
-        }
-        Ok(p)
+        let values = Params {
+            work_type,
+            work_number: item.number,
+            forgejo_url: params.forgejo_url.trim_end_matches('/'),
+            forgejo_owner: item.repo.owner(),
+            forgejo_repo: item.repo.name(),
+            escalation_tier_hint: item.tier,
+            release_claim_on_exit: "false",
+            forgejo_pat: params.forgejo_pat.as_ref().map(|t| t.expose_secret()),
+        };
+        let template = self.env.get_template(name).map_err(fail)?;
+        template
+            .render(context! { work => item, ctx => ctx, params => values })
+            .map_err(fail)
     }
 }
+
+/// The built-in template of `kind`.
+fn builtin_name(kind: WorkKind) -> String {
+    format!("{BUILTIN_PREFIX}{}.md.j2", kind.as_str())
+}
+
+/// minijinja's message with the chain of causes (an include's failure names the
+/// included template's line).
+fn error_text(e: &minijinja::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The `fence` filter: `text` in a Markdown code fence (with an optional info string
+/// such as `diff`) of more backticks than any run inside it, so the text cannot close
+/// the fence early and everything it says stays inside the block.
+pub fn fence(text: &Value, lang: Option<String>) -> Result<String, minijinja::Error> {
+    let Some(text) = text.as_str() else {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("fence needs a text, not {}", text.kind()),
+        ));
+    };
+    Ok(fence_text(text, lang.as_deref()))
+}
+
+/// [`fence`] on a Rust string.
+pub fn fence_text(text: &str, lang: Option<&str>) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let marks = "`".repeat((longest + 1).max(3));
+    let info = lang.map(super::context::one_line).unwrap_or_default();
+    let end = if text.ends_with('\n') { "" } else { "\n" };
+    format!("{marks}{info}\n{text}{end}{marks}")
+}
+
+/// The sample work items overrides are checked against at start.
+mod samples {
+    use crate::agents::context::*;
+    use crate::core::effect::{
+        AttemptSummary, ChangeRequest, FailingCheck, WorkContext, WorkItem, WorkKind,
+    };
+    use crate::core::observation::CiState;
+
+    /// A full and a degraded sample of `kind`.
+    pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
+        let item = WorkItem {
+            id: "sample-owner:sample-repo:pr:1:2"
+                .parse()
+                .expect("a work id"),
+            kind,
+            repo: "sample-owner/sample-repo".parse().expect("a repository"),
+            number: 1,
+            head_sha: Some(
+                "0123456789abcdef0123456789abcdef01234567"
+                    .parse()
+                    .expect("a sha"),
+            ),
+            tier: 1,
+            tier_name: "codex".into(),
+            attempt: 2,
+            priority: kind.priority(),
+            claim_expires_at: 0,
+            context: WorkContext {
+                failing_checks: vec![FailingCheck {
+                    context: "ci / test".into(),
+                    state: CiState::Failure,
+                    description: "Failing after 1m".into(),
+                    target_url: "/o/r/actions/runs/1/jobs/0".into(),
+                }],
+                change_requests: vec![ChangeRequest {
+                    review_id: 9,
+                    reviewer: "reviewer".parse().expect("a login"),
+                    body: "Please rename it.".into(),
+                }],
+                attempts: vec![AttemptSummary {
+                    kind,
+                    tier: 0,
+                    outcome: "failed".into(),
+                    signature: "ci / test=failure".into(),
+                    summary: Some("Tried a fix.".into()),
+                    started_at: Some(0),
+                }],
+            },
+        };
+        let text = |s: &str| s.to_owned();
+        let full = AgentContext {
+            repo: text("sample-owner/sample-repo"),
+            owner: text("sample-owner"),
+            name: text("sample-repo"),
+            pr: (kind != WorkKind::IssueImpl).then(|| PrContext {
+                number: 1,
+                title: text("A change"),
+                body: text("Closes #2"),
+                author: text("author"),
+                head_ref: text("feature"),
+                head_sha: text("0123456789abcdef0123456789abcdef01234567"),
+                base_ref: text("main"),
+                base_sha: text("89abcdef0123456789abcdef0123456789abcdef"),
+                state: text("open"),
+                draft: false,
+                url: text("https://forgejo.example/o/r/pulls/1"),
+            }),
+            issue: (kind == WorkKind::IssueImpl).then(|| issue(1)),
+            diff: Some(text("diff --git a/x b/x\n")),
+            diff_truncated: false,
+            files: vec![FileContext {
+                filename: text("x"),
+                status: text("changed"),
+                additions: 1,
+                ..FileContext::default()
+            }],
+            files_omitted: 1,
+            ci_state: text("failure"),
+            checks: vec![CheckContext {
+                context: text("ci / test"),
+                state: text("failure"),
+                description: text("Failing after 1m"),
+                target_url: text("https://forgejo.example/o/r/actions/runs/1/jobs/0"),
+                failing: true,
+            }],
+            checks_omitted: 1,
+            failing_checks: Vec::new(),
+            change_requests: vec![ChangeRequestContext {
+                review_id: 9,
+                reviewer: text("reviewer"),
+                body: text("Please rename it."),
+                comments: vec![ReviewCommentContext {
+                    author: text("reviewer"),
+                    path: text("x"),
+                    line: 3,
+                    body: text("here"),
+                    diff_hunk: text("@@ -1 +1 @@"),
+                }],
+                comments_omitted: 1,
+                comments_unavailable: Some(text("HTTP 500")),
+            }],
+            change_requests_omitted: 1,
+            comments: vec![CommentContext {
+                id: 5,
+                author: text("someone"),
+                created_at: text("2020-01-01T00:00:00+00:00"),
+                body: text("A comment"),
+            }],
+            comments_omitted: 1,
+            comments_since: Some(text("2020-01-01T00:00:00.000Z")),
+            linked_issues: vec![issue(2)],
+            linked_issues_omitted: 1,
+            attempts: vec![AttemptContext {
+                kind: text(kind.as_str()),
+                tier: 0,
+                outcome: text("failed"),
+                signature: text("ci / test=failure"),
+                summary: text("Tried a fix."),
+                started_at: text("2020-01-01T00:00:00.000Z"),
+            }],
+            unavailable: Default::default(),
+            head_moved_to: Some(text("fedcba9876543210fedcba9876543210fedcba98")),
+        };
+        let mut degraded = AgentContext {
+            repo: full.repo.clone(),
+            owner: full.owner.clone(),
+            name: full.name.clone(),
+            pr: full.pr.clone(),
+            issue: full.issue.clone(),
+            ..AgentContext::default()
+        };
+        for piece in [
+            "diff",
+            "files",
+            "checks",
+            "reviews",
+            "comments",
+            "linked_issues",
+        ] {
+            degraded.unavailable.insert(piece.into(), text("HTTP 500"));
+        }
+        [(item.clone(), full), (item, degraded)]
+    }
+
+    fn issue(number: u64) -> IssueContext {
+        IssueContext {
+            number,
+            title: "An issue".into(),
+            body: "Something to do.".into(),
+            author: "reporter".into(),
+            state: "open".into(),
+            url: format!("https://forgejo.example/o/r/issues/{number}"),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "prompt_tests.rs"]
+mod tests;

@@ -304,6 +304,39 @@ pub struct AttemptSummary {
     pub signature: String,
     /// The agent's summary.
     pub summary: Option<String>,
+    /// When it was dispatched (RFC 3339 in JSON): the agent runner shows the
+    /// conversation comments posted since the previous attempt. Absent in work items
+    /// written before the field existed.
+    #[serde(
+        default,
+        with = "rfc3339_ms_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<i64>,
+}
+
+/// Serde helpers for an optional time: unix milliseconds in Rust, RFC 3339 text or
+/// absent in JSON.
+pub mod rfc3339_ms_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes unix ms as RFC 3339 text (`None` is skipped by the field).
+    pub fn serialize<S: Serializer>(ms: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match ms {
+            Some(ms) => s.serialize_str(&super::rfc3339_ms::to_text(*ms)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Deserializes RFC 3339 text (or `null`) into unix ms.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::rfc3339_ms::from_text(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}"))),
+        }
+    }
 }
 
 /// Serde helpers: unix milliseconds in Rust, RFC 3339 text in JSON.
@@ -334,5 +367,40 @@ pub mod rfc3339_ms {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
         let s = String::deserialize(d)?;
         from_text(&s).ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_start_times_are_rfc3339_and_optional() {
+        let attempt = AttemptSummary {
+            kind: WorkKind::CiFix,
+            tier: 1,
+            outcome: "failed".into(),
+            signature: "ci=failure".into(),
+            summary: None,
+            started_at: Some(1_700_000_000_123),
+        };
+        let v = serde_json::to_value(&attempt).unwrap();
+        assert_eq!(v["started_at"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            serde_json::from_value::<AttemptSummary>(v).unwrap(),
+            attempt
+        );
+        // Work items written before the field existed still decode.
+        let old = serde_json::json!({
+            "kind": "ci-fix", "tier": 1, "outcome": "failed", "signature": "s", "summary": null
+        });
+        let back: AttemptSummary = serde_json::from_value(old).unwrap();
+        assert_eq!(back.started_at, None);
+        let none = AttemptSummary {
+            started_at: None,
+            ..attempt
+        };
+        let v = serde_json::to_value(&none).unwrap();
+        assert!(v.get("started_at").is_none(), "absent, not null: {v}");
     }
 }

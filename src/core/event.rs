@@ -9,7 +9,7 @@ use super::command::Command;
 use super::effect::{EffectKindName, Timer};
 use super::ids::{EffectId, Login, RepoName, Scope, Sha, WorkId};
 pub use super::observation::{
-    CiContext, CiState, IssueSnapshot, Permission, PrSnapshot, PrState, Review, ReviewState,
+    CiContext, CiState, IssueSnapshot, Permission, PrSnapshot, PrState, ReviewFact, ReviewState,
 };
 
 /// The record an event is for. The worker loads that record (for `Repo`: every open
@@ -245,7 +245,7 @@ pub enum Event {
         /// PR index.
         number: u64,
         /// All reviews, any order.
-        reviews: Vec<Review>,
+        reviews: Vec<ReviewFact>,
         /// When they were read (unix ms).
         at_ms: i64,
     },
@@ -308,7 +308,7 @@ pub enum Event {
         /// Combined status of its head (empty when none).
         contexts: Vec<CiContext>,
         /// Its reviews.
-        reviews: Vec<Review>,
+        reviews: Vec<ReviewFact>,
         /// When they were read (unix ms).
         at_ms: i64,
     },

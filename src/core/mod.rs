@@ -1,5 +1,6 @@
 //! The pure heart of Shepherd (DESIGN §2): identities, events, the per-PR record,
-//! `step`/`decide`, effects, policy, the command parser and comment texts.
+//! `step`/`decide`, routing (which records an event reaches), effects, policy, the
+//! command parser and comment texts.
 //! No IO and no async here: no tokio, redis, reqwest or actix (checked by
 //! `tests/it/core_purity.rs`).
 #![warn(missing_docs)]
@@ -14,4 +15,5 @@ pub mod observation;
 pub mod payload;
 pub mod policy;
 pub mod record;
+pub mod route;
 pub mod texts;

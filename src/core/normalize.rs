@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 use super::command;
 use super::effect::rfc3339_ms;
 use super::event::{
-    CiContext, CiState, Event, IssueAction, IssueSnapshot, PrAction, PrSnapshot, PrState, Review,
-    ReviewHint, ReviewState, RunOutcome,
+    CiContext, CiState, Event, IssueAction, IssueSnapshot, PrAction, PrSnapshot, PrState,
+    ReviewFact, ReviewHint, ReviewState, RunOutcome,
 };
 use super::ids::{Login, RepoName, Sha};
 use super::payload;
@@ -315,8 +315,8 @@ pub fn issue_snapshot(repo: &RepoName, issue: &payload::Issue) -> IssueSnapshot 
 pub const MAX_REVIEW_BODY_KEPT: usize = 16 * 1024;
 
 /// A review from `GET …/pulls/{n}/reviews` (`None` without a reviewer).
-pub fn review(r: &payload::PullReview) -> Option<Review> {
-    Some(Review {
+pub fn review(r: &payload::PullReview) -> Option<ReviewFact> {
+    Some(ReviewFact {
         id: r.id,
         reviewer: login(r.user.as_ref())?,
         state: ReviewState::parse(&r.state),

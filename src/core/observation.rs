@@ -155,9 +155,11 @@ impl ReviewState {
     }
 }
 
-/// One formal review as the reviews API returns it.
+/// One formal review as a fact of the PR record (from `GET …/pulls/{n}/reviews`, read
+/// as [`super::payload::PullReview`] and normalized by `normalize::review`). Not the
+/// review webhook: that is [`super::event::Event::Review`], a hint to read these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Review {
+pub struct ReviewFact {
     /// Review id.
     pub id: i64,
     /// Reviewer.

@@ -142,6 +142,11 @@ policy_settings! {
     label_implement: String = "auto/implement".into();
     /// Footer ending every comment Shepherd posts.
     comment_footer: String = "---\n**Automated by Shepherd**".into();
+    /// Prompt template files of the agent runner by work kind
+    /// (`{ "ci-fix" = "/etc/shepherd/ci-fix.md.j2" }`), each replacing the built-in
+    /// template of its kind; `shepherd agents` reads and checks them at start. A
+    /// repository's table replaces the defaults' table as a whole.
+    prompt_templates: BTreeMap<WorkKind, String> = BTreeMap::new();
     /// The agent (`{agent}` of `shepherd agents`) of each work kind, by kind name;
     /// a kind not listed gets [`DEFAULT_AGENT`].
     agents: BTreeMap<WorkKind, String> = BTreeMap::new();
@@ -217,6 +222,16 @@ impl Policy {
         }
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
+        }
+        if let Some((kind, _)) = self
+            .prompt_templates
+            .iter()
+            .find(|(_, path)| path.trim().is_empty())
+        {
+            return Err(invalid(
+                &format!("prompt_templates.{}", kind.as_str()),
+                "needs a file path",
+            ));
         }
         if let Some(tier) = self.models.keys().find(|t| !self.tiers.contains(t)) {
             return Err(invalid(
@@ -510,5 +525,44 @@ mod tests {
     fn out_of_range_values_are_named() {
         let err = PolicyFile::from_toml("[repos.\"a/b\"]\ntiers = []\n").unwrap_err();
         assert!(err.to_string().contains("repos.\"a/b\".tiers"), "{err}");
+    }
+
+    #[test]
+    fn prompt_templates_by_kind() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [defaults]
+            prompt_templates = { "ci-fix" = "/etc/shepherd/ci-fix.md.j2" }
+            [repos."acme/web"]
+            prompt_templates = { "issue-impl" = "web-issue.md.j2" }
+            "#,
+        )
+        .unwrap();
+        let other = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(
+            other
+                .prompt_templates
+                .get(&WorkKind::CiFix)
+                .map(String::as_str),
+            Some("/etc/shepherd/ci-fix.md.j2")
+        );
+        let web = file.for_repo(&"acme/web".parse().unwrap());
+        assert_eq!(
+            web.prompt_templates.len(),
+            1,
+            "the repository's table replaces"
+        );
+        assert!(web.prompt_templates.contains_key(&WorkKind::IssueImpl));
+        let err = PolicyFile::from_toml("[defaults]\nprompt_templates = { \"ci-fx\" = \"a\" }\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("ci-fx"), "{err}");
+        let err =
+            PolicyFile::from_toml("[repos.\"a/b\"]\nprompt_templates = { \"ci-fix\" = \" \" }\n")
+                .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("repos.\"a/b\".prompt_templates.ci-fix"),
+            "{err}"
+        );
     }
 }

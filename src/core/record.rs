@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::Command;
 use super::effect::{WorkItem, WorkKind};
-use super::event::{CiContext, IssueSnapshot, Permission, PrSnapshot, Review};
+use super::event::{CiContext, IssueSnapshot, Permission, PrSnapshot, ReviewFact};
 use super::ids::{Login, RepoName, Sha, WorkId};
 
 /// Current record schema; bump it (and migrate in `from_json`) on incompatible change.
@@ -173,7 +173,7 @@ pub struct ReviewFacts {
     pub at_ms: i64,
     /// The latest approving or change-requesting review of each reviewer (comment-only
     /// reviews do not change a reviewer's stance).
-    pub latest: BTreeMap<Login, Review>,
+    pub latest: BTreeMap<Login, ReviewFact>,
 }
 
 /// The claimed work item.

@@ -130,6 +130,15 @@ impl ForgejoClient {
         Ok(Self::new(url, token.clone(), options)?)
     }
 
+    /// The instance's base URL (without `/api/v1` and without a trailing slash), to
+    /// make the relative links Forgejo hands out (Actions run links) absolute.
+    pub fn base_url(&self) -> &str {
+        self.inner
+            .api
+            .strip_suffix("/api/v1")
+            .unwrap_or(&self.inner.api)
+    }
+
     /// The circuit breaker of this client's host.
     pub fn breaker(&self) -> &CircuitBreaker {
         &self.inner.breaker
@@ -154,13 +163,14 @@ impl ForgejoClient {
         result
     }
 
-    async fn send_once(
+    /// The request for `path` (below `/api/v1`) with the query and the token header.
+    fn request(
         &self,
         method: &Method,
         path: &str,
         query: &[(&str, String)],
-        body: Option<&serde_json::Value>,
-    ) -> Result<Answer, ForgejoError> {
+        accept: &'static str,
+    ) -> Result<reqwest::RequestBuilder, ForgejoError> {
         let mut url = Url::parse(&format!("{}{path}", self.inner.api))
             .map_err(|e| ForgejoError::Invalid(format!("path {path:?}: {e}")))?;
         if !query.is_empty() {
@@ -174,23 +184,29 @@ impl ForgejoClient {
                 |_| ForgejoError::Invalid("the token is not a valid header value".into()),
             )?;
         auth.set_sensitive(true);
-        let mut req = self
+        Ok(self
             .inner
             .http
             .request(method.clone(), url)
             .header(AUTHORIZATION, auth)
-            .header(ACCEPT, "application/json");
+            .header(ACCEPT, accept))
+    }
+
+    async fn send_once(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&serde_json::Value>,
+    ) -> Result<Answer, ForgejoError> {
+        let mut req = self.request(method, path, query, "application/json")?;
         if let Some(b) = body {
             req = req.json(b);
         }
         let transport = |e: reqwest::Error| transport_error(method, path, e);
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
+        let retry_after = retry_after_of(&resp);
         let total = resp
             .headers()
             .get("x-total-count")
@@ -198,19 +214,64 @@ impl ForgejoClient {
             .and_then(|v| v.trim().parse().ok());
         let bytes = resp.bytes().await.map_err(transport)?;
         if !(200..300).contains(&status) {
-            return Err(ForgejoError::Status {
-                code: status,
-                method: method.to_string(),
-                path: path.to_owned(),
-                message: error_message(&bytes),
-                retry_after,
-            });
+            return Err(status_error(status, method, path, &bytes, retry_after));
         }
         Ok(Answer {
             status,
             total,
             body: bytes,
         })
+    }
+
+    /// `GET path` as text (a raw diff), through the circuit breaker, reading at most
+    /// `cap` bytes of the body however long it is: the text (lossy UTF-8, cut at a
+    /// character boundary) and whether the body went on past `cap`.
+    #[instrument(skip_all, fields(path = %path))]
+    pub(super) async fn get_text_capped(
+        &self,
+        path: &str,
+        cap: usize,
+    ) -> Result<(String, bool), ForgejoError> {
+        self.inner.breaker.acquire()?;
+        let result = self.get_text_once(path, cap).await;
+        self.inner.breaker.record(&result);
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "Forgejo request failed");
+        }
+        result
+    }
+
+    async fn get_text_once(&self, path: &str, cap: usize) -> Result<(String, bool), ForgejoError> {
+        let method = Method::GET;
+        let transport = |e: reqwest::Error| transport_error(&method, path, e);
+        let mut resp = self
+            .request(&method, path, &[], "text/plain")?
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = resp.status().as_u16();
+        let retry_after = retry_after_of(&resp);
+        let mut bytes: Vec<u8> = Vec::new();
+        let mut longer = false;
+        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+            let room = cap.saturating_sub(bytes.len());
+            if chunk.len() > room {
+                bytes.extend_from_slice(&chunk[..room]);
+                longer = true;
+                break;
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if !(200..300).contains(&status) {
+            return Err(status_error(status, &method, path, &bytes, retry_after));
+        }
+        let mut text = String::from_utf8_lossy(&bytes).into_owned();
+        if longer {
+            // The cut may have split a character: drop its replacement character.
+            let trimmed = text.trim_end_matches('\u{FFFD}').len();
+            text.truncate(trimmed);
+        }
+        Ok((text, longer))
     }
 
     /// `GET path` decoded as `T`.
@@ -255,6 +316,31 @@ impl ForgejoClient {
             }
         }
         Ok(out)
+    }
+}
+
+/// The `Retry-After` of an answer, when it has one.
+fn retry_after_of(resp: &reqwest::Response) -> Option<Duration> {
+    resp.headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after)
+}
+
+/// A non-2xx answer as [`ForgejoError::Status`].
+fn status_error(
+    code: u16,
+    method: &Method,
+    path: &str,
+    body: &[u8],
+    retry_after: Option<Duration>,
+) -> ForgejoError {
+    ForgejoError::Status {
+        code,
+        method: method.to_string(),
+        path: path.to_owned(),
+        message: error_message(body),
+        retry_after,
     }
 }
 

@@ -1,10 +1,11 @@
 //! The client's answers as the core's Forgejo structs (`core::payload`), so REST reads
 //! become observations through the same conversions as webhooks
-//! (`core::normalize::pr_snapshot`, `review`, `ci_contexts`, `issue_snapshot`).
+//! (`core::normalize::pr_snapshot`, `ci_contexts`, `issue_snapshot`). Reviews need no
+//! conversion: the client reads them as `core::payload::PullReview` directly.
 
 use chrono::{DateTime, FixedOffset};
 
-use super::types::{CombinedStatus, CommitStatus, Issue, Label, PullRequest, Review, User};
+use super::types::{CombinedStatus, CommitStatus, Issue, Label, PullRequest, User};
 use crate::core::payload;
 
 fn time(t: Option<DateTime<FixedOffset>>) -> Option<String> {
@@ -73,22 +74,6 @@ impl From<Issue> for payload::Issue {
                 .pull_request
                 .map(|p| payload::IssuePullStub { merged: p.merged }),
             updated_at: time(i.updated_at),
-        }
-    }
-}
-
-impl From<Review> for payload::PullReview {
-    fn from(r: Review) -> Self {
-        Self {
-            id: r.id,
-            user: user(r.user),
-            state: r.state,
-            body: r.body,
-            commit_id: r.commit_id,
-            stale: r.stale,
-            official: r.official,
-            dismissed: r.dismissed,
-            submitted_at: time(r.submitted_at),
         }
     }
 }

@@ -7,9 +7,10 @@ use tracing::instrument;
 
 use super::client::{PAGE_LIMIT, decode, page_is_last, repo_path};
 use super::types::{
-    CombinedStatus, Comment, CommitStatus, Issue, PullRequest, RepoPermission, Review, User,
+    CombinedStatus, Comment, CommitStatus, Issue, PullRequest, RepoPermission, User,
 };
 use super::{ForgejoClient, ForgejoError};
+use crate::core::payload::PullReview;
 
 /// Safety stop for combined-status paging (50 × 100 = 5,000 contexts).
 const MAX_STATUS_PAGES: usize = 100;
@@ -53,9 +54,14 @@ impl ForgejoClient {
         self.get_all(&path, &[("state", "open".to_owned())]).await
     }
 
-    /// Every review of a PR, all pages.
+    /// Every review of a PR, all pages, in the core's wire shape of a review (the one
+    /// `core::normalize::review` reads).
     #[instrument(skip_all, fields(repo = %repo, pr = number))]
-    pub async fn list_reviews(&self, repo: &str, number: u64) -> Result<Vec<Review>, ForgejoError> {
+    pub async fn list_reviews(
+        &self,
+        repo: &str,
+        number: u64,
+    ) -> Result<Vec<PullReview>, ForgejoError> {
         let path = format!("{}/pulls/{number}/reviews", repo_path(repo)?);
         self.get_all(&path, &[]).await
     }

@@ -3,6 +3,7 @@
 //! ```text
 //! client.rs     ForgejoClient: auth, timeout, user agent, one request, decoding, paging
 //! endpoints.rs  PRs, reviews, combined status / statuses, comments, permission, version
+//! context.rs    the agents' context: raw diff, changed files, review comments, comments since
 //! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
 //! convert.rs    answers as core::payload structs (From impls)
@@ -17,6 +18,7 @@
 
 mod breaker;
 mod client;
+mod context;
 mod convert;
 mod endpoints;
 mod error;
@@ -26,11 +28,12 @@ mod types;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};
+pub use context::{CappedDiff, FileList};
 pub use endpoints::{CommentWrite, combine_states};
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use types::{
-    BranchInfo, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
-    MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, MergeStyle, PullRequest,
-    RepoPermission, Review, User,
+    BranchInfo, ChangedFile, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
+    MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, PullRequest, RepoPermission,
+    ReviewComment, User,
 };

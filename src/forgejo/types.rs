@@ -5,6 +5,8 @@
 use chrono::{DateTime, FixedOffset};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::core::policy::MergeStyle;
+
 /// Deserializes `null` as the type's default (Forgejo sends `null` for empty lists and
 /// absent objects in several places, e.g. `statuses` of an empty combined status).
 fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -98,32 +100,6 @@ impl PullRequest {
     }
 }
 
-/// A formal review (`GET …/pulls/{n}/reviews`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Review {
-    /// Review id.
-    pub id: i64,
-    /// Reviewer.
-    #[serde(deserialize_with = "null_default")]
-    pub user: User,
-    /// `APPROVED`, `REQUEST_CHANGES`, `COMMENT`, `PENDING`, `REQUEST_REVIEW` or `""`.
-    pub state: String,
-    /// Review body.
-    #[serde(deserialize_with = "null_default")]
-    pub body: String,
-    /// Head sha the review was made on.
-    pub commit_id: String,
-    /// New commits changed the diff since the review.
-    pub stale: bool,
-    /// The reviewer is an official reviewer for the base branch.
-    pub official: bool,
-    /// Dismissed explicitly or by `dismiss_stale_approvals`.
-    pub dismissed: bool,
-    /// Submission time.
-    pub submitted_at: Option<DateTime<FixedOffset>>,
-}
-
 /// One commit status. Its state is under the key `status`, not `state`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -173,6 +149,55 @@ pub struct Comment {
     pub body: String,
     /// Link to the comment.
     pub html_url: String,
+    /// When it was posted.
+    pub created_at: Option<DateTime<FixedOffset>>,
+    /// Last edit (what `?since=` filters on).
+    pub updated_at: Option<DateTime<FixedOffset>>,
+}
+
+/// One file a PR changes (`GET …/pulls/{n}/files`, Forgejo's `ChangedFile`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChangedFile {
+    /// Path in the head.
+    pub filename: String,
+    /// The path before a rename, `""` otherwise.
+    #[serde(deserialize_with = "null_default")]
+    pub previous_filename: String,
+    /// `added`, `deleted`, `changed`, `renamed`, `copied` or `unchanged`.
+    pub status: String,
+    /// Lines added.
+    pub additions: u64,
+    /// Lines deleted.
+    pub deletions: u64,
+}
+
+/// An inline (code) comment of a review (`GET …/pulls/{n}/reviews/{id}/comments`,
+/// Forgejo's `PullReviewComment`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReviewComment {
+    /// Comment id.
+    pub id: i64,
+    /// Author.
+    #[serde(deserialize_with = "null_default")]
+    pub user: User,
+    /// Markdown body.
+    #[serde(deserialize_with = "null_default")]
+    pub body: String,
+    /// File the comment is on.
+    #[serde(deserialize_with = "null_default")]
+    pub path: String,
+    /// Line in the new version (0 when the comment is on a removed line).
+    pub position: u64,
+    /// Line in the old version (0 when the comment is on an added line).
+    pub original_position: u64,
+    /// The lines of the diff the comment refers to.
+    #[serde(deserialize_with = "null_default")]
+    pub diff_hunk: String,
+    /// The commit it was made on.
+    #[serde(deserialize_with = "null_default")]
+    pub commit_id: String,
 }
 
 /// A collaborator's permission on a repository.
@@ -190,29 +215,13 @@ impl RepoPermission {
     }
 }
 
-/// Merge styles accepted in the `Do` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum MergeStyle {
-    /// A merge commit.
-    Merge,
-    /// Rebase, then fast-forward.
-    Rebase,
-    /// Rebase, then a merge commit.
-    RebaseMerge,
-    /// One squashed commit (Shepherd's default).
-    #[default]
-    Squash,
-    /// Fast-forward only.
-    FastForwardOnly,
-}
-
 /// Body of `POST …/pulls/{n}/merge`. The Go form fields without JSON tags keep their
 /// Go names (`Do`, `MergeTitleField`, `MergeMessageField`). There is deliberately no
 /// `force_merge` field: Shepherd never bypasses branch protection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MergeRequest {
-    /// Merge style.
+    /// Merge style: the policy's own type, whose kebab-case names are Forgejo's `Do`
+    /// values.
     #[serde(rename = "Do")]
     pub style: MergeStyle,
     /// The head sha the merge is pinned to; a moved head gives 409 "head out of date".
@@ -342,4 +351,40 @@ pub struct IssuePullRef {
     pub merged: bool,
     /// Draft (WIP).
     pub draft: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policy's merge style is what the client sends: each one serializes to one of
+    /// the values Forgejo's `MergePullRequestOption.Do` accepts (forgejo-openapi-v15).
+    #[test]
+    fn every_policy_merge_style_is_a_forgejo_do_value() {
+        let forgejo = [
+            "merge",
+            "rebase",
+            "rebase-merge",
+            "squash",
+            "fast-forward-only",
+        ];
+        let styles = [
+            MergeStyle::Merge,
+            MergeStyle::Rebase,
+            MergeStyle::RebaseMerge,
+            MergeStyle::Squash,
+            MergeStyle::FastForwardOnly,
+        ];
+        for (style, want) in styles.into_iter().zip(forgejo) {
+            let body = MergeRequest {
+                style,
+                head_commit_id: "abc".into(),
+                delete_branch_after_merge: true,
+                title: None,
+                message: None,
+            };
+            let json = serde_json::to_value(&body).unwrap();
+            assert_eq!(json["Do"], want, "{style:?}");
+        }
+    }
 }

@@ -106,6 +106,24 @@ impl Delivery {
         })
     }
 
+    /// Dedups the delivery on its id and appends it to its shard's events stream
+    /// (`store::enqueue`). Only a `Delivery` — made from a verified body — can be
+    /// queued this way, and the entry's layout is the store's (`EventEntry::webhook`).
+    pub async fn enqueue(
+        &self,
+        enqueuer: &crate::store::enqueue::Enqueuer,
+        conn: &mut redis::aio::ConnectionManager,
+    ) -> Result<crate::store::enqueue::Enqueued, crate::store::StoreError> {
+        let entry = crate::store::event_entry::EventEntry::webhook(
+            self.id(),
+            self.event(),
+            self.repo(),
+            u64::try_from(self.received_ms()).unwrap_or(0),
+            &self.verified().payload()[..],
+        );
+        enqueuer.enqueue(conn, &entry).await
+    }
+
     /// The verified payload.
     pub fn verified(&self) -> &Verified {
         &self.verified

@@ -1,13 +1,13 @@
-//! HTTP edge: the actix-web app (webhooks, health, metrics) and signature verification.
+//! The HTTP surface: webhook ingest (signature verification, classification,
+//! dedup+append), health, readiness and metrics, the results API, the admin API and
+//! the status page. `crate::app::http` mounts all of it on one server.
 //!
-//! Building blocks, so other parts of the app (results API, admin API) mount on the
-//! same server:
+//! Building blocks:
 //! - [`AppState`]: configuration, metrics, the shared Redis connection, the enqueuer;
 //!   handlers receive it as `web::Data<AppState>`;
 //! - [`configure`]: the ingest routes (`/webhooks/forgejo`, `/webhooks/gitea`,
-//!   `/healthz`, `/readyz`, `/metrics`);
-//! - [`serve_with`]: runs an `HttpServer` with [`configure`] plus extra routes until
-//!   the shutdown token is cancelled; [`serve`] is `shepherd serve`.
+//!   `/healthz`, `/readyz`, `/metrics`); [`results_api::configure`] and
+//!   [`admin::routes`] mount the rest.
 //!
 //! Redis is reached through one multiplexed [`ConnectionManager`] (reconnecting on its
 //! own), every call bounded by `SHEPHERD_REDIS_TIMEOUT_MS`, and at most
@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod delivery;
 pub mod probe;
+pub mod results_api;
 pub mod secrets;
 pub mod signature;
 pub mod status_page;
@@ -25,11 +26,10 @@ pub mod webhook;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
+use actix_web::{HttpResponse, web};
 use anyhow::Context;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 pub use delivery::Delivery;
 pub use secrets::WebhookSecrets;
@@ -42,9 +42,6 @@ use crate::telemetry::Metrics;
 
 /// Most deliveries waiting on Redis at once per process (beyond: 503).
 pub const MAX_IN_FLIGHT: usize = 512;
-
-/// Seconds the server waits for in-flight requests after shutdown is requested.
-const SHUTDOWN_GRACE_SECS: u64 = 10;
 
 /// Longest time a client may take to send the request line and headers (then 408 and
 /// the connection is closed). Forgejo sends everything at once; only a slow-loris
@@ -79,7 +76,7 @@ impl AppState {
     /// Fails when no webhook secret is configured at all, or when the policy file
     /// names an unset `secret_env` variable.
     pub fn new(config: Arc<Config>, metrics: Metrics) -> anyhow::Result<Self> {
-        let policy = crate::worker::load_policy(&config)?;
+        let policy = crate::config::load_policy(&config)?;
         let webhook_secrets = WebhookSecrets::resolve(&config.webhook_secrets, &policy, |name| {
             std::env::var(name).ok()
         })?;
@@ -167,69 +164,4 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(state.metrics.render())
-}
-
-/// `shepherd serve`: the ingest server alone.
-pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    // AppState::new refuses to start without any webhook secret (global or scoped).
-    let state = AppState::new(Arc::new(config), Metrics::new())?;
-    // The results API (agents report work results), the admin API and the status
-    // page live on the same server.
-    let admin = admin::routes(&state)?;
-    serve_with(web::Data::new(state), shutdown, move |cfg| {
-        crate::worker::results_api::configure(cfg);
-        admin(cfg);
-    })
-    .await
-}
-
-/// Runs the HTTP server on `SHEPHERD_LISTEN` with the ingest routes and whatever
-/// `extra` mounts, until `shutdown` is cancelled; then stops accepting, lets in-flight
-/// requests finish (up to a grace period) and returns.
-pub async fn serve_with<F>(
-    state: web::Data<AppState>,
-    shutdown: CancellationToken,
-    extra: F,
-) -> anyhow::Result<()>
-where
-    F: Fn(&mut web::ServiceConfig) + Send + Clone + 'static,
-{
-    let listen = state.config.listen;
-    let max_body = state.config.max_body_bytes;
-    {
-        // Best effort: load the script now so the first delivery needs no retry.
-        let mut conn = state.redis.clone();
-        if let Err(e) = state.enqueuer.preload(&mut conn).await {
-            tracing::warn!(error = %e, "redis not reachable at start; answering 503 until it is");
-        }
-    }
-    let app_state = state.clone();
-    let server = HttpServer::new(move || {
-        let extra = extra.clone();
-        // Runs on each worker thread: the connection's driver task lands there too.
-        // The URL was already accepted by AppState::new, so this cannot fail.
-        let local = connect_lazy(&app_state.config).expect("the Redis URL was validated at start");
-        App::new()
-            .app_data(app_state.clone())
-            .app_data(web::Data::new(WorkerRedis(local)))
-            .app_data(web::PayloadConfig::new(max_body))
-            .configure(configure)
-            .configure(extra)
-    })
-    .disable_signals()
-    .client_request_timeout(HEAD_TIMEOUT)
-    .client_disconnect_timeout(Duration::from_secs(1))
-    .shutdown_timeout(SHUTDOWN_GRACE_SECS)
-    .bind(listen)
-    .with_context(|| format!("cannot listen on {listen} (SHEPHERD_LISTEN)"))?
-    .run();
-    tracing::info!(%listen, "listening");
-    let handle = server.handle();
-    let stopper = tokio::spawn(async move {
-        shutdown.cancelled().await;
-        handle.stop(true).await;
-    });
-    let result = server.await.context("HTTP server failed");
-    stopper.abort();
-    result
 }

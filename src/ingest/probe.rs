@@ -594,6 +594,19 @@ mod tests {
         })
     }
 
+    /// Found by `agrees_with_serde_json`: a number beyond f64 passes serde_json's
+    /// syntax check but not its `Value`; the oracle must not take one for the other.
+    #[test]
+    fn a_number_beyond_f64_beside_a_bad_name_is_a_bad_name() {
+        let body =
+            br#"{"repository":{"full_name":"a","repository":-1000000000000000e308},"run":{}}"#;
+        assert!(matches!(
+            crate::ingest::delivery::repository_of(body),
+            Err(crate::ingest::delivery::DeliveryError::BadRepository(..))
+        ));
+        crate::fuzzing::json_probe(body);
+    }
+
     /// A byte to put into a JSON text: mostly one that means something to a parser.
     fn json_byte() -> impl proptest::strategy::Strategy<Value = u8> {
         use proptest::prelude::*;

@@ -16,7 +16,8 @@ use tracing::instrument;
 use crate::ingest::delivery::{self, Delivery, DeliveryError, EVENT_HEADERS};
 use crate::ingest::signature::{self, SignatureError};
 use crate::ingest::{AppState, BODY_TIMEOUT, WorkerRedis};
-use crate::store::enqueue::{Enqueued, StoreError};
+use crate::store::StoreError;
+use crate::store::enqueue::Enqueued;
 
 /// Most bytes of header names and values a webhook request may carry (431 beyond).
 /// Forgejo sends about 1 KiB, a configured `Authorization` header included.
@@ -286,7 +287,7 @@ async fn enqueue(
         .await
         .map_err(|_| IngestError::Overloaded)?
         .map_err(|_| IngestError::Overloaded)?;
-    Ok(state.enqueuer.enqueue(conn, delivery).await?)
+    Ok(delivery.enqueue(&state.enqueuer, conn).await?)
 }
 
 /// The body of an authenticated API request (results and admin APIs), read only

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::{Ops, OpsError};
 use crate::core::event::Event;
 use crate::core::normalize::normalize;
-use crate::store::fields;
+use crate::store::{self, fields};
 
 /// Entries read per `XRANGE` page while scanning (webhook bodies run to ~15 KB).
 const PAGE: usize = 200;
@@ -82,15 +82,8 @@ async fn range(
     end: &str,
     count: usize,
 ) -> Result<Vec<Archived>, OpsError> {
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg(start)
-        .arg(end)
-        .arg("COUNT")
-        .arg(count)
-        .query_async(conn)
-        .await?;
-    Ok(convert(stream, reply))
+    let entries = store::archive::range(conn, stream, start, end, count).await?;
+    Ok(convert(stream, entries))
 }
 
 /// One entry of `stream` by id.
@@ -132,10 +125,7 @@ pub async fn scan(
 pub async fn find_delivery(ops: &Ops, delivery: &str) -> Result<Archived, OpsError> {
     let mut conn = ops.conn();
     for shard in ops.shards() {
-        let marker: Option<String> = redis::cmd("GET")
-            .arg(ops.keys.seen(shard, delivery))
-            .query_async(&mut conn)
-            .await?;
+        let marker = store::archive::queued_as(&mut conn, &ops.keys, shard, delivery).await?;
         if let Some(id) = marker
             && let Some(e) = entry(&mut conn, &ops.keys.events(shard), &id).await?
         {
@@ -162,33 +152,18 @@ pub async fn scan_rev(
     stream: &str,
     count: usize,
 ) -> Result<Vec<Archived>, OpsError> {
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-        .arg(stream)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(count)
-        .query_async(conn)
-        .await?;
-    Ok(convert(stream, reply))
+    let entries = store::archive::newest(conn, stream, count).await?;
+    Ok(convert(stream, entries))
 }
 
-/// Stream entries as [`Archived`] values.
-fn convert(stream: &str, reply: redis::streams::StreamRangeReply) -> Vec<Archived> {
-    reply
-        .ids
+/// Entries of `stream` as [`Archived`] values.
+fn convert(stream: &str, entries: Vec<store::archive::TextEntry>) -> Vec<Archived> {
+    entries
         .into_iter()
-        .map(|s| Archived {
+        .map(|e| Archived {
             stream: stream.to_owned(),
-            id: s.id,
-            fields: s
-                .map
-                .into_iter()
-                .map(|(k, v)| {
-                    let text = redis::from_redis_value::<String>(v).unwrap_or_default();
-                    (k, text)
-                })
-                .collect(),
+            id: e.id,
+            fields: e.fields,
         })
         .collect()
 }

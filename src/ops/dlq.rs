@@ -6,9 +6,6 @@
 //! dead-letter:<original id>`, and deletes the dead letter — both in one Lua call, so
 //! an entry is never lost between the two nor re-queued twice by concurrent retries.
 
-use std::sync::LazyLock;
-
-use redis::Script;
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
@@ -16,27 +13,9 @@ use super::archive::{self, Archived};
 use super::replay::{DryState, ReplayReport, ReplayRequest, ReplayedEntry, describe};
 use super::timefmt::{now_ms, rfc3339};
 use super::{Ops, OpsError};
-use crate::cli::{DlqAction, DlqArgs};
-use crate::store::fields;
+use crate::store::event_entry::EventEntry;
 use crate::store::streams::dead_letter_fields as dl;
-
-/// Re-queue one dead letter and delete it, atomically.
-///
-/// KEYS[1] dead-letter stream, KEYS[2] target stream; ARGV[1] dead-letter id, ARGV[2..]
-/// the field/value pairs to append. Reply: the new id, or false when the dead letter
-/// is gone (someone else retried or dropped it).
-static RETRY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
-  return false
-end
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
-redis.call('XDEL', KEYS[1], ARGV[1])
-return id
-",
-    )
-});
+use crate::store::{dead_letters, fields};
 
 /// One dead letter, summarized.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,11 +102,8 @@ pub async fn drop_entries(ops: &Ops, id: Option<&str>) -> Result<u64, OpsError> 
     };
     let mut n = 0;
     for (shard, e) in victims {
-        let deleted: u64 = redis::cmd("XDEL")
-            .arg(ops.keys.dead_letters(shard))
-            .arg(&e.id)
-            .query_async(&mut conn)
-            .await?;
+        let deleted =
+            dead_letters::drop_entry(&mut conn, &ops.keys.dead_letters(shard), &e.id).await?;
         tracing::info!(dead_letter = %e.id, "dropped a dead letter");
         n += deleted;
     }
@@ -193,21 +169,24 @@ async fn retry_one(
             e.id
         )));
     }
-    let mut inv = RETRY.prepare_invoke();
-    inv.key(&dead).key(target).arg(&e.id);
-    let mut names: Vec<&String> = e.fields.keys().collect();
-    names.sort();
-    for k in names {
-        if k.starts_with("dl_") || k == fields::REPLAY || k == fields::RECEIVED {
-            continue;
-        }
-        inv.arg(k).arg(&e.fields[k]);
-    }
-    inv.arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::REPLAY)
-        .arg(original);
-    let new_id: Option<String> = inv.invoke_async(&mut ops.conn()).await?;
+    let mut conn = ops.conn();
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    let new_id = if *target == ops.keys.events(shard) {
+        let entry = EventEntry::replay_of(&e.fields, original, received);
+        dead_letters::requeue(&mut conn, &dead, &e.id, target, entry).await?
+    } else {
+        // An effects entry: its own fields, with a fresh `received` and the replay mark.
+        let mut names: Vec<&String> = e.fields.keys().collect();
+        names.sort();
+        let mut pairs: Vec<(&str, String)> = names
+            .into_iter()
+            .filter(|k| !(k.starts_with("dl_") || *k == fields::REPLAY || *k == fields::RECEIVED))
+            .map(|k| (k.as_str(), e.fields[k].clone()))
+            .collect();
+        pairs.push((fields::RECEIVED, received.to_string()));
+        pairs.push((fields::REPLAY, original.to_owned()));
+        dead_letters::requeue(&mut conn, &dead, &e.id, target, pairs).await?
+    };
     let Some(new_id) = new_id else {
         return Err(OpsError::NotFound(format!(
             "dead letter {} was retried or dropped meanwhile",
@@ -228,29 +207,25 @@ async fn retry_one(
 
 /// Re-queues a dead-lettered work result onto `<prefix>:results`. That stream has no
 /// shard hash tag (a contract name), so the append and the delete are two commands,
-/// not one script: the delete follows only a successful append (at worst a crash in
-/// between leaves the dead letter to be dropped by hand; the results intake ignores a
-/// second report of the same work item).
+/// not one script (`dead_letters::requeue_unsharded`: at worst a crash in between
+/// leaves the dead letter to be dropped by hand; the results intake ignores a second
+/// report of the same work item).
 async fn retry_result(
     ops: &Ops,
     shard: u16,
     e: &Archived,
     original: &str,
 ) -> Result<ReplayedEntry, OpsError> {
-    let mut conn = ops.conn();
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(ops.keys.results()).arg("*");
     let mut names: Vec<&String> = e.fields.keys().collect();
     names.sort();
-    for k in names.into_iter().filter(|k| !k.starts_with("dl_")) {
-        cmd.arg(k).arg(&e.fields[k]);
-    }
-    let new_id: String = cmd.query_async(&mut conn).await?;
-    let _: u64 = redis::cmd("XDEL")
-        .arg(ops.keys.dead_letters(shard))
-        .arg(&e.id)
-        .query_async(&mut conn)
-        .await?;
+    let pairs: Vec<(&String, &String)> = names
+        .into_iter()
+        .filter(|k| !k.starts_with("dl_"))
+        .map(|k| (k, &e.fields[k]))
+        .collect();
+    let (dead, results) = (ops.keys.dead_letters(shard), ops.keys.results());
+    let new_id =
+        dead_letters::requeue_unsharded(&mut ops.conn(), &dead, &e.id, &results, pairs).await?;
     tracing::info!(replay = original, new_id = %new_id, dead_letter = %e.id, "re-queued a dead-lettered result");
     Ok(ReplayedEntry {
         original: original.to_owned(),
@@ -297,53 +272,6 @@ fn is_stream_id(id: &str) -> bool {
     let first = ok(parts.next());
     let second = parts.next();
     first && (second.is_none() || ok(second)) && parts.next().is_none()
-}
-
-/// `shepherd dlq …`.
-pub async fn cli(ops: &Ops, args: &DlqArgs) -> anyhow::Result<()> {
-    match &args.action {
-        DlqAction::List => {
-            let items = list(ops).await?;
-            if args.json {
-                return super::print_json(&items);
-            }
-            for d in &items {
-                println!(
-                    "{}  {}  {}  {}  {}  [{}]",
-                    d.id, d.at, d.repo, d.event, d.delivery, d.reason
-                );
-            }
-            eprintln!("{} dead letters", items.len());
-        }
-        DlqAction::Show { id } => {
-            let d = show(ops, id).await?;
-            super::print_json(&d)?;
-        }
-        DlqAction::Retry { id, all } => {
-            let req = ReplayRequest {
-                dead_letter: Some(if *all {
-                    String::new()
-                } else {
-                    id.clone().unwrap_or_default()
-                }),
-                ..ReplayRequest::default()
-            };
-            let report = replay_dead_letters(ops, &req, &|l| eprintln!("{l}")).await?;
-            eprintln!("re-queued {} dead letters", report.replayed.len());
-            if args.json {
-                super::print_json(&report)?;
-            }
-        }
-        DlqAction::Drop { id, all } => {
-            let id = if *all { None } else { id.as_deref() };
-            let n = drop_entries(ops, id).await?;
-            eprintln!("dropped {n} dead letters");
-            if args.json {
-                super::print_json(&serde_json::json!({ "dropped": n }))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

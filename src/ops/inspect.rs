@@ -14,13 +14,14 @@ use super::archive::{self, Archived};
 use super::status::{self, PrSummary};
 use super::timefmt::{duration, now_ms, rfc3339};
 use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
-use crate::cli::InspectArgs;
-use crate::core::event::{CiContext, Review};
+use crate::core::event::{CiContext, ReviewFact};
 use crate::core::machine::decide;
 use crate::core::record::{Attempt, Hold, PrRecord};
 use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::effect_fields;
 use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::streams;
+use crate::store::timers as store_timers;
 
 /// History entries shown.
 const HISTORY_SHOWN: usize = 20;
@@ -37,7 +38,7 @@ pub struct Inspection {
     /// CI contexts of the head.
     pub ci: Vec<CiContext>,
     /// Latest review per reviewer.
-    pub reviews: Vec<Review>,
+    pub reviews: Vec<ReviewFact>,
     /// Finished attempts.
     pub attempts: Vec<Attempt>,
     /// Paused or needs-human.
@@ -189,15 +190,8 @@ async fn pending_effects(
     stream: &str,
     key: &str,
 ) -> Result<Vec<PendingEffect>, OpsError> {
-    let groups: Result<redis::streams::StreamInfoGroupsReply, _> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await;
-    let last = groups
-        .ok()
-        .and_then(|g| g.groups.into_iter().find(|g| g.name == EXECUTORS_GROUP))
-        .map(|g| g.last_delivered_id);
+    let group = streams::group_figures(conn, stream, EXECUTORS_GROUP).await;
+    let last = group.ok().flatten().map(|g| g.last_delivered_id);
     let mine = |e: &Archived| e.field(effect_fields::RECORD) == key;
     let view = |e: Archived, state: &str| PendingEffect {
         id: e.field(effect_fields::ID).to_owned(),
@@ -211,16 +205,9 @@ async fn pending_effects(
         let all = archive::scan(conn, stream, "-", "+", mine).await?;
         return Ok(all.into_iter().map(|e| view(e, "queued")).collect());
     };
-    let pending: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(EXECUTORS_GROUP)
-        .arg("-")
-        .arg("+")
-        .arg(PENDING_SCAN)
-        .query_async(conn)
-        .await?;
-    for p in pending.ids {
-        if let Some(e) = archive::entry(conn, stream, &p.id).await?
+    let pending = streams::pending_ids(conn, stream, EXECUTORS_GROUP, PENDING_SCAN).await?;
+    for id in pending {
+        if let Some(e) = archive::entry(conn, stream, &id).await?
             && mine(&e)
         {
             out.push(view(e, "in-progress"));
@@ -238,27 +225,21 @@ async fn timers(
     shard: u16,
     key: &str,
 ) -> Result<Vec<TimerView>, OpsError> {
-    let all: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(ops.keys.timers(shard))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?;
+    let all = store_timers::scheduled(conn, &ops.keys, shard).await?;
     let prefix = format!("{key}/");
     Ok(all
         .into_iter()
         .filter_map(|(m, due)| {
             m.strip_prefix(&prefix).map(|id| TimerView {
                 id: id.to_owned(),
-                due_ms: due as i64,
+                due_ms: due,
             })
         })
         .collect())
 }
 
 /// Human-readable rendering of one PR.
-fn render_pr(i: &Inspection, now: i64) -> String {
+pub fn render_pr(i: &Inspection, now: i64) -> String {
     let s = &i.summary;
     let mut out = format!("{}#{}  {}\n", s.repo, s.number, s.title);
     let age = s
@@ -410,25 +391,6 @@ pub fn render_line(s: &PrSummary, now: i64) -> String {
         "#{:<5} {:<16} {:>7}  {}{work}  — {}",
         s.number, s.phase, age, s.title, s.reason
     )
-}
-
-/// `shepherd inspect`.
-pub async fn cli(ops: &Ops, args: &InspectArgs) -> anyhow::Result<()> {
-    let report = inspect(ops, &args.target).await?;
-    if args.json {
-        return super::print_json(&report);
-    }
-    let now = now_ms();
-    match &report {
-        InspectReport::Pr(i) => print!("{}", render_pr(i, now)),
-        InspectReport::Repo(prs) => {
-            for s in prs {
-                println!("{}", render_line(s, now));
-            }
-            eprintln!("{} open PRs", prs.len());
-        }
-    }
-    Ok(())
 }
 
 /// The phase of a record now (for callers outside this module).

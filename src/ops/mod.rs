@@ -1,9 +1,8 @@
-//! Operator tools: send, replay, inspect, rebuild, resync, dead letters — and the
-//! dispatcher from a parsed subcommand to the code that runs it.
+//! Operator tools: replay, inspect, rebuild, resync, dead letters, status.
 //!
 //! Every tool is a function of [`Ops`] (Redis, key layout, policy, configuration)
-//! taking a request and returning a serializable report, so the CLI (`cli_*`
-//! functions, which print) and the admin API (`crate::ingest::admin`, which answers
+//! taking a request and returning a serializable report, so the CLI (`crate::app::commands`,
+//! which prints) and the admin API (`crate::ingest::admin`, which answers
 //! JSON) run exactly the same code. Errors are [`OpsError`]s: the admin API maps them
 //! to HTTP statuses in one place, the CLI prints them.
 //!
@@ -26,7 +25,6 @@ pub mod inspect;
 pub mod rebuild;
 pub mod replay;
 pub mod resync;
-pub mod send;
 pub mod status;
 pub mod timefmt;
 
@@ -36,7 +34,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use redis::aio::ConnectionManager;
 
-use crate::cli::Command;
 use crate::config::Config;
 use crate::core::ids::RepoName;
 use crate::core::policy::PolicyFile;
@@ -61,7 +58,7 @@ pub struct Ops {
 impl Ops {
     /// Tools on `conn` (an existing connection, e.g. the HTTP server's).
     pub fn new(config: Arc<Config>, conn: ConnectionManager) -> anyhow::Result<Self> {
-        let policy = Arc::new(crate::worker::load_policy(&config)?);
+        let policy = Arc::new(crate::config::load_policy(&config)?);
         let keys = Keys::new(config.key_prefix.clone(), config.shards);
         Ok(Self {
             config,
@@ -156,31 +153,6 @@ pub fn parse_pr(text: &str) -> Result<PrTarget, OpsError> {
 pub fn parse_repo(text: &str) -> Result<RepoName, OpsError> {
     text.parse()
         .map_err(|_| OpsError::BadRequest(format!("{text:?} is not owner/repo")))
-}
-
-/// Prints `value` as pretty JSON on stdout.
-pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
-}
-
-/// Runs one subcommand to completion.
-pub async fn run_command(command: Command, config: Config) -> anyhow::Result<()> {
-    match command {
-        Command::Serve => crate::ingest::serve(config, crate::shutdown::on_signals()).await,
-        Command::Work(args) => crate::worker::work(config, args.consumer).await,
-        Command::Run(args) => crate::worker::run_all(config, args.consumer).await,
-        Command::Send(args) => send::run(&args).await,
-        Command::Replay(args) => replay::cli(&Ops::connect(Arc::new(config))?, &args).await,
-        Command::Inspect(args) => inspect::cli(&Ops::connect(Arc::new(config))?, &args).await,
-        Command::Rebuild(args) => rebuild::cli(&Ops::connect(Arc::new(config))?, &args).await,
-        Command::Resync(args) => resync::cli(&Ops::connect(Arc::new(config))?, &args).await,
-        Command::Dlq(args) => dlq::cli(&Ops::connect(Arc::new(config))?, &args).await,
-        Command::Agents(args) => {
-            let agents = args.settings.validate()?;
-            crate::agents::run(config, agents, args.consumer).await
-        }
-    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! the stored record, and with `--apply` replace the stored record (compare-and-set on
 //! the version read, through the workers' commit script, with a history entry).
 //!
-//! Events folded: every archived entry of the PR's repository whose event targets the
-//! PR, plus repository-wide events (pushes, statuses) once the PR is known, each
+//! Events folded: every archived entry of the PR's repository whose event reaches the
+//! PR as `core::route` routes it for the workers — events naming the PR, and
+//! repository-wide events (pushes, statuses) while the folded record is open — each
 //! stepped at the time it was received. Only the replay window is archived: a PR older
 //! than the window folds from its first retained event. Effects of the fold are
 //! discarded — they happened when the events were first processed; the work index and
@@ -16,11 +17,11 @@ use tracing::instrument;
 
 use super::diff::{self, Change};
 use super::{Ops, OpsError, PrTarget, archive, parse_pr};
-use crate::cli::RebuildArgs;
-use crate::core::event::Target;
+use crate::core::event::Event;
 use crate::core::ids::Scope;
 use crate::core::machine::{claim_timer, decide, step};
 use crate::core::record::PrRecord;
+use crate::core::route::{self, Facts, RecordRef};
 use crate::store::commit::{
     self, CommitOutcome, CommitPlan, RecordWrite, TimerWrite, history_fields,
 };
@@ -116,12 +117,7 @@ pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError
         let Ok(Some(event)) = e.decode() else {
             continue;
         };
-        let applies = match event.target() {
-            Target::Pr(r, num) => r == repo && num == t.number,
-            Target::Repo(r) => r == repo && record.pr.is_some() && record.is_open(),
-            Target::Issue(..) | Target::None => false,
-        };
-        if !applies {
+        if !reaches(&event, &record) {
             continue;
         }
         let at = e
@@ -134,6 +130,19 @@ pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError
         n += 1;
     }
     Ok((record, n))
+}
+
+/// Whether a worker would apply `event` to the PR whose record is folded so far
+/// (`core::route`, with that record as all the store knows): events naming the PR, and
+/// repository-wide ones while the record is open.
+fn reaches(event: &Event, record: &PrRecord) -> bool {
+    let mut facts = Facts::default();
+    facts.add_pr(record);
+    let me = RecordRef::pr(&record.repo, record.number);
+    route::route(event)
+        .recipients(&facts)
+        .iter()
+        .any(|r| r.record == me)
 }
 
 /// Writes `folded` over the stored record at `expect` (CAS); returns the new version.
@@ -240,30 +249,39 @@ fn without_version(v: &Value) -> Value {
     v
 }
 
-/// `shepherd rebuild`.
-pub async fn cli(ops: &Ops, args: &RebuildArgs) -> anyhow::Result<()> {
-    let req = RebuildRequest {
-        target: args.target.clone(),
-        apply: args.apply,
-    };
-    let report = rebuild(ops, &req).await?;
-    if args.json {
-        return super::print_json(&report);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::route::cases;
+
+    /// The fold's choice for every case of the core's routing table: each PR record of
+    /// the case (and the named PR, stored or fresh) is folded with the event exactly
+    /// when the table's recipients include it.
+    #[test]
+    fn the_fold_routes_the_table_like_the_core() {
+        let repo = cases::repo();
+        for case in cases::all() {
+            let mut records = case.stored.clone();
+            if let Some(named) = route::route(&case.event).named
+                && named.scope == crate::core::ids::Scope::Pr
+                && case.stored_pr(named.number).is_none()
+            {
+                records.push(PrRecord::new(named.repo, named.number));
+            }
+            for r in &records {
+                let me = RecordRef::pr(&repo, r.number);
+                let want = case
+                    .want
+                    .iter()
+                    .any(|line| cases::record_of(&repo, line) == me);
+                assert_eq!(
+                    reaches(&case.event, r),
+                    want,
+                    "{}: #{}",
+                    case.name,
+                    r.number
+                );
+            }
+        }
     }
-    eprintln!(
-        "{}: folded {} archived events; stored record at version {}",
-        report.target, report.events_folded, report.stored_version
-    );
-    if report.changes.is_empty() {
-        println!("no differences");
-    } else {
-        println!("{} differences (stored → folded):", report.changes.len());
-        print!("{}", diff::render(&report.changes));
-    }
-    if let Some(v) = report.new_version {
-        eprintln!("applied: the stored record is now the folded one (version {v})");
-    } else if !report.changes.is_empty() {
-        eprintln!("run with --apply to replace the stored record");
-    }
-    Ok(())
 }

@@ -7,11 +7,13 @@
 //! the history entry; the core and the executor are idempotent, so a replay causes no
 //! duplicate effects.
 //!
-//! `--dry-run` commits nothing: per event it loads the current record (or the record
-//! as an earlier event of the same run left it, in memory), runs `core::step` and
-//! reports the transition and effects.
+//! `--dry-run` commits nothing: per event it loads every record the event reaches
+//! (`core::route`, as a worker would: the PR, the issues a `pull_request` event's PR
+//! links, the open PRs of a repository-wide event) — the current record, or the record
+//! as an earlier event of the same run left it, in memory — runs `core::step` and
+//! reports the transitions and effects.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use tracing::instrument;
@@ -19,13 +21,14 @@ use tracing::instrument;
 use super::archive::{self, Archived};
 use super::timefmt::{self, now_ms};
 use super::{Ops, OpsError, parse_pr, parse_repo};
-use crate::cli::ReplayArgs;
 use crate::core::effect::Effect;
-use crate::core::event::{Event, Target};
-use crate::core::ids::RepoName;
+use crate::core::event::Event;
+use crate::core::ids::{RepoName, Scope};
 use crate::core::machine::{decide, decide_issue, step, step_issue};
 use crate::core::record::{IssueRecord, PrRecord};
+use crate::core::route::{self, Facts, FanOut, RecordRef};
 use crate::store::commit;
+use crate::store::event_entry::{self, EventEntry};
 use crate::store::fields;
 
 /// What to replay (exactly one of `delivery`, `pr`, `repo`, `dead_letter`).
@@ -46,20 +49,6 @@ pub struct ReplayRequest {
     pub dead_letter: Option<String>,
     /// Report what would happen; change nothing.
     pub dry_run: bool,
-}
-
-impl From<&ReplayArgs> for ReplayRequest {
-    fn from(a: &ReplayArgs) -> Self {
-        Self {
-            delivery: a.delivery.clone(),
-            pr: a.pr.clone(),
-            repo: a.repo.clone(),
-            since: a.since.clone(),
-            until: a.until.clone(),
-            dead_letter: a.dead_letter.clone(),
-            dry_run: a.dry_run,
-        }
-    }
 }
 
 /// What a replay did (or, with `dry_run`, would do).
@@ -204,16 +193,18 @@ async fn select(ops: &Ops, req: &ReplayRequest) -> Result<Vec<Archived>, OpsErro
     ))
 }
 
-/// Every original webhook delivery in the archive whose event targets PR `repo#n`.
+/// Every original webhook delivery in the archive whose event names PR `repo#n`
+/// (`core::route`; repository-wide events are left out: replaying one would reach
+/// every open PR).
 pub async fn pr_deliveries(ops: &Ops, repo: &RepoName, n: u64) -> Result<Vec<Archived>, OpsError> {
     let stream = ops.keys.events(ops.keys.shard_of(repo.as_str()));
     let mut conn = ops.conn();
-    let want = Target::Pr(repo.clone(), n);
+    let want = Some(RecordRef::pr(repo, n));
     archive::scan(&mut conn, &stream, "-", "+", |e| {
         e.is_webhook()
             && !e.is_replay()
             && e.is_for_repo(repo.as_str())
-            && matches!(e.decode(), Ok(Some(ev)) if ev.target() == want)
+            && matches!(e.decode(), Ok(Some(ev)) if route::route(&ev).named == want)
     })
     .await
 }
@@ -226,21 +217,9 @@ pub(crate) async fn requeue(
     stream: &str,
     original: &str,
 ) -> Result<ReplayedEntry, OpsError> {
-    let mut cmd = redis::cmd("XADD");
-    cmd.arg(stream).arg("*");
-    let mut names: Vec<&String> = e.fields.keys().collect();
-    names.sort();
-    for k in names {
-        if k == fields::REPLAY || k == fields::RECEIVED || k.starts_with("dl_") {
-            continue;
-        }
-        cmd.arg(k).arg(&e.fields[k]);
-    }
-    cmd.arg(fields::RECEIVED)
-        .arg(now_ms())
-        .arg(fields::REPLAY)
-        .arg(original);
-    let new_id: String = cmd.query_async(&mut ops.conn()).await?;
+    let received = u64::try_from(now_ms()).unwrap_or(0);
+    let entry = EventEntry::replay_of(&e.fields, original, received);
+    let new_id = event_entry::append(&mut ops.conn(), stream, &entry).await?;
     tracing::info!(
         replay = original,
         new_id = %new_id,
@@ -264,7 +243,7 @@ fn item_of(e: &Archived, original: &str, new_id: Option<String>) -> ReplayedEntr
     }
 }
 
-/// Records as a dry run has left them, by record key.
+/// Records as a dry run has left them (or loaded them), by record key.
 #[derive(Default)]
 pub(crate) struct DryState {
     /// PR records.
@@ -274,7 +253,10 @@ pub(crate) struct DryState {
 }
 
 impl DryState {
-    /// Steps `e` in memory against the current (or earlier dry-run) records.
+    /// Steps `e` in memory against the current (or earlier dry-run) records of every
+    /// record its event reaches (`core::route`, as the workers route it). A record the
+    /// event names is always reported; one it fans out to only when it changes, as
+    /// only then would a worker write it.
     pub(crate) async fn run(
         &mut self,
         ops: &Ops,
@@ -294,33 +276,81 @@ impl DryState {
                 return Ok(item);
             }
         };
+        let route = route::route(&event);
+        if route.is_empty() {
+            item.note = Some("no record to route to".into());
+            return Ok(item);
+        }
         let now = now_ms();
-        match event.target() {
-            Target::Pr(repo, n) => {
-                let t = self.step_pr(ops, &repo, n, &event, now).await?;
+        let mut facts = Facts::default();
+        if let Some(named) = &route.named {
+            let (t, links) = self.step(ops, named, &event, now).await?;
+            facts.linked_issues = links;
+            item.transitions.push(t);
+        }
+        if let FanOut::OpenPrs(repo) = &route.fan_out {
+            self.repo_facts(ops, repo, &mut facts).await?;
+        }
+        for r in route.fan_out(&facts) {
+            let (t, _) = self.step(ops, &r.record, &event, now).await?;
+            if r.reach.always_recorded() || t.versions.0 != t.versions.1 {
                 item.transitions.push(t);
             }
-            Target::Issue(repo, n) => {
-                let t = self.step_issue(ops, &repo, n, &event, now).await?;
-                item.transitions.push(t);
-            }
-            Target::Repo(repo) => {
-                let index = ops.keys.repo_index(repo.as_str());
-                let mut members = commit::index_members(&mut ops.conn(), &index).await?;
-                members.sort();
-                for key in members.iter().filter(|k| k.contains(":pr:")) {
-                    let Some(n) = key.rsplit('#').next().and_then(|n| n.parse().ok()) else {
-                        continue;
-                    };
-                    let t = self.step_pr(ops, &repo, n, &event, now).await?;
-                    if t.versions.0 != t.versions.1 {
-                        item.transitions.push(t);
-                    }
-                }
-            }
-            Target::None => item.note = Some("no record to route to".into()),
         }
         Ok(item)
+    }
+
+    /// Adds to `facts` every PR record of `repo` the dry run knows: the repository
+    /// index's, as earlier events of this run left them, and those earlier events
+    /// created.
+    async fn repo_facts(
+        &mut self,
+        ops: &Ops,
+        repo: &RepoName,
+        facts: &mut Facts,
+    ) -> Result<(), OpsError> {
+        let index = ops.keys.repo_index(repo.as_str());
+        let members = commit::index_members(&mut ops.conn(), &index).await?;
+        let unloaded: Vec<String> = members
+            .into_iter()
+            .filter(|k| k.contains(":pr:") && !self.prs.contains_key(k))
+            .collect();
+        let stored = commit::load_many(&mut ops.conn(), &unloaded).await?;
+        for (key, stored) in unloaded.into_iter().zip(stored) {
+            if let Some(s) = stored {
+                self.prs.insert(key.clone(), decode_pr(&key, &s.data)?);
+            }
+        }
+        self.add_known_prs(repo, facts);
+        Ok(())
+    }
+
+    /// Adds to `facts` the PR records of `repo` held in memory.
+    fn add_known_prs(&self, repo: &RepoName, facts: &mut Facts) {
+        for r in self.prs.values().filter(|r| r.repo == *repo) {
+            facts.add_pr(r);
+        }
+    }
+
+    /// Steps one record in memory; returns the transition and, for a PR, the issues it
+    /// links before or after.
+    async fn step(
+        &mut self,
+        ops: &Ops,
+        record: &RecordRef,
+        event: &Event,
+        now: i64,
+    ) -> Result<(DryTransition, BTreeSet<u64>), OpsError> {
+        match record.scope {
+            Scope::Pr => {
+                self.step_pr(ops, &record.repo, record.number, event, now)
+                    .await
+            }
+            Scope::Issue => {
+                let t = (self.step_issue(ops, &record.repo, record.number, event, now)).await?;
+                Ok((t, BTreeSet::new()))
+            }
+        }
     }
 
     /// One PR step in memory.
@@ -331,7 +361,7 @@ impl DryState {
         n: u64,
         event: &Event,
         now: i64,
-    ) -> Result<DryTransition, OpsError> {
+    ) -> Result<(DryTransition, BTreeSet<u64>), OpsError> {
         let key = ops.keys.pr_record(repo.as_str(), n);
         let old = match self.prs.get(&key) {
             Some(r) => r.clone(),
@@ -341,6 +371,7 @@ impl DryState {
         };
         let policy = ops.policy.for_repo(repo);
         let t = step(&old, event, now, &policy);
+        let links = route::linked_issues(&old, &t.record);
         let out = DryTransition {
             record: format!("{repo}#{n}"),
             phase_before: decide(&old, &policy, now).phase.as_str().to_owned(),
@@ -350,7 +381,7 @@ impl DryState {
             effects: t.effects,
         };
         self.prs.insert(key, t.record);
-        Ok(out)
+        Ok((out, links))
     }
 
     /// One issue step in memory.
@@ -396,33 +427,53 @@ impl DryState {
 pub(crate) async fn load_pr(ops: &Ops, key: &str) -> Result<Option<PrRecord>, OpsError> {
     match commit::load(&mut ops.conn(), key).await? {
         None => Ok(None),
-        Some(s) => PrRecord::from_json(&s.data)
-            .map(Some)
-            .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}"))),
+        Some(s) => decode_pr(key, &s.data).map(Some),
     }
 }
 
-/// `shepherd replay`: progress and summary on stderr, `--json` report on stdout.
-pub async fn cli(ops: &Ops, args: &ReplayArgs) -> anyhow::Result<()> {
-    let req = ReplayRequest::from(args);
-    let report = replay(ops, &req, &|line| eprintln!("{line}")).await?;
-    if args.dry_run && !args.json {
-        for item in &report.replayed {
-            for t in &item.transitions {
-                for fx in &t.effects {
-                    eprintln!("    effect {} {}", fx.id, serde_json::to_string(&fx.kind)?);
-                }
+/// Decodes the stored PR record at `key`.
+fn decode_pr(key: &str, data: &str) -> Result<PrRecord, OpsError> {
+    PrRecord::from_json(data)
+        .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::route::cases;
+
+    /// The dry run's route of every case of the core's routing table, with the
+    /// repository's records in the dry run's memory (next to an open PR of another
+    /// repository, which no case reaches).
+    #[test]
+    fn the_dry_run_routes_the_table_like_the_core() {
+        let other: RepoName = "acme/gadgets".parse().unwrap();
+        let mut foreign = PrRecord::new(other, 50);
+        foreign.pr = cases::all()
+            .iter()
+            .find_map(|c| c.stored.iter().find(|r| r.is_open()))
+            .and_then(|r| r.pr.clone());
+        assert!(foreign.is_open(), "an open record of another repository");
+        for case in cases::all() {
+            let mut dry = DryState::default();
+            dry.prs.insert("foreign".into(), foreign.clone());
+            for r in &case.stored {
+                dry.prs.insert(format!("pr {}", r.number), r.clone());
             }
+            let mut facts = Facts {
+                linked_issues: case.linked_issues(),
+                ..Facts::default()
+            };
+            let route = route::route(&case.event);
+            if let FanOut::OpenPrs(repo) = &route.fan_out {
+                dry.add_known_prs(repo, &mut facts);
+            }
+            assert_eq!(
+                case.summary(&route.recipients(&facts)),
+                case.want,
+                "{}",
+                case.name
+            );
         }
     }
-    let verb = if report.dry_run {
-        "would replay"
-    } else {
-        "replayed"
-    };
-    eprintln!("{verb} {} entries", report.replayed.len());
-    if args.json {
-        super::print_json(&report)?;
-    }
-    Ok(())
 }

@@ -16,6 +16,7 @@ use crate::core::record::{Hold, PrRecord};
 use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::{self, history_fields};
 use crate::store::keys::{AGENTS_GROUP, EXECUTORS_GROUP, WORKERS_GROUP};
+use crate::store::{archive, markers, streams};
 
 /// History entries read back to find when the current phase began.
 const PHASE_LOOKBACK: usize = 200;
@@ -180,23 +181,14 @@ async fn phase_since(
     history_key: &str,
     phase: &str,
 ) -> Result<Option<i64>, OpsError> {
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-        .arg(history_key)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(PHASE_LOOKBACK)
-        .query_async(conn)
-        .await?;
+    let entries = archive::newest(conn, history_key, PHASE_LOOKBACK).await?;
     let mut since = None;
-    for e in entries.ids {
-        let p: String = e.get(history_fields::PHASE).unwrap_or_default();
-        if p != phase {
+    for e in entries {
+        let field = |name: &str| e.fields.get(name).map_or("", String::as_str);
+        if field(history_fields::PHASE) != phase {
             break;
         }
-        let at: Option<i64> = e
-            .get::<String>(history_fields::AT)
-            .and_then(|a| a.parse().ok());
+        let at: Option<i64> = field(history_fields::AT).parse().ok();
         since = at.or(since);
     }
     Ok(since)
@@ -208,7 +200,7 @@ pub async fn queue(
     stream: &str,
     group: &str,
 ) -> Result<QueueFigures, OpsError> {
-    let length: u64 = redis::cmd("XLEN").arg(stream).query_async(conn).await?;
+    let length = streams::length(conn, stream).await?;
     let mut q = QueueFigures {
         stream: stream.to_owned(),
         group: group.to_owned(),
@@ -220,17 +212,10 @@ pub async fn queue(
         q.lag = Some(0);
         return Ok(q);
     }
-    let groups: Result<redis::streams::StreamInfoGroupsReply, _> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await;
-    if let Ok(groups) = groups
-        && let Some(g) = groups.groups.into_iter().find(|g| g.name == group)
-    {
-        q.lag = g.lag.map(|l| l as u64);
-        q.pending = g.pending as u64;
-        q.consumers = g.consumers as u64;
+    if let Ok(Some(g)) = streams::group_figures(conn, stream, group).await {
+        q.lag = g.lag;
+        q.pending = g.pending;
+        q.consumers = g.consumers;
     }
     Ok(q)
 }
@@ -249,26 +234,14 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
             .push(queue(&mut conn, &ops.keys.events(shard), WORKERS_GROUP).await?);
         out.queues
             .push(queue(&mut conn, &ops.keys.effects(shard), EXECUTORS_GROUP).await?);
-        let dead: u64 = redis::cmd("XLEN")
-            .arg(ops.keys.dead_letters(shard))
-            .query_async(&mut conn)
-            .await?;
-        out.dead_letters += dead;
+        out.dead_letters += streams::length(&mut conn, &ops.keys.dead_letters(shard)).await?;
     }
-    let last: Option<String> = redis::cmd("GET")
-        .arg(ops.keys.last_resync())
-        .query_async(&mut conn)
-        .await?;
-    out.last_resync_ms = last.and_then(|l| l.parse().ok());
-    let circuit_ttl: i64 = redis::cmd("PTTL")
-        .arg(ops.keys.forgejo_circuit())
-        .query_async(&mut conn)
-        .await?;
-    out.forgejo_circuit_open_ms = (circuit_ttl > 0).then_some(circuit_ttl);
+    out.last_resync_ms = markers::last_resync(&mut conn, &ops.keys).await?;
+    out.forgejo_circuit_open_ms = markers::open_circuit_ms(&mut conn, &ops.keys).await?;
     out.queues
         .push(queue(&mut conn, &ops.keys.dispatch(), AGENTS_GROUP).await?);
     out.agents = agent_runs::live(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
-    for repo in super::resync::known_repos(ops).await? {
+    for repo in super::resync::known(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
     }
     Ok(out)

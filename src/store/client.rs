@@ -23,6 +23,33 @@ pub async fn query_pipeline<T: redis::FromRedisValue>(
     Ok(pipe.query_async(conn).await?)
 }
 
+/// Whether a Redis answers `PING` at `url` within `timeout`, on a connection of its own
+/// (`shepherd run` asks before it starts a local redis-server).
+pub async fn answers_ping(url: &str, timeout: Duration) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let probe = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    matches!(tokio::time::timeout(timeout, probe).await, Ok(Ok(_)))
+}
+
+/// Asks the Redis at `url` to shut down (`SHUTDOWN`: it writes its data and exits),
+/// waiting at most `timeout`. The server closes the connection instead of answering,
+/// so there is nothing to report: whether it stopped shows in its process.
+pub async fn ask_shutdown(url: &str, timeout: Duration) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let ask = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await
+    };
+    let _ = tokio::time::timeout(timeout, ask).await;
+}
+
 /// How long a short command may take before it counts as failed.
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.

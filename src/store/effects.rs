@@ -19,10 +19,11 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::ConnectionManager;
+use redis::{Script, ToRedisArgs};
 use tracing::instrument;
 
+use super::event_entry::EventEntry;
 use super::keys::EXECUTORS_GROUP;
 use super::{Keys, StoreError};
 use crate::core::event::Event;
@@ -69,6 +70,17 @@ impl InternalEvent {
             body: serde_json::to_string(event).unwrap_or_default(),
         }
     }
+
+    /// The events-stream entry it becomes.
+    pub fn entry(&self) -> EventEntry<'_> {
+        EventEntry::internal(
+            &self.delivery,
+            &self.name,
+            &self.repo,
+            self.received_ms,
+            &self.body,
+        )
+    }
 }
 
 /// Queues `events` on the shard's events stream, sets the done marker of `effect_id`
@@ -93,11 +105,8 @@ pub async fn finish(
         .arg(millis(done_ttl))
         .arg(events.len());
     for e in events {
-        inv.arg(&e.delivery)
-            .arg(&e.name)
-            .arg(&e.repo)
-            .arg(e.received_ms)
-            .arg(&e.body);
+        let entry = e.entry();
+        inv.arg(entry.num_of_args()).arg(entry);
     }
     let queued: i64 = inv.invoke_async(conn).await?;
     Ok(queued == 1)
@@ -197,41 +206,6 @@ pub async fn append_dispatch(
         .arg(json)
         .invoke_async(conn)
         .await?)
-}
-
-/// Takes the merge lock of a target branch for `ttl` with `token`; false when held.
-pub async fn lock_merge(
-    conn: &mut ConnectionManager,
-    key: &str,
-    token: &str,
-    ttl: Duration,
-) -> Result<bool, StoreError> {
-    let set: Option<String> = redis::cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis(ttl))
-        .query_async(conn)
-        .await?;
-    Ok(set.is_some())
-}
-
-/// Releases a merge lock if it still holds `token` (a lock that expired and was taken
-/// by another executor is left alone).
-pub async fn unlock_merge(
-    conn: &mut ConnectionManager,
-    key: &str,
-    token: &str,
-) -> Result<(), StoreError> {
-    static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then \
-             return redis.call('DEL', KEYS[1]) else return 0 end",
-        )
-    });
-    let _: i64 = UNLOCK.key(key).arg(token).invoke_async(conn).await?;
-    Ok(())
 }
 
 /// A duration in whole milliseconds (at least 1, as `PX` requires).

@@ -1,4 +1,4 @@
-//! The ingest side of the store: dedup a verified delivery on its id and append it to
+//! The ingest side of the store: dedup a delivery on its id and append its entry to
 //! its shard's events stream, atomically, in one loaded Lua script
 //! ([`lua/enqueue.lua`](./lua/enqueue.lua)), called with `EVALSHA` (the script text
 //! is sent only once per Redis process, after a `NOSCRIPT` reply).
@@ -12,6 +12,10 @@
 //! [`StoreError`] into `503 Retry-After`. Nothing is buffered in this process: a
 //! delivery is either in Redis when [`Enqueuer::enqueue`] returns `Ok`, or the sender
 //! is told to come back.
+//!
+//! Only verified deliveries reach this: the one caller is
+//! `ingest::Delivery::enqueue`, and a `Delivery` exists only after its signature was
+//! verified (the `Verified` typestate); this module only sees the entry it makes.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -20,8 +24,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, ServerErrorKind};
 
-use crate::ingest::Delivery;
-use crate::store::{Keys, fields};
+use crate::store::event_entry::EventEntry;
+use crate::store::{Keys, StoreError};
 
 /// Source of the dedup+append script.
 pub const ENQUEUE_LUA: &str = include_str!("lua/enqueue.lua");
@@ -33,18 +37,6 @@ const KNOWN_REPOS_CAP: usize = 10_000;
 /// The cache above is also cleared this often, so a `<prefix>:repos` set lost with a
 /// Redis that kept no data is filled again within minutes.
 const KNOWN_REPOS_TTL: Duration = Duration::from_secs(600);
-
-/// A Redis failure on the ingest path. Callers only report it (503), so it keeps the
-/// cause for logs and nothing else.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// Redis did not answer within the configured timeout.
-    #[error("redis did not answer within {0:?}")]
-    Timeout(Duration),
-    /// Redis answered with an error, or the connection failed.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-}
 
 /// Whether a reply failed because the connection itself was lost (not because Redis
 /// refused the command): the connection manager reconnects on such errors, and the
@@ -119,13 +111,14 @@ impl Enqueuer {
         Ok(())
     }
 
-    /// Dedups on the delivery id and appends the entry, atomically, within the timeout.
+    /// Dedups on the entry's delivery id and appends the entry to its repository's
+    /// shard, atomically, within the timeout.
     pub async fn enqueue(
         &self,
         conn: &mut ConnectionManager,
-        delivery: &Delivery,
+        entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
-        tokio::time::timeout(self.timeout, self.enqueue_inner(conn, delivery))
+        tokio::time::timeout(self.timeout, self.enqueue_inner(conn, entry))
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
@@ -133,9 +126,9 @@ impl Enqueuer {
     async fn enqueue_inner(
         &self,
         conn: &mut ConnectionManager,
-        delivery: &Delivery,
+        entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
-        let cmd = self.evalsha(delivery);
+        let cmd = self.evalsha(entry);
         let mut reply: Result<(i64, String), redis::RedisError> = cmd.query_async(conn).await;
         if reply.as_ref().is_err_and(connection_lost) {
             // The connection broke (a Redis restart, a failover) and the manager is
@@ -161,27 +154,16 @@ impl Enqueuer {
 
     /// The `EVALSHA` command for one delivery, built directly so the 15 KB body is
     /// copied once into the command buffer.
-    fn evalsha(&self, d: &Delivery) -> redis::Cmd {
-        let shard = self.keys.shard_of(d.repo());
+    fn evalsha(&self, entry: &EventEntry<'_>) -> redis::Cmd {
+        let shard = self.keys.shard_of(entry.repo());
         let retention_ms = u64::try_from(self.retention.as_millis()).unwrap_or(u64::MAX);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash())
             .arg(2)
-            .arg(self.keys.seen(shard, d.id()))
+            .arg(self.keys.seen(shard, entry.delivery()))
             .arg(self.keys.events(shard))
             .arg(retention_ms)
-            .arg(fields::KIND)
-            .arg(fields::KIND_WEBHOOK)
-            .arg(fields::DELIVERY)
-            .arg(d.id())
-            .arg(fields::EVENT)
-            .arg(d.event())
-            .arg(fields::REPO)
-            .arg(d.repo())
-            .arg(fields::RECEIVED)
-            .arg(d.received_ms())
-            .arg(fields::BODY)
-            .arg(&d.verified().payload()[..]);
+            .arg(entry);
         cmd
     }
 

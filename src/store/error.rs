@@ -1,8 +1,15 @@
-//! The error type of the store, for callers that branch on what went wrong.
+//! The error type of the store, for callers that branch on what went wrong. One type
+//! for every store operation, the ingest's enqueue included (it only reports it: 503).
+
+use std::time::Duration;
 
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Redis did not answer within the configured timeout (the ingest bounds each call
+    /// so it answers well inside Forgejo's delivery timeout). Transient.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
     /// Redis refused the command, timed out, or the connection broke. Transient: the
     /// entry stays pending and is retried (and eventually dead-lettered).
     #[error("redis: {0}")]
@@ -31,6 +38,7 @@ impl StoreError {
     /// that will never decode).
     pub fn is_transient(&self) -> bool {
         match self {
+            StoreError::Timeout(_) => true,
             StoreError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
             StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
         }
@@ -40,7 +48,9 @@ impl StoreError {
     pub fn is_missing_group(&self) -> bool {
         match self {
             StoreError::Redis(e) => e.code() == Some("NOGROUP"),
-            StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
+            StoreError::Timeout(_) | StoreError::Corrupt { .. } | StoreError::Protocol { .. } => {
+                false
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 //! but the contract streams lives in one slot, which is also what a single Redis wants.
 //!
 //! The contract streams `<prefix>:dispatch` and `<prefix>:results` (DESIGN §4) and a few
-//! process-wide keys (repo set, locks) carry no shard tag.
+//! process-wide keys (repo set, the merge and resync locks) carry no shard tag.
 
 /// Consumer group reading the events streams.
 pub const WORKERS_GROUP: &str = "workers";
@@ -211,11 +211,12 @@ impl Keys {
     }
 
     /// Lock of a PR's sticky status comment: one executor at a time looks it up and
-    /// creates or edits it.
+    /// creates or edits it. Its own key, not the merge lock: a merge and a status
+    /// update never wait for each other. Carries the PR's shard tag, like its record.
     pub fn status_lock(&self, repo: &str, number: u64) -> String {
         format!(
             "{}:lock:status:{}#{number}",
-            self.prefix,
+            self.tag(self.shard_of(repo)),
             repo.to_lowercase()
         )
     }
@@ -288,5 +289,12 @@ mod tests {
             k.pr_record("o/r1", 1)
                 .starts_with(&format!("{{p:{}}}", k.shard_of("o/r1")))
         );
+        let tag = |key: String| key[..key.find('}').unwrap() + 1].to_owned();
+        assert_eq!(
+            tag(k.status_lock("O/R1", 1)),
+            tag(k.pr_record("o/r1", 1)),
+            "the status lock lives with the PR's record"
+        );
+        assert_ne!(k.status_lock("o/r1", 1), k.merge_lock("o/r1", "main"));
     }
 }

@@ -1,13 +1,16 @@
-//! Redis: keys, Lua scripts, streams, compare-and-set commits, timers and the archive.
-//! Everything that touches Redis lives under this module.
+//! Redis: keys, Lua scripts, streams and the one consumer loop, compare-and-set
+//! commits, timers, locks, the archive, dead letters and the fleet's markers.
+//! Everything that touches Redis lives under this module: the rest of the crate calls
+//! named functions here, never a raw command.
 
 pub mod enqueue;
 pub mod keys;
 
 pub use keys::Keys;
 
-/// Field names of an events-stream entry, shared by ingest (writer), workers and the
-/// operator tools (readers). Every entry has all of `kind`, `delivery`, `event`, `repo`,
+/// Field names of an events-stream entry, shared by its one writer
+/// ([`event_entry::EventEntry`], which documents the layout) and its readers (workers,
+/// operator tools). Every entry has all of `kind`, `delivery`, `event`, `repo`,
 /// `received` and `body`; `replay` only on replays.
 pub mod fields {
     /// `webhook` (a Forgejo delivery) or `internal` (timer, observation, result, outcome).
@@ -31,10 +34,17 @@ pub mod fields {
 }
 
 pub mod agent_runs;
+pub mod archive;
 pub mod client;
 pub mod commit;
+pub mod consumer;
+pub mod dead_letters;
 pub mod effects;
 mod error;
+pub mod event_entry;
+pub mod lock;
+pub mod markers;
+pub mod repos;
 pub mod streams;
 pub mod timers;
 pub mod work;

@@ -308,6 +308,61 @@ pub async fn pending_count(
     }
 }
 
+/// What `XINFO GROUPS` says about one consumer group of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupFigures {
+    /// The last entry id delivered to any of its consumers.
+    pub last_delivered_id: String,
+    /// Entries delivered and not yet acknowledged.
+    pub pending: u64,
+    /// Consumers known to the group.
+    pub consumers: u64,
+    /// Entries not yet delivered to it, when Redis can tell.
+    pub lag: Option<u64>,
+}
+
+/// The figures of `group` on `stream`; `None` when the group does not exist. Fails when
+/// the stream does not exist (Redis: "no such key") or Redis does.
+pub async fn group_figures(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+) -> Result<Option<GroupFigures>, StoreError> {
+    let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await?;
+    Ok(groups
+        .groups
+        .into_iter()
+        .find(|g| g.name == group)
+        .map(|g| GroupFigures {
+            last_delivered_id: g.last_delivered_id,
+            pending: g.pending as u64,
+            consumers: g.consumers as u64,
+            lag: g.lag.map(|l| l as u64),
+        }))
+}
+
+/// Ids of up to `count` entries pending in `group` of `stream`, oldest first.
+pub async fn pending_ids(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+    count: usize,
+) -> Result<Vec<String>, StoreError> {
+    let pending: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(count)
+        .query_async(conn)
+        .await?;
+    Ok(pending.ids.into_iter().map(|p| p.id).collect())
+}
+
 /// Number of entries in a stream (e.g. the dead letters).
 pub async fn length(conn: &mut ConnectionManager, stream: &str) -> Result<u64, StoreError> {
     Ok(conn.xlen(stream).await?)

@@ -38,6 +38,23 @@ pub async fn pop_due(
     Ok(n)
 }
 
+/// Every timer scheduled in a shard (due or not): its sorted-set member
+/// (`<record key>/<timer id>`) and due time (unix ms), soonest first.
+pub async fn scheduled(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    shard: u16,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let all: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(keys.timers(shard))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    Ok(all.into_iter().map(|(m, due)| (m, due as i64)).collect())
+}
+
 /// Number of timers scheduled in a shard (due or not), for inspection and gauges.
 pub async fn count(
     conn: &mut ConnectionManager,

@@ -12,7 +12,8 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 use tracing::instrument;
 
-use super::{Keys, StoreError, fields};
+use super::event_entry::EventEntry;
+use super::{Keys, StoreError};
 
 /// The report script.
 static REPORT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/report.lua")));
@@ -56,7 +57,7 @@ impl WorkOwner {
 
 /// What [`lookup`] found about a work id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkState {
+pub enum WorkLookup {
     /// Active, owned by this record.
     Active(WorkOwner),
     /// Its claim ended because the agent's own push superseded it (no cancel): the
@@ -74,7 +75,7 @@ pub async fn lookup(
     conn: &mut ConnectionManager,
     keys: &Keys,
     work_id: &str,
-) -> Result<WorkState, StoreError> {
+) -> Result<WorkLookup, StoreError> {
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         pipe.hget(keys.work_index(shard), work_id);
@@ -93,18 +94,18 @@ pub async fn lookup(
     let mut ended = false;
     for (shard, (owner, marker)) in (0..keys.shards()).zip(replies) {
         if let Some(owner) = owner.and_then(|v| WorkOwner::decode(shard, &v)) {
-            return Ok(WorkState::Active(owner));
+            return Ok(WorkLookup::Active(owner));
         }
         // The ended marker is `1`, or the owner of a claim the agent's push superseded.
         if let Some(owner) = marker.as_deref().and_then(|v| WorkOwner::decode(shard, v)) {
-            return Ok(WorkState::Superseded(owner));
+            return Ok(WorkLookup::Superseded(owner));
         }
         ended |= marker.is_some();
     }
     Ok(if ended {
-        WorkState::Ended
+        WorkLookup::Ended
     } else {
-        WorkState::Unknown
+        WorkLookup::Unknown
     })
 }
 
@@ -161,7 +162,6 @@ pub async fn report(
     marker_ttl_secs: u64,
 ) -> Result<ReportOutcome, StoreError> {
     let shard = owner.shard;
-    let received = result.received_ms.to_string();
     let delivery = format!("result:{work_id}");
     let reply: Vec<String> = REPORT
         .key(keys.work_index(shard))
@@ -170,20 +170,13 @@ pub async fn report(
         .key(keys.events(shard))
         .arg(work_id)
         .arg(marker_ttl_secs.max(1))
-        .arg(&[
-            fields::KIND,
-            fields::KIND_INTERNAL,
-            fields::DELIVERY,
+        .arg(EventEntry::internal(
             &delivery,
-            fields::EVENT,
             &result.event,
-            fields::REPO,
             &owner.repo,
-            fields::RECEIVED,
-            &received,
-            fields::BODY,
+            result.received_ms,
             &result.body,
-        ])
+        ))
         .invoke_async(conn)
         .await?;
     match reply.as_slice() {

@@ -1,20 +1,20 @@
-//! Building a commit plan for one entry: load the records its event targets, step
-//! each with the core, and collect the new records, history entries, effects, timers
-//! and work-index changes (see `store::commit`).
+//! Building a commit plan for one entry: load the records its event reaches (decided
+//! by `core::route`), step each with the core, and collect the new records, history
+//! entries, effects, timers and work-index changes (see `store::commit`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use super::Context;
-use super::process::{ApplyError, Job, target_repo};
+use super::process::{ApplyError, Job};
 use crate::core::effect::{Effect, EffectKind};
-use crate::core::event::{Event, Target};
 use crate::core::ids::{RepoName, Scope};
 use crate::core::machine::{decide, decide_issue, step, step_issue};
 use crate::core::policy::Policy;
 use crate::core::record::{AttemptOutcome, IssueRecord, PrRecord, WorkState};
+use crate::core::route::{self, Facts, FanOut, Reach, RecordRef};
 use crate::store::commit::{
     self, CommitPlan, RecordWrite, StoredRecord, TimerWrite, effect_fields, history_fields,
 };
@@ -22,10 +22,10 @@ use crate::store::fields;
 use crate::store::streams;
 use crate::store::work::WorkOwner;
 
-/// Loads the records the job targets, steps each, and assembles the commit plan.
-/// `shutdown` is checked before each record after the first: a stop interrupts an
-/// entry that fans out to many records ([`ApplyError::Interrupted`], nothing
-/// committed, the entry stays pending).
+/// Loads the records the job's event reaches (`core::route`), steps each, and
+/// assembles the commit plan. `shutdown` is checked before each record after the
+/// named one: a stop interrupts an entry that fans out to many records
+/// ([`ApplyError::Interrupted`], nothing committed, the entry stays pending).
 #[instrument(skip_all)]
 pub(super) async fn build_plan(
     ctx: &Context,
@@ -33,37 +33,36 @@ pub(super) async fn build_plan(
     job: &Job,
     shutdown: &CancellationToken,
 ) -> Result<CommitPlan, ApplyError> {
-    if let Some(repo) = target_repo(&job.event)
-        && ctx.store.keys().shard_of(repo.as_str()) != shard
-    {
-        // One Lua call must stay in one shard; ingest queues by the same hash.
-        return Err(ApplyError::Poison(format!(
-            "repository {repo} belongs to another shard"
-        )));
-    }
+    let route = route::route(&job.event);
     let mut plan = CommitPlan {
         shard,
         entry_id: Some(job.entry.id.clone()),
         ended_ttl_secs: ctx.config.retention.as_secs(),
         ..CommitPlan::default()
     };
-    match job.event.target() {
-        Target::Pr(repo, n) => {
-            let policy = ctx.policy.for_repo(&repo);
-            let prev_links = apply_pr(ctx, job, &policy, &repo, n, true, &mut plan).await?;
-            if matches!(job.event, Event::PullRequest { .. }) {
-                for issue in prev_links {
-                    interrupted(shutdown)?;
-                    apply_issue(ctx, job, &policy, &repo, issue, false, &mut plan).await?;
-                }
-            }
-        }
-        Target::Issue(repo, n) => {
-            let policy = ctx.policy.for_repo(&repo);
-            apply_issue(ctx, job, &policy, &repo, n, true, &mut plan).await?;
-        }
-        Target::Repo(repo) => apply_repo(ctx, job, &repo, &mut plan, shutdown).await?,
-        Target::None => {}
+    let Some(repo) = route.repo().cloned() else {
+        return Ok(plan);
+    };
+    if ctx.store.keys().shard_of(repo.as_str()) != shard {
+        // One Lua call must stay in one shard; ingest queues by the same hash.
+        return Err(ApplyError::Poison(format!(
+            "repository {repo} belongs to another shard"
+        )));
+    }
+    let policy = ctx.policy.for_repo(&repo);
+    let mut facts = Facts::default();
+    if let Some(named) = &route.named {
+        facts.linked_issues =
+            apply(ctx, job, &policy, named, None, Reach::Named, &mut plan).await?;
+    }
+    let mut loaded = match &route.fan_out {
+        FanOut::OpenPrs(repo) => repo_prs(ctx, repo, &mut facts).await?,
+        FanOut::None | FanOut::LinkedIssues => BTreeMap::new(),
+    };
+    for r in route.fan_out(&facts) {
+        interrupted(shutdown)?;
+        let old = loaded.remove(&r.record.number);
+        apply(ctx, job, &policy, &r.record, old, r.reach, &mut plan).await?;
     }
     Ok(plan)
 }
@@ -76,25 +75,100 @@ fn interrupted(shutdown: &CancellationToken) -> Result<(), ApplyError> {
     }
 }
 
-/// Steps the PR record `repo#n` and adds it to the plan; returns the issues its body
-/// links, before or after the step (they get the event too).
-async fn apply_pr(
+/// Every PR record the store holds for `repo` (the repository index), by number;
+/// adds them to `facts` for a repository-wide fan-out. A corrupt record is poison, as
+/// when it is named.
+async fn repo_prs(
+    ctx: &Context,
+    repo: &RepoName,
+    facts: &mut Facts,
+) -> Result<BTreeMap<u64, PrRecord>, ApplyError> {
+    let mut conn = ctx.store.conn();
+    let index = ctx.store.keys().repo_index(repo.as_str());
+    let members = commit::index_members(&mut conn, &index).await?;
+    let pr_keys: Vec<String> = members.into_iter().filter(|k| k.contains(":pr:")).collect();
+    let stored = commit::load_many(&mut conn, &pr_keys).await?;
+    stored_prs(&pr_keys, &stored, facts)
+}
+
+/// Decodes the PR records an index read returned (keys and values side by side),
+/// leaving out keys with no record, and adds each to `facts`.
+fn stored_prs(
+    keys: &[String],
+    stored: &[Option<StoredRecord>],
+    facts: &mut Facts,
+) -> Result<BTreeMap<u64, PrRecord>, ApplyError> {
+    let mut out = BTreeMap::new();
+    for (key, stored) in keys.iter().zip(stored) {
+        if let Some(r) = decode_pr(key, stored.as_ref())? {
+            facts.add_pr(&r);
+            out.insert(r.number, r);
+        }
+    }
+    Ok(out)
+}
+
+/// Steps one record the event reaches — `old` when the caller loaded it already,
+/// else loaded here (a fresh record when the store has none) — and adds it to the
+/// plan. Returns, for a PR, the issues it links before or after the step.
+async fn apply(
     ctx: &Context,
     job: &Job,
     policy: &Policy,
-    repo: &RepoName,
-    n: u64,
-    direct: bool,
+    record: &RecordRef,
+    old: Option<PrRecord>,
+    reach: Reach,
     plan: &mut CommitPlan,
 ) -> Result<BTreeSet<u64>, ApplyError> {
+    let (repo, n) = (&record.repo, record.number);
+    match record.scope {
+        Scope::Pr => {
+            let old = match old {
+                Some(old) => old,
+                None => load_pr(ctx, repo, n).await?,
+            };
+            Ok(apply_pr(ctx, job, policy, &old, reach, plan))
+        }
+        Scope::Issue => {
+            let old = load_issue(ctx, repo, n).await?;
+            apply_issue(ctx, job, policy, &old, reach, plan);
+            Ok(BTreeSet::new())
+        }
+    }
+}
+
+/// The stored record of PR `repo#n`, or a fresh one.
+async fn load_pr(ctx: &Context, repo: &RepoName, n: u64) -> Result<PrRecord, ApplyError> {
     let key = ctx.store.keys().pr_record(repo.as_str(), n);
     let stored = commit::load(&mut ctx.store.conn(), &key).await?;
-    let old = decode_pr(&key, stored.as_ref())?.unwrap_or_else(|| PrRecord::new(repo.clone(), n));
+    Ok(decode_pr(&key, stored.as_ref())?.unwrap_or_else(|| PrRecord::new(repo.clone(), n)))
+}
+
+/// The stored record of issue `repo#n`, or a fresh one.
+async fn load_issue(ctx: &Context, repo: &RepoName, n: u64) -> Result<IssueRecord, ApplyError> {
+    let key = ctx.store.keys().issue_record(repo.as_str(), n);
+    match commit::load(&mut ctx.store.conn(), &key).await? {
+        None => Ok(IssueRecord::new(repo.clone(), n)),
+        Some(s) => IssueRecord::from_json(&s.data)
+            .map_err(|e| ApplyError::Poison(format!("corrupt record {key}: {e}"))),
+    }
+}
+
+/// Steps PR record `old` and adds it to the plan; returns the issues its body links,
+/// before or after the step (a `pull_request` event reaches them too).
+fn apply_pr(
+    ctx: &Context,
+    job: &Job,
+    policy: &Policy,
+    old: &PrRecord,
+    reach: Reach,
+    plan: &mut CommitPlan,
+) -> BTreeSet<u64> {
+    let (repo, n) = (&old.repo, old.number);
     let now = streams::now_ms() as i64;
-    let t = step(&old, &job.event, now, policy);
+    let t = step(old, &job.event, now, policy);
     log_refusals(repo, n, &t.effects);
-    let mut links = old.linked_issues();
-    links.extend(t.record.linked_issues());
+    let links = route::linked_issues(old, &t.record);
     let changed = !t.is_noop();
     let phase = name_of(&decide(&t.record, policy, now).phase);
     let indexed = t.record.is_open() || t.record.pr.is_none();
@@ -108,34 +182,27 @@ async fn apply_pr(
         repo,
         n,
         (old.version, data, phase, indexed),
-        direct || changed,
+        reach.always_recorded() || changed,
         &t.note,
         &t.effects,
     );
     let owner = WorkOwner::encode(false, repo.as_str(), n);
     track_work(plan, old_work, &t.record.work, &t.effects, &owner);
-    Ok(links)
+    links
 }
 
-/// Steps the issue record `repo#n` and adds it to the plan.
-async fn apply_issue(
+/// Steps issue record `old` and adds it to the plan.
+fn apply_issue(
     ctx: &Context,
     job: &Job,
     policy: &Policy,
-    repo: &RepoName,
-    n: u64,
-    direct: bool,
+    old: &IssueRecord,
+    reach: Reach,
     plan: &mut CommitPlan,
-) -> Result<(), ApplyError> {
-    let key = ctx.store.keys().issue_record(repo.as_str(), n);
-    let stored = commit::load(&mut ctx.store.conn(), &key).await?;
-    let old = match stored {
-        None => IssueRecord::new(repo.clone(), n),
-        Some(s) => IssueRecord::from_json(&s.data)
-            .map_err(|e| ApplyError::Poison(format!("corrupt record {key}: {e}")))?,
-    };
+) {
+    let (repo, n) = (&old.repo, old.number);
     let now = streams::now_ms() as i64;
-    let t = step_issue(&old, &job.event, now, policy);
+    let t = step_issue(old, &job.event, now, policy);
     log_refusals(repo, n, &t.effects);
     let changed = !t.is_noop();
     let phase = name_of(&decide_issue(&t.record, policy).phase);
@@ -150,61 +217,12 @@ async fn apply_issue(
         repo,
         n,
         (old.version, data, phase, indexed),
-        direct || changed,
+        reach.always_recorded() || changed,
         &t.note,
         &t.effects,
     );
     let owner = WorkOwner::encode(true, repo.as_str(), n);
     track_work(plan, old_work, &t.record.work, &t.effects, &owner);
-    Ok(())
-}
-
-/// Applies a repository-wide event to every open PR record of the repository.
-async fn apply_repo(
-    ctx: &Context,
-    job: &Job,
-    repo: &RepoName,
-    plan: &mut CommitPlan,
-    shutdown: &CancellationToken,
-) -> Result<(), ApplyError> {
-    let keys = ctx.store.keys();
-    let mut conn = ctx.store.conn();
-    let members = commit::index_members(&mut conn, &keys.repo_index(repo.as_str())).await?;
-    let pr_keys: Vec<String> = members.into_iter().filter(|k| k.contains(":pr:")).collect();
-    let stored = commit::load_many(&mut conn, &pr_keys).await?;
-    let policy = ctx.policy.for_repo(repo);
-    let now = streams::now_ms() as i64;
-    for (key, stored) in pr_keys.iter().zip(stored) {
-        interrupted(shutdown)?;
-        let Some(old) = decode_pr(key, stored.as_ref())? else {
-            continue;
-        };
-        if !old.is_open() {
-            continue;
-        }
-        let t = step(&old, &job.event, now, &policy);
-        let changed = !t.is_noop();
-        let phase = name_of(&decide(&t.record, &policy, now).phase);
-        let indexed = t.record.is_open();
-        let data = changed.then(|| t.record.to_json());
-        let old_work = active_work(&old.work);
-        let n = old.number;
-        push_record(
-            ctx,
-            job,
-            plan,
-            Scope::Pr,
-            repo,
-            n,
-            (old.version, data, phase, indexed),
-            changed,
-            &t.note,
-            &t.effects,
-        );
-        let owner = WorkOwner::encode(false, repo.as_str(), n);
-        track_work(plan, old_work, &t.record.work, &t.effects, &owner);
-    }
-    Ok(())
 }
 
 /// Decodes a stored PR record (`None` when there is none).
@@ -408,5 +426,64 @@ fn log_refusals(repo: &RepoName, number: u64, effects: &[Effect]) {
                 "ignored /shepherd commands: the commenter has no write access"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::route::cases;
+
+    /// The worker's route of every case of the core's routing table: the repository's
+    /// records as an index read returns them (with a key whose record is gone), decoded
+    /// and gathered by the worker's own code.
+    #[test]
+    fn the_worker_routes_the_table_like_the_core() {
+        for case in cases::all() {
+            let route = route::route(&case.event);
+            let mut keys: Vec<String> = case
+                .stored
+                .iter()
+                .map(|r| format!("{{t:0}}:pr:{}#{}", r.repo, r.number))
+                .collect();
+            let mut stored: Vec<Option<StoredRecord>> = case
+                .stored
+                .iter()
+                .map(|r| {
+                    Some(StoredRecord {
+                        version: r.version,
+                        data: r.to_json(),
+                    })
+                })
+                .collect();
+            keys.push("{t:0}:pr:acme/widgets#99".into());
+            stored.push(None);
+            let mut facts = Facts {
+                linked_issues: case.linked_issues(),
+                ..Facts::default()
+            };
+            let loaded = stored_prs(&keys, &stored, &mut facts)
+                .unwrap_or_else(|_| panic!("{}: records decode", case.name));
+            let recipients = route.recipients(&facts);
+            assert_eq!(case.summary(&recipients), case.want, "{}", case.name);
+            for r in recipients.iter().filter(|r| r.reach == Reach::OpenPr) {
+                assert!(
+                    loaded.contains_key(&r.record.number),
+                    "{}: an open PR is stepped from the record read",
+                    case.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_corrupt_record_in_the_index_is_poison() {
+        let keys = vec!["{t:0}:pr:acme/widgets#1".to_owned()];
+        let stored = vec![Some(StoredRecord {
+            version: 1,
+            data: "{not json".into(),
+        })];
+        let got = stored_prs(&keys, &stored, &mut Facts::default());
+        assert!(matches!(got, Err(ApplyError::Poison(m)) if m.contains("corrupt record")));
     }
 }

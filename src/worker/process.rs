@@ -1,5 +1,6 @@
-//! Processing of events-stream entries: decode → route → load → `core::step` →
-//! compare-and-set commit, retried on conflict; poison entries to the dead letters.
+//! Processing of events-stream entries, the handler of the events consumer loop:
+//! decode → route → load → `core::step` → compare-and-set commit, retried on conflict;
+//! poison entries are answered `DeadLetter` (the loop moves them).
 //!
 //! A batch is split by target record: entries for the same record run one after the
 //! other (in stream order), different records run concurrently on the shared
@@ -18,9 +19,9 @@ use crate::core::event::{Event, Target};
 use crate::core::ids::RepoName;
 use crate::core::normalize::normalize;
 use crate::store::commit::{self, CommitOutcome};
-use crate::store::keys::WORKERS_GROUP;
+use crate::store::consumer::{Handled, Outcome};
 use crate::store::streams::{self, Entry};
-use crate::store::{StoreError, fields};
+use crate::store::{StoreError, fields, repos};
 
 /// Commit attempts per entry before it is left pending for a later retry.
 const MAX_ATTEMPTS: u32 = 32;
@@ -47,21 +48,22 @@ enum Decoded {
     Poison(Entry, String),
 }
 
-/// Processes a batch of entries of one shard; returns when every entry is committed,
-/// acked, dead-lettered, or left pending after an error (to be retried by reclaim).
-/// Once `shutdown` fires, entries not yet started are left pending (never acked), so
-/// a stop does not wait for the rest of a batch and loses none of it.
+/// Processes a batch of entries of one shard; answers what became of each (committed,
+/// acked, to be dead-lettered, left pending after an error for the reclaimer, or never
+/// started). Once `shutdown` fires, entries not yet started are answered
+/// `NotStarted` (the loop hands them back uncounted), so a stop does not wait for the
+/// rest of a batch and loses none of it.
 pub async fn process_batch(
     ctx: &Context,
     shard: u16,
     entries: Vec<Entry>,
     shutdown: &CancellationToken,
-) {
+) -> Vec<Handled> {
     let mut groups: HashMap<String, Vec<Job>> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
-    let mut ignored: Vec<String> = Vec::new();
+    let mut out = Vec::with_capacity(entries.len());
     for entry in entries {
-        match decode(ctx, entry) {
+        match decode(entry) {
             Decoded::Apply(job) => {
                 if let Some(repo) = target_repo(&job.event) {
                     remember_repo(ctx, repo).await;
@@ -77,64 +79,35 @@ pub async fn process_batch(
                     .events_processed
                     .with_label_values(&["other", "ignored"])
                     .inc();
-                ignored.push(entry.id);
+                out.push(Handled::new(entry, Outcome::Ack));
             }
-            Decoded::Poison(entry, reason) => dead_letter(ctx, shard, &entry, &reason).await,
-        }
-    }
-    if !ignored.is_empty() {
-        let ids: Vec<&str> = ignored.iter().map(String::as_str).collect();
-        let stream = ctx.store.keys().events(shard);
-        if let Err(e) = streams::ack(&mut ctx.store.conn(), &stream, WORKERS_GROUP, &ids).await {
-            tracing::warn!(error = %e, "acking ignored entries failed; they will be redelivered");
+            Decoded::Poison(entry, reason) => {
+                out.push(Handled::new(entry, Outcome::DeadLetter(reason)));
+            }
         }
     }
     let runs = order
         .into_iter()
         .filter_map(|k| groups.remove(&k))
         .map(|jobs| async move {
-            let mut skipped = Vec::new();
+            let mut handled = Vec::with_capacity(jobs.len());
             for job in jobs {
                 if shutdown.is_cancelled() {
                     tracing::info!(entry = %job.entry.id, "shutting down; the entry stays pending");
-                    skipped.push(job.entry.id);
+                    handled.push(Handled::new(job.entry, Outcome::NotStarted));
                     continue;
                 }
-                apply(ctx, shard, job, shutdown).await;
+                handled.push(apply(ctx, shard, job, shutdown).await);
             }
-            skipped
+            handled
         });
-    let skipped: Vec<String> = join_all(runs).await.into_iter().flatten().collect();
-    give_back(ctx, shard, &skipped).await;
-}
-
-/// Entries left unstarted at shutdown go back to the group uncounted and at once
-/// reclaimable (`streams::give_back`); if that fails they simply stay pending, counted,
-/// and are reclaimed after the idle time as usual.
-async fn give_back(ctx: &Context, shard: u16, skipped: &[String]) {
-    if skipped.is_empty() {
-        return;
-    }
-    let ids: Vec<&str> = skipped.iter().map(String::as_str).collect();
-    let stream = ctx.store.keys().events(shard);
-    let idle = ctx.config.reclaim_idle;
-    let mut conn = ctx.store.conn();
-    let given = streams::give_back(&mut conn, &stream, WORKERS_GROUP, &ctx.consumer, &ids, idle);
-    if let Err(e) = given.await {
-        tracing::warn!(error = %e, "handing back unstarted entries failed; they stay pending");
-    }
+    out.extend(join_all(runs).await.into_iter().flatten());
+    out
 }
 
 /// Decodes an entry: a webhook through `core::normalize`, an internal event from JSON.
-fn decode(ctx: &Context, entry: Entry) -> Decoded {
-    let max = u64::from(ctx.config.max_deliveries);
-    if entry.deliveries > max {
-        let reason = format!(
-            "delivered {} times (SHEPHERD_MAX_DELIVERIES = {max})",
-            entry.deliveries
-        );
-        return Decoded::Poison(entry, reason);
-    }
+/// (Entries delivered too often never get here: the consumer loop dead-letters them.)
+fn decode(entry: Entry) -> Decoded {
     let body = entry.bytes(fields::BODY).unwrap_or_default();
     let kind = entry.text(fields::KIND);
     let event = match kind.as_str() {
@@ -185,12 +158,7 @@ async fn remember_repo(ctx: &Context, repo: RepoName) {
     if known {
         return;
     }
-    let mut conn = ctx.store.conn();
-    let added: Result<i64, _> = redis::cmd("SADD")
-        .arg(ctx.store.keys().repos())
-        .arg(repo.as_str())
-        .query_async(&mut conn)
-        .await;
+    let added = repos::remember(&mut ctx.store.conn(), ctx.store.keys(), repo.as_str()).await;
     match added {
         Ok(_) => {
             if let Ok(mut k) = ctx.known_repos.lock() {
@@ -209,34 +177,6 @@ fn route_key(ctx: &Context, event: &Event) -> String {
         Target::Issue(repo, n) => keys.issue_record(repo.as_str(), n),
         Target::Repo(repo) => keys.repo_index(repo.as_str()),
         Target::None => String::new(),
-    }
-}
-
-/// Dead-letters one entry (and counts it).
-async fn dead_letter(ctx: &Context, shard: u16, entry: &Entry, reason: &str) {
-    let keys = ctx.store.keys();
-    let (stream, dead) = (keys.events(shard), keys.dead_letters(shard));
-    let event = entry.text(fields::EVENT);
-    tracing::warn!(entry = %entry.id, event = %event, delivery = %entry.text(fields::DELIVERY), %reason, "dead-lettering a poison entry");
-    let r = streams::dead_letter(
-        &mut ctx.store.conn(),
-        &stream,
-        &dead,
-        WORKERS_GROUP,
-        &entry.id,
-        reason,
-        entry.deliveries,
-    )
-    .await;
-    match r {
-        Ok(_) => ctx
-            .metrics
-            .events_processed
-            .with_label_values(&["other", "dead_lettered"])
-            .inc(),
-        Err(e) => {
-            tracing::warn!(entry = %entry.id, error = %e, "dead-lettering failed; the entry stays pending")
-        }
     }
 }
 
@@ -263,74 +203,84 @@ impl From<StoreError> for ApplyError {
 
 /// Applies one job: build the plan from fresh records, commit, retry on conflict.
 /// Shutdown stops it between attempts and between the records of its plan.
-async fn apply(ctx: &Context, shard: u16, job: Job, shutdown: &CancellationToken) {
+async fn apply(ctx: &Context, shard: u16, job: Job, shutdown: &CancellationToken) -> Handled {
     let replay = job.entry.text(fields::REPLAY);
     let span = tracing::info_span!("event", entry = %job.entry.id, delivery = %job.entry.text(fields::DELIVERY), event = %job.name, replay = %replay);
-    async {
-        let processed = &ctx.metrics.events_processed;
-        let mut conn = ctx.store.conn();
-        for attempt in 1..=MAX_ATTEMPTS {
-            let plan = match plan::build_plan(ctx, shard, &job, shutdown).await {
-                Ok(plan) => plan,
-                Err(ApplyError::Poison(reason)) => {
-                    processed
-                        .with_label_values(&[job.name.as_str(), "dead_lettered"])
-                        .inc();
-                    return dead_letter(ctx, shard, &job.entry, &reason).await;
-                }
-                Err(ApplyError::Store(e)) => {
-                    processed
-                        .with_label_values(&[job.name.as_str(), "error"])
-                        .inc();
-                    return tracing::warn!(error = %e, "loading failed; the entry stays pending");
-                }
-                Err(ApplyError::Interrupted) => {
-                    return tracing::info!("shutting down mid-entry; the entry stays pending");
-                }
-            };
-            match commit::commit(&mut conn, ctx.store.keys(), &plan).await {
-                Ok(CommitOutcome::Committed) => {
-                    processed
-                        .with_label_values(&[job.name.as_str(), "committed"])
-                        .inc();
-                    let lag_ms = streams::now_ms().saturating_sub(job.received_ms);
-                    ctx.metrics
-                        .lag
-                        .with_label_values(&["committed"])
-                        .observe(lag_ms as f64 / 1000.0);
-                    return;
-                }
-                Ok(CommitOutcome::Stale) => {
-                    processed
-                        .with_label_values(&[job.name.as_str(), "duplicate"])
-                        .inc();
-                    return tracing::info!("entry already committed by another consumer");
-                }
-                Ok(CommitOutcome::Conflict { index, found }) => {
-                    ctx.metrics.commit_conflicts.inc();
-                    tracing::debug!(attempt, index, found, "version conflict; reloading");
-                    let cap = 1u64 << attempt.min(6);
-                    let wait = rand::rng().random_range(0..cap * 500);
-                    tokio::time::sleep(Duration::from_micros(wait)).await;
-                }
-                Err(e) => {
-                    processed
-                        .with_label_values(&[job.name.as_str(), "error"])
-                        .inc();
-                    return tracing::warn!(error = %e, "commit failed; the entry stays pending");
-                }
+    let outcome = apply_inner(ctx, shard, &job, shutdown)
+        .instrument(span)
+        .await;
+    Handled::new(job.entry, outcome)
+}
+
+/// [`apply`]: what became of the job.
+async fn apply_inner(
+    ctx: &Context,
+    shard: u16,
+    job: &Job,
+    shutdown: &CancellationToken,
+) -> Outcome {
+    let processed = &ctx.metrics.events_processed;
+    let mut conn = ctx.store.conn();
+    for attempt in 1..=MAX_ATTEMPTS {
+        let plan = match plan::build_plan(ctx, shard, job, shutdown).await {
+            Ok(plan) => plan,
+            // Counted where the loop has moved it (`dead_lettered`).
+            Err(ApplyError::Poison(reason)) => return Outcome::DeadLetter(reason),
+            Err(ApplyError::Store(e)) => {
+                processed
+                    .with_label_values(&[job.name.as_str(), "error"])
+                    .inc();
+                tracing::warn!(error = %e, "loading failed; the entry stays pending");
+                return Outcome::Retry;
+            }
+            Err(ApplyError::Interrupted) => {
+                tracing::info!("shutting down mid-entry; the entry stays pending");
+                return Outcome::Retry;
+            }
+        };
+        match commit::commit(&mut conn, ctx.store.keys(), &plan).await {
+            Ok(CommitOutcome::Committed) => {
+                processed
+                    .with_label_values(&[job.name.as_str(), "committed"])
+                    .inc();
+                let lag_ms = streams::now_ms().saturating_sub(job.received_ms);
+                ctx.metrics
+                    .lag
+                    .with_label_values(&["committed"])
+                    .observe(lag_ms as f64 / 1000.0);
+                return Outcome::Finished;
+            }
+            Ok(CommitOutcome::Stale) => {
+                processed
+                    .with_label_values(&[job.name.as_str(), "duplicate"])
+                    .inc();
+                tracing::info!("entry already committed by another consumer");
+                return Outcome::Finished;
+            }
+            Ok(CommitOutcome::Conflict { index, found }) => {
+                ctx.metrics.commit_conflicts.inc();
+                tracing::debug!(attempt, index, found, "version conflict; reloading");
+                let cap = 1u64 << attempt.min(6);
+                let wait = rand::rng().random_range(0..cap * 500);
+                tokio::time::sleep(Duration::from_micros(wait)).await;
+            }
+            Err(e) => {
+                processed
+                    .with_label_values(&[job.name.as_str(), "error"])
+                    .inc();
+                tracing::warn!(error = %e, "commit failed; the entry stays pending");
+                return Outcome::Retry;
             }
         }
-        processed
-            .with_label_values(&[job.name.as_str(), "error"])
-            .inc();
-        tracing::warn!(
-            attempts = MAX_ATTEMPTS,
-            "too many version conflicts; the entry stays pending"
-        );
     }
-    .instrument(span)
-    .await;
+    processed
+        .with_label_values(&[job.name.as_str(), "error"])
+        .inc();
+    tracing::warn!(
+        attempts = MAX_ATTEMPTS,
+        "too many version conflicts; the entry stays pending"
+    );
+    Outcome::Retry
 }
 
 /// The repository of an event's target.

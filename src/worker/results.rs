@@ -1,5 +1,5 @@
 //! Work results: agents report a result for a work item through the HTTP API
-//! ([`super::results_api`]) or as an entry of the stream `<prefix>:results` (field
+//! (`crate::ingest::results_api`) or as an entry of the stream `<prefix>:results` (field
 //! `result`: `{"id", "outcome", "signature"?, "summary"?}`). Both end in [`submit`],
 //! which turns a result for an active work id into a `WorkResult` internal event on
 //! the owner's shard — once: a second report, or a report for work that has ended,
@@ -16,20 +16,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
 use super::Context;
-use super::consumer::pause;
 use crate::core::event::{Event, WorkOutcome};
 use crate::core::ids::WorkId;
 use crate::core::record::{MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, bounded_text};
+use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::keys::RESULTS_GROUP;
-use crate::store::work::{self, ReportOutcome, ResultEvent, WorkState};
-use crate::store::{Keys, StoreError, streams};
+use crate::store::streams::{self, Entry};
+use crate::store::work::{self, ReportOutcome, ResultEvent, WorkLookup};
+use crate::store::{Keys, StoreError};
 
 /// Field of a results-stream entry holding the JSON result.
 pub const RESULT_FIELD: &str = "result";
-/// Results read per `XREADGROUP`.
+/// Results read per `XREADGROUP` (and per `XAUTOCLAIM`).
 const BATCH: usize = 64;
-/// Longest a results read blocks.
-const BLOCK: Duration = Duration::from_millis(1000);
 
 /// A result as agents send it (the API takes the id from the path).
 #[derive(Debug, Clone, Deserialize)]
@@ -71,9 +70,9 @@ pub async fn submit(
     marker_ttl: Duration,
 ) -> Result<Submitted, StoreError> {
     let owner = match work::lookup(conn, keys, work_id).await? {
-        WorkState::Active(owner) | WorkState::Superseded(owner) => owner,
-        WorkState::Ended => return Ok(Submitted::Ended),
-        WorkState::Unknown => return Ok(Submitted::Unknown),
+        WorkLookup::Active(owner) | WorkLookup::Superseded(owner) => owner,
+        WorkLookup::Ended => return Ok(Submitted::Ended),
+        WorkLookup::Unknown => return Ok(Submitted::Unknown),
     };
     let Ok(id) = work_id.parse::<WorkId>() else {
         return Ok(Submitted::Unknown);
@@ -111,113 +110,78 @@ pub async fn submit(
     )
 }
 
-/// Consumes `<prefix>:results` (group `results`) until shutdown.
-#[instrument(skip_all, fields(consumer = %ctx.consumer))]
-pub async fn intake_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let keys = ctx.store.keys().clone();
-    let stream = keys.results();
-    let mut read = ctx.store.blocking_conn(BLOCK).await?;
-    streams::ensure_group(&mut read, &stream, RESULTS_GROUP).await?;
-    let mut conn = ctx.store.conn();
-    let mut since_reclaim = Duration::ZERO;
-    while !shutdown.is_cancelled() {
-        let batch = match streams::read_group(
-            &mut read,
-            &stream,
-            RESULTS_GROUP,
-            &ctx.consumer,
-            ">",
-            BATCH,
-            BLOCK,
-        )
-        .await
-        {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the results stream failed; retrying");
-                if !pause(Duration::from_millis(500), &shutdown).await {
-                    break;
-                }
+/// The results stream's handler: each entry is a report for [`submit`].
+struct Intake(Arc<Context>);
+
+impl Handler for Intake {
+    async fn handle(&self, batch: &Batch<'_>, entries: Vec<Entry>) -> Vec<Handled> {
+        let mut conn = self.0.store.conn();
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if batch.stop.is_cancelled() {
+                out.push(Handled::new(entry, Outcome::NotStarted));
                 continue;
             }
-        };
-        for entry in batch {
-            handle_entry(&ctx, &mut conn, entry).await;
+            let outcome = handle_entry(&self.0, &mut conn, &entry).await;
+            out.push(Handled::new(entry, outcome));
         }
-        since_reclaim += BLOCK;
-        if since_reclaim >= ctx.config.reclaim_idle {
-            since_reclaim = Duration::ZERO;
-            match streams::autoclaim(
-                &mut conn,
-                &stream,
-                RESULTS_GROUP,
-                &ctx.consumer,
-                ctx.config.reclaim_idle,
-                "0-0",
-                BATCH,
-            )
-            .await
-            {
-                Ok((_, claimed)) => {
-                    for entry in claimed {
-                        handle_entry(&ctx, &mut conn, entry).await;
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "reclaiming results failed"),
-            }
-        }
+        out
     }
+
+    fn dead_lettered(&self, _source: &Source, entry: &Entry, reason: &str) {
+        tracing::warn!(entry = %entry.id, %reason, "result dead-lettered");
+    }
+}
+
+/// Consumes `<prefix>:results` (group `results`) until shutdown, with the store's
+/// consumer loop; its dead letters go to shard 0's dead-letter stream.
+#[instrument(skip_all, fields(consumer = %ctx.consumer))]
+pub async fn intake_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let keys = ctx.store.keys();
+    let spec = Spec {
+        group: RESULTS_GROUP.to_owned(),
+        consumer: ctx.consumer.clone(),
+        sources: vec![Source::new(
+            keys.results(),
+            keys.dead_letters(0),
+            0,
+            "results",
+        )],
+        batch: BATCH,
+        reclaim_idle: ctx.config.reclaim_idle,
+        max_deliveries: ctx.config.max_deliveries,
+        metrics: Some(consumer::Metrics {
+            redis_errors: ctx.metrics.redis_errors.clone(),
+            queue_gauges: ctx.metrics.queue_gauges.clone(),
+        }),
+    };
+    let store = ctx.store.clone();
+    consumer::run(&store, spec, Arc::new(Intake(ctx)), shutdown).await?;
     Ok(())
 }
 
-/// Handles one results-stream entry: queue it, or ack a duplicate, or dead-letter it.
-async fn handle_entry(ctx: &Context, conn: &mut ConnectionManager, entry: streams::Entry) {
+/// Handles one results-stream entry: queue it (ack), ack a duplicate, dead-letter what
+/// cannot be a result, or leave it pending when Redis failed.
+async fn handle_entry(ctx: &Context, conn: &mut ConnectionManager, entry: &Entry) -> Outcome {
     let keys = ctx.store.keys();
-    let stream = keys.results();
-    let dead = keys.dead_letters(0);
-    let outcome: Result<Option<String>, StoreError> = async {
-        if entry.deliveries > u64::from(ctx.config.max_deliveries) {
-            return Ok(Some(format!("delivered {} times", entry.deliveries)));
-        }
-        let report: ResultReport = match entry.bytes(RESULT_FIELD).map(serde_json::from_slice) {
-            Some(Ok(r)) => r,
-            Some(Err(e)) => return Ok(Some(format!("undecodable result: {e}"))),
-            None => return Ok(Some(format!("no `{RESULT_FIELD}` field"))),
-        };
-        let Some(id) = report.id.clone().filter(|id| !id.is_empty()) else {
-            return Ok(Some("result without an id".into()));
-        };
-        match submit(conn, keys, &id, &report, ctx.config.retention).await? {
-            Submitted::Queued(_) => {}
-            Submitted::Unknown => return Ok(Some(format!("unknown work id {id:?}"))),
-            Submitted::Ended | Submitted::AlreadyReported => {
-                tracing::info!(work_id = %id, "result for work no longer active or already reported; ignored");
-            }
-        }
-        streams::ack(conn, &stream, RESULTS_GROUP, &[entry.id.as_str()]).await?;
-        Ok(None)
-    }
-    .await;
-    match outcome {
-        Ok(None) => {}
-        Ok(Some(reason)) => {
-            tracing::warn!(entry = %entry.id, %reason, "result dead-lettered");
-            if let Err(e) = streams::dead_letter(
-                conn,
-                &stream,
-                &dead,
-                RESULTS_GROUP,
-                &entry.id,
-                &reason,
-                entry.deliveries,
-            )
-            .await
-            {
-                tracing::warn!(error = %e, "dead-lettering a result failed; it stays pending");
-            }
+    let report: ResultReport = match entry.bytes(RESULT_FIELD).map(serde_json::from_slice) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Outcome::DeadLetter(format!("undecodable result: {e}")),
+        None => return Outcome::DeadLetter(format!("no `{RESULT_FIELD}` field")),
+    };
+    let Some(id) = report.id.clone().filter(|id| !id.is_empty()) else {
+        return Outcome::DeadLetter("result without an id".into());
+    };
+    match submit(conn, keys, &id, &report, ctx.config.retention).await {
+        Ok(Submitted::Queued(_)) => Outcome::Ack,
+        Ok(Submitted::Unknown) => Outcome::DeadLetter(format!("unknown work id {id:?}")),
+        Ok(Submitted::Ended | Submitted::AlreadyReported) => {
+            tracing::info!(work_id = %id, "result for work no longer active or already reported; ignored");
+            Outcome::Ack
         }
         Err(e) => {
-            tracing::warn!(entry = %entry.id, error = %e, "result not processed; it stays pending")
+            tracing::warn!(entry = %entry.id, error = %e, "result not processed; it stays pending");
+            Outcome::Retry
         }
     }
 }

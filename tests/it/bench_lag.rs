@@ -28,7 +28,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shepherd::ops::send::ForgejoRequest;
+use shepherd::app::send::ForgejoRequest;
 
 use crate::support::fake_forgejo::{FakeForgejo, NewPr};
 use crate::support::redis::RedisServer;

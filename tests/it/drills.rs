@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use rand::Rng;
-use shepherd::ops::send::ForgejoRequest;
+use shepherd::app::send::ForgejoRequest;
 
 use crate::support::fake_forgejo::FakeForgejo;
 use crate::support::poll_until_named;

@@ -493,7 +493,7 @@ async fn payloads_have_every_field_of_the_webhook_fixtures() {
     fake.with_model(|m| m.repo_mut(REPO).issues.get_mut(&pr).unwrap().state = "open".into());
     let c = client_for(&fake);
     let merge = shepherd::forgejo::MergeRequest {
-        style: shepherd::forgejo::MergeStyle::Squash,
+        style: shepherd::core::policy::MergeStyle::Squash,
         head_commit_id: sha.clone(),
         delete_branch_after_merge: true,
         title: None,

@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use secrecy::SecretString;
+use shepherd::core::policy::MergeStyle;
 use shepherd::forgejo::{
     BreakerConfig, BreakerState, ClientOptions, ForgejoClient, ForgejoError, MergeConflictKind,
-    MergeOutcome, MergeRefusal, MergeRequest, MergeStyle,
+    MergeOutcome, MergeRefusal, MergeRequest,
 };
 use shepherd::telemetry::Metrics;
 
@@ -888,13 +889,7 @@ async fn answers_become_core_observations() {
         .into();
     assert!(normalize::ci_contexts(&none).is_empty() && none.statuses.is_none());
 
-    let reviews: Vec<payload::PullReview> = c
-        .list_reviews(REPO, n)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(Into::into)
-        .collect();
+    let reviews: Vec<payload::PullReview> = c.list_reviews(REPO, n).await.unwrap();
     let review = normalize::review(&reviews[0]).expect("a reviewer");
     assert_eq!(
         (review.reviewer.to_string().as_str(), review.official),

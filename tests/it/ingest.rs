@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
-use shepherd::cli::ContentType;
-use shepherd::ops::send::ForgejoRequest;
+use shepherd::app::send::ContentType;
+use shepherd::app::send::ForgejoRequest;
 use shepherd::store::fields;
 
 use crate::support::redis::{Aof, RedisServer, stream_entries, xlen};

@@ -3,6 +3,7 @@
 
 mod agents;
 mod api_bodies;
+mod app;
 mod bench_lag;
 mod core_purity;
 mod deploy;
@@ -11,6 +12,7 @@ mod fake_forgejo;
 mod forgejo_client;
 mod hostile;
 mod ingest;
+mod layers;
 mod ops;
 mod scenarios;
 mod security;

@@ -6,8 +6,8 @@
 use std::io::Read;
 
 use reqwest::StatusCode;
-use shepherd::cli::ContentType;
-use shepherd::ops::send::ForgejoRequest;
+use shepherd::app::send::ContentType;
+use shepherd::app::send::ForgejoRequest;
 
 use crate::support::TEST_SECRET;
 use crate::support::redis::{RedisServer, stream_entries, xlen};

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use super::super::effect::{EffectKind, EffectKindName, ObserveWhat, Timer, TimerKind};
 use super::super::event::{
-    CiContext, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, Review,
+    CiContext, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, ReviewFact,
     ReviewState,
 };
 use super::super::ids::{Login, RepoName, Scope, Sha};
@@ -248,7 +248,7 @@ fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
 fn observed(
     r: &mut PrRecord,
     pr: &PrSnapshot,
-    resync: Option<(&Vec<CiContext>, &Vec<Review>, i64)>,
+    resync: Option<(&Vec<CiContext>, &Vec<ReviewFact>, i64)>,
     now: i64,
     policy: &Policy,
     fx: &mut Fx,
@@ -468,11 +468,11 @@ fn prune_ci(ci: &mut BTreeMap<Sha, ShaCi>, head: Option<&Sha>) {
 }
 
 /// A full reviews read, unless a later read is already known.
-pub(crate) fn apply_reviews(r: &mut PrRecord, reviews: &[Review], at_ms: i64) {
+pub(crate) fn apply_reviews(r: &mut PrRecord, reviews: &[ReviewFact], at_ms: i64) {
     if r.reviews.as_ref().is_some_and(|cur| at_ms < cur.at_ms) {
         return;
     }
-    let mut latest: BTreeMap<Login, Review> = BTreeMap::new();
+    let mut latest: BTreeMap<Login, ReviewFact> = BTreeMap::new();
     for review in reviews {
         let stance = match review.state {
             ReviewState::Approved | ReviewState::RequestChanges => true,

@@ -109,6 +109,7 @@ pub(crate) fn dispatch(
             outcome: a.outcome.as_str().into(),
             signature: a.signature.clone(),
             summary: a.summary.clone(),
+            started_at: Some(a.started_ms),
         })
         .collect();
     let item = WorkItem {

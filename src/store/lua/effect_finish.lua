@@ -6,8 +6,9 @@
 --
 -- KEYS[1] effects stream   KEYS[2] events stream   KEYS[3] done marker of the effect
 -- ARGV[1] consumer group   ARGV[2] entry id   ARGV[3] done-marker TTL in milliseconds
--- ARGV[4] number of events, then for each event: delivery, event name, repo, received,
---         body (the fields of an internal events-stream entry)
+-- ARGV[4] number of events, then for each event: the number m of its arguments, then
+--         its m field/value arguments (the events-stream entry, laid out by
+--         store::event_entry; this script only splices them)
 --
 -- Reply: 1 when the events were queued, 0 when the effect was already done.
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -15,10 +16,11 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return 0
 end
 local n = tonumber(ARGV[4])
-for i = 0, n - 1 do
-  local b = 5 + i * 5
-  redis.call('XADD', KEYS[2], '*', 'kind', 'internal', 'delivery', ARGV[b],
-    'event', ARGV[b + 1], 'repo', ARGV[b + 2], 'received', ARGV[b + 3], 'body', ARGV[b + 4])
+local at = 5
+for _ = 1, n do
+  local m = tonumber(ARGV[at])
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV, at + 1, at + m))
+  at = at + m + 1
 end
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])

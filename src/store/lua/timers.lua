@@ -8,6 +8,9 @@
 -- Payload format: <repo> TAB <event name> TAB <event JSON>. A timer whose payload is
 -- missing or malformed is still queued, as an undecodable entry, so it reaches the
 -- dead letters instead of vanishing.
+-- The one script that writes the events-stream entry layout itself (the entry exists
+-- only inside this call; why, and the layout: src/store/event_entry.rs). It writes the
+-- fields of EventEntry::internal, in that order; keep the two in step.
 -- Reply: the number of timers popped.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do

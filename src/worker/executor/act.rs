@@ -15,7 +15,7 @@ use crate::core::effect::{Effect, EffectKind, ObserveWhat};
 use crate::core::event::{Event, Permission};
 use crate::core::texts;
 use crate::forgejo::ForgejoError;
-use crate::store::effects;
+use crate::store::lock;
 use crate::worker::dispatch::{CancelNotice, SinkError};
 
 use super::Executor;
@@ -158,15 +158,14 @@ impl Executor {
         // Covers the look-up and the write, each bounded by the Forgejo timeout.
         let ttl = self.ctx.config.forgejo_timeout * STATUS_LOCK_CALLS;
         let mut conn = self.ctx.store.conn();
-        // The merge lock's primitives: SET NX PX, released only by its holder.
-        if !effects::lock_merge(&mut conn, &key, &token, ttl).await? {
+        if !lock::try_lock(&mut conn, &key, &token, ttl).await? {
             return Err(Failure::Transient {
                 message: "the status comment is being written by another executor".into(),
                 retry_after: Some(STATUS_LOCK_RETRY),
             });
         }
         let result = self.upsert_status(effect, body).await;
-        if let Err(e) = effects::unlock_merge(&mut conn, &key, &token).await {
+        if let Err(e) = lock::unlock(&mut conn, &key, &token).await {
             tracing::warn!(error = %e, "releasing the status lock failed; it expires");
         }
         Ok(result?)

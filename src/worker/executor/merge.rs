@@ -25,7 +25,7 @@ use crate::core::machine::{merge_blockers, step};
 use crate::core::policy::MergeStyle;
 use crate::core::record::PrRecord;
 use crate::forgejo::{self, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
-use crate::store::{commit, effects, streams};
+use crate::store::{commit, lock, streams};
 
 use super::Executor;
 use super::act::Failure;
@@ -62,15 +62,15 @@ impl Executor {
         if let Some(outcome) = settled(&pr, ask.head_sha) {
             return Ok(vec![outcome_event(effect, outcome)]);
         }
-        let lock = self.ctx.store.keys().merge_lock(repo, &pr.base.ref_name);
+        let lock_key = self.ctx.store.keys().merge_lock(repo, &pr.base.ref_name);
         let token = effect.id.to_string();
         let mut conn = self.ctx.store.conn();
-        if !effects::lock_merge(&mut conn, &lock, &token, LOCK_TTL).await? {
+        if !lock::try_lock(&mut conn, &lock_key, &token, LOCK_TTL).await? {
             tracing::info!(branch = %pr.base.ref_name, "merge lock busy");
             return Ok(vec![outcome_event(effect, MergeOutcome::TryAgain)]);
         }
         let result = self.merge_locked(effect, &ask, &pr).await;
-        if let Err(e) = effects::unlock_merge(&mut conn, &lock, &token).await {
+        if let Err(e) = lock::unlock(&mut conn, &lock_key, &token).await {
             tracing::warn!(error = %e, "releasing the merge lock failed; it expires");
         }
         result
@@ -103,7 +103,7 @@ impl Executor {
             ]);
         }
         let request = MergeRequest {
-            style: style(ask.style),
+            style: ask.style,
             head_commit_id: head.to_owned(),
             delete_branch_after_merge: ask.delete_branch,
             title: ask.title.clone(),
@@ -226,17 +226,6 @@ pub(super) fn outcome_event(effect: &Effect, outcome: MergeOutcome) -> Event {
         number: effect.number,
         effect_id: effect.id.clone(),
         outcome: EffectOutcome::Merge(outcome),
-    }
-}
-
-/// The client's spelling of a policy merge style.
-fn style(s: MergeStyle) -> forgejo::MergeStyle {
-    match s {
-        MergeStyle::Merge => forgejo::MergeStyle::Merge,
-        MergeStyle::Rebase => forgejo::MergeStyle::Rebase,
-        MergeStyle::RebaseMerge => forgejo::MergeStyle::RebaseMerge,
-        MergeStyle::Squash => forgejo::MergeStyle::Squash,
-        MergeStyle::FastForwardOnly => forgejo::MergeStyle::FastForwardOnly,
     }
 }
 

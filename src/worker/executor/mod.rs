@@ -11,6 +11,10 @@
 //!        └── reclaimer: XAUTOCLAIM entries of dead executors
 //! ```
 //!
+//! Reading, reclaim, dead letters and shutdown are the store's consumer loop
+//! (`store::consumer`, group `executors`); this module is its handler: an effect not
+//! started when the stop comes is handed back uncounted.
+//!
 //! Every effect is idempotent on its own (labels by name, comments found by marker,
 //! dispatches appended once per effect id, merges re-read first), so an executor that
 //! dies anywhere — even between a Forgejo call and the done marker — leaves nothing
@@ -28,7 +32,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, instrument};
+use tracing::Instrument;
 
 use self::act::Failure;
 use self::retry::{Next, RetryPolicy};
@@ -40,16 +44,14 @@ use crate::core::event::{EffectOutcome, Event, MergeOutcome};
 use crate::forgejo::BreakerState;
 use crate::forgejo::ForgejoClient;
 use crate::store::commit::effect_fields;
+use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::effects::{self, FIRST_TRY, InternalEvent};
 use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::markers;
 use crate::store::streams::{self, Entry};
 
-/// Entries per `XREADGROUP`.
+/// Entries per `XREADGROUP` (and per `XAUTOCLAIM`).
 const BATCH: usize = 64;
-/// Longest a read blocks (bounds how long shutdown waits).
-const BLOCK: Duration = Duration::from_millis(1000);
-/// Pause after a failed read.
-const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How often due retries are moved back onto the streams.
 const RETRY_POLL: Duration = Duration::from_millis(200);
 /// Retries moved per script call.
@@ -69,8 +71,8 @@ pub struct Executor {
     retry: RetryPolicy,
 }
 
-/// Runs the executor until `shutdown`: one reader per effects-stream shard, the retry
-/// mover and the reclaimer. Without `SHEPHERD_FORGEJO_URL`/`_TOKEN` it logs that
+/// Runs the executor until `shutdown`: the consumer loop on every effects-stream shard
+/// (a reader per shard and the reclaimer) and the retry mover. Without `SHEPHERD_FORGEJO_URL`/`_TOKEN` it logs that
 /// effects wait and returns (the effects stay queued for an executor that can run).
 pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
     if ctx.config.forgejo_url.is_none() || ctx.config.forgejo_token.is_none() {
@@ -99,11 +101,10 @@ pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> any
         retry: RetryPolicy::default(),
     });
     let mut tasks = tokio::task::JoinSet::new();
-    for shard in 0..exec.ctx.config.shards {
-        tasks.spawn(exec.clone().consume_shard(shard, shutdown.clone()));
-    }
+    let spec = exec.spec();
+    let (store, handler, stop) = (exec.ctx.store.clone(), exec.clone(), shutdown.clone());
+    tasks.spawn(async move { Ok(consumer::run(&store, spec, handler, stop).await?) });
     tasks.spawn(exec.clone().retry_loop(shutdown.clone()));
-    tasks.spawn(exec.clone().reclaim_loop(shutdown.clone()));
     let mut first_error = None;
     while let Some(done) = tasks.join_next().await {
         match done {
@@ -121,56 +122,58 @@ pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> any
     first_error.map_or(Ok(()), Err)
 }
 
-impl Executor {
-    /// Reads and runs one shard's effects until shutdown: this consumer's own pending
-    /// entries first (a restart under the same name), then new ones.
-    #[instrument(skip_all, fields(shard, consumer = %self.ctx.consumer))]
-    async fn consume_shard(
-        self: Arc<Self>,
-        shard: u16,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        let stream = self.ctx.store.keys().effects(shard);
-        let mut conn = self.ctx.store.blocking_conn(BLOCK).await?;
-        streams::ensure_group(&mut conn, &stream, EXECUTORS_GROUP).await?;
-        let mut from = Some("0-0".to_owned());
-        while !shutdown.is_cancelled() {
-            let cursor = from.as_deref().unwrap_or(">");
-            let batch = match streams::read_group(
-                &mut conn,
-                &stream,
-                EXECUTORS_GROUP,
-                &self.ctx.consumer,
-                cursor,
-                BATCH,
-                BLOCK,
-            )
+impl Handler for Executor {
+    async fn handle(&self, batch: &Batch<'_>, entries: Vec<Entry>) -> Vec<Handled> {
+        self.run_batch(batch.source.shard, entries, batch.stop)
             .await
-            {
-                Ok(b) => b,
-                Err(e) => {
-                    self.ctx
-                        .metrics
-                        .redis_errors
-                        .with_label_values(&["executor"])
-                        .inc();
-                    tracing::warn!(error = %e, "reading the effects stream failed; retrying");
-                    if !pause(RETRY_PAUSE, &shutdown).await {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            if from.is_some() {
-                from = batch.last().map(|e| e.id.clone());
-            }
-            self.run_batch(shard, batch).await;
+    }
+
+    fn dead_lettered(&self, _source: &Source, entry: &Entry, reason: &str) {
+        let kind = entry.text(effect_fields::KIND);
+        tracing::warn!(effect = %entry.text(effect_fields::ID), kind = %kind, entry = %entry.id, %reason, "dead-lettered a poison effect");
+        self.ctx
+            .metrics
+            .effects
+            .with_label_values(&[kind.as_str(), "dead_lettered"])
+            .inc();
+    }
+}
+
+impl Executor {
+    /// The consumer loop's settings: every shard's effects stream, group `executors`.
+    fn spec(&self) -> Spec {
+        let keys = self.ctx.store.keys();
+        Spec {
+            group: EXECUTORS_GROUP.to_owned(),
+            consumer: self.ctx.consumer.clone(),
+            sources: (0..self.ctx.config.shards)
+                .map(|s| {
+                    Source::new(
+                        keys.effects(s),
+                        keys.dead_letters(s),
+                        s,
+                        format!("effects:{s}"),
+                    )
+                })
+                .collect(),
+            batch: BATCH,
+            reclaim_idle: self.ctx.config.reclaim_idle,
+            max_deliveries: self.ctx.config.max_deliveries,
+            metrics: Some(consumer::Metrics {
+                redis_errors: self.ctx.metrics.redis_errors.clone(),
+                queue_gauges: self.ctx.metrics.queue_gauges.clone(),
+            }),
         }
-        Ok(())
     }
 
     /// Runs a batch: effects of one record in stream order, records concurrently.
-    async fn run_batch(&self, shard: u16, batch: Vec<Entry>) {
+    /// Once `stop` fires, effects not yet started are answered `NotStarted`.
+    async fn run_batch(
+        &self,
+        shard: u16,
+        batch: Vec<Entry>,
+        stop: &CancellationToken,
+    ) -> Vec<Handled> {
         let mut groups: HashMap<String, Vec<Entry>> = HashMap::new();
         for entry in batch {
             groups
@@ -179,39 +182,36 @@ impl Executor {
                 .push(entry);
         }
         let runs = groups.into_values().map(|entries| async move {
+            let mut handled = Vec::with_capacity(entries.len());
             for entry in entries {
-                self.handle(shard, entry).await;
+                if stop.is_cancelled() {
+                    tracing::info!(entry = %entry.id, "shutting down; the effect stays pending");
+                    handled.push(Handled::new(entry, Outcome::NotStarted));
+                    continue;
+                }
+                handled.push(self.handle(shard, entry).await);
             }
+            handled
         });
-        join_all(runs).await;
+        join_all(runs).await.into_iter().flatten().collect()
     }
 
-    /// Moves due retries of every shard back onto the effects streams until shutdown,
-    /// and trims the streams to the retention window now and then (executed entries
-    /// are acked but stay for `inspect` until then).
     /// While the Forgejo circuit breaker is open, records it in Redis (expiring when
     /// the next probe may go through) so the status page of every process shows it.
     /// Best effort: the breaker works the same without it.
-    async fn publish_open_circuit<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) {
+    async fn publish_open_circuit(&self, conn: &mut redis::aio::ConnectionManager) {
         let BreakerState::Open { until } = self.forgejo.breaker().state() else {
             return;
         };
-        let ms = until
-            .saturating_duration_since(std::time::Instant::now())
-            .as_millis();
+        let ttl = until.saturating_duration_since(std::time::Instant::now());
         let url = self.ctx.config.forgejo_url.as_deref().unwrap_or_default();
-        let set: Result<(), redis::RedisError> = redis::cmd("SET")
-            .arg(self.ctx.store.keys().forgejo_circuit())
-            .arg(url)
-            .arg("PX")
-            .arg(ms.max(1) as u64)
-            .query_async(conn)
-            .await;
-        if let Err(e) = set {
+        let keys = self.ctx.store.keys();
+        if let Err(e) = markers::publish_open_circuit(conn, keys, url, ttl).await {
             tracing::debug!(error = %e, "could not record the open circuit for the status page");
         }
     }
 
+    /// Moves due retries of every shard back onto the effects streams until shutdown.
     async fn retry_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
@@ -235,64 +235,19 @@ impl Executor {
         Ok(())
     }
 
-    /// Claims and runs effects left pending by dead executors.
-    async fn reclaim_loop(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let every = (self.ctx.config.reclaim_idle / 2)
-            .clamp(Duration::from_secs(1), Duration::from_secs(30));
-        while pause(every, &shutdown).await {
-            for shard in 0..self.ctx.config.shards {
-                if let Err(e) = self.reclaim_shard(shard, &shutdown).await {
-                    self.ctx
-                        .metrics
-                        .redis_errors
-                        .with_label_values(&["xautoclaim"])
-                        .inc();
-                    tracing::warn!(shard, error = %e, "reclaiming pending effects failed");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn reclaim_shard(&self, shard: u16, shutdown: &CancellationToken) -> anyhow::Result<()> {
-        let stream = self.ctx.store.keys().effects(shard);
-        let mut conn = self.ctx.store.conn();
-        let mut cursor = "0-0".to_owned();
-        loop {
-            let (next, claimed) = streams::autoclaim(
-                &mut conn,
-                &stream,
-                EXECUTORS_GROUP,
-                &self.ctx.consumer,
-                self.ctx.config.reclaim_idle,
-                &cursor,
-                BATCH,
-            )
-            .await?;
-            if !claimed.is_empty() {
-                tracing::info!(
-                    count = claimed.len(),
-                    "reclaimed effects of a dead or slow executor"
-                );
-                self.run_batch(shard, claimed).await;
-            }
-            if next == "0-0" || shutdown.is_cancelled() {
-                return Ok(());
-            }
-            cursor = next;
-        }
-    }
-
-    /// Runs one entry to its end: done, parked for a retry, reported as failed,
+    /// Runs one entry to its end: done, parked for a retry, reported as failed, to be
     /// dead-lettered, or left pending after a Redis failure.
-    async fn handle(&self, shard: u16, entry: Entry) {
+    async fn handle(&self, shard: u16, entry: Entry) -> Handled {
         let effect_id = entry.text(effect_fields::ID);
         let kind = entry.text(effect_fields::KIND);
         let span =
             tracing::info_span!("effect", effect = %effect_id, kind = %kind, entry = %entry.id);
-        async {
-            let outcome = match self.handle_inner(shard, &entry).await {
-                Ok(outcome) => outcome,
+        let outcome = async {
+            let (outcome, label) = match self.handle_inner(shard, &entry).await {
+                Ok(Step::Done(label)) => (Outcome::Finished, label),
+                Ok(Step::Duplicate) => (Outcome::Ack, "duplicate"),
+                // Counted where the loop has moved it (`dead_lettered`).
+                Ok(Step::Poison(reason)) => return Outcome::DeadLetter(reason),
                 Err(e) => {
                     self.ctx
                         .metrics
@@ -300,56 +255,39 @@ impl Executor {
                         .with_label_values(&["executor"])
                         .inc();
                     tracing::warn!(error = %e, "redis failed; the effect stays pending");
-                    "error"
+                    (Outcome::Retry, "error")
                 }
             };
             self.ctx
                 .metrics
                 .effects
-                .with_label_values(&[kind.as_str(), outcome])
+                .with_label_values(&[kind.as_str(), label])
                 .inc();
+            outcome
         }
         .instrument(span)
         .await;
+        Handled::new(entry, outcome)
     }
 
-    /// [`Executor::handle`]; returns the metric outcome.
+    /// [`Executor::handle`]; returns what became of the entry.
     async fn handle_inner(
         &self,
         shard: u16,
         entry: &Entry,
-    ) -> Result<&'static str, crate::store::StoreError> {
-        let max = u64::from(self.ctx.config.max_deliveries);
+    ) -> Result<Step, crate::store::StoreError> {
         let decoded = entry
             .bytes(effect_fields::EFFECT)
             .map(serde_json::from_slice::<Effect>);
         let effect = match decoded {
-            _ if entry.deliveries > max => {
-                let reason = format!(
-                    "delivered {} times (SHEPHERD_MAX_DELIVERIES = {max})",
-                    entry.deliveries
-                );
-                return self.dead_letter(shard, entry, &reason).await;
-            }
             Some(Ok(effect)) => effect,
-            Some(Err(e)) => {
-                return self
-                    .dead_letter(shard, entry, &format!("undecodable effect: {e}"))
-                    .await;
-            }
-            None => return self.dead_letter(shard, entry, "no effect field").await,
+            Some(Err(e)) => return Ok(Step::Poison(format!("undecodable effect: {e}"))),
+            None => return Ok(Step::Poison("no effect field".into())),
         };
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
         if effects::is_done(&mut conn, keys, shard, effect.id.as_str()).await? {
-            streams::ack(
-                &mut conn,
-                &keys.effects(shard),
-                EXECUTORS_GROUP,
-                &[&entry.id],
-            )
-            .await?;
-            return Ok("duplicate");
+            return Ok(Step::Duplicate);
         }
         let now = streams::now_ms();
         let first_try = entry.text(FIRST_TRY).parse().unwrap_or(now);
@@ -375,7 +313,7 @@ impl Executor {
                         effects::park_for_retry(&mut conn, keys, shard, &entry.id, &fields, due)
                             .await?;
                         self.publish_open_circuit(&mut conn).await;
-                        return Ok("retried");
+                        return Ok(Step::Done("retried"));
                     }
                     Next::GiveUp => {
                         tracing::warn!(%message, tries, "retry budget spent; reporting the failure");
@@ -409,30 +347,19 @@ impl Executor {
             .lag
             .with_label_values(&["executed"])
             .observe(lag as f64 / 1000.0);
-        Ok(label)
+        Ok(Step::Done(label))
     }
+}
 
-    /// Dead-letters a poison entry of the effects stream.
-    async fn dead_letter(
-        &self,
-        shard: u16,
-        entry: &Entry,
-        reason: &str,
-    ) -> Result<&'static str, crate::store::StoreError> {
-        tracing::warn!(%reason, "dead-lettering a poison effect");
-        let keys = self.ctx.store.keys();
-        streams::dead_letter(
-            &mut self.ctx.store.conn(),
-            &keys.effects(shard),
-            &keys.dead_letters(shard),
-            EXECUTORS_GROUP,
-            &entry.id,
-            reason,
-            entry.deliveries,
-        )
-        .await?;
-        Ok("dead_lettered")
-    }
+/// What became of one effects-stream entry.
+enum Step {
+    /// Finished in Redis (done, reported as failed, or parked for a retry; the script
+    /// acked it); the metric outcome.
+    Done(&'static str),
+    /// Its done marker was set already: ack only.
+    Duplicate,
+    /// Cannot be run: dead-letter it with this reason.
+    Poison(String),
 }
 
 /// The time part of a stream entry id (`<ms>-<seq>`).

@@ -1,9 +1,10 @@
 //! Turning the Forgejo client's responses into the core's observation types, through
-//! the client's `From` conversions into `core::payload` and the core's normalizers:
+//! the client's `From` conversions into `core::payload` (reviews are read in that
+//! shape already) and the core's normalizers:
 //! one interpretation of a PR, a review or a status, whether it came by webhook or by
 //! API read.
 
-use crate::core::event::{CiContext, Permission, PrSnapshot, Review};
+use crate::core::event::{CiContext, Permission, PrSnapshot, ReviewFact};
 use crate::core::ids::RepoName;
 use crate::core::{normalize, payload};
 use crate::forgejo;
@@ -15,10 +16,8 @@ pub fn pr_snapshot(repo: &RepoName, pr: &forgejo::PullRequest) -> PrSnapshot {
 }
 
 /// Reviews as the machine sees them (reviews without a reviewer are dropped).
-pub fn reviews(list: &[forgejo::Review]) -> Vec<Review> {
-    list.iter()
-        .filter_map(|r| normalize::review(&payload::PullReview::from(r.clone())))
-        .collect()
+pub fn reviews(list: &[payload::PullReview]) -> Vec<ReviewFact> {
+    list.iter().filter_map(normalize::review).collect()
 }
 
 /// The latest status per context (empty when there is none).
@@ -67,7 +66,7 @@ mod tests {
         assert_eq!(cs.len(), 1);
         assert_eq!(cs[0].state, crate::core::event::CiState::Failure);
 
-        let review: forgejo::Review = serde_json::from_value(serde_json::json!({
+        let review: payload::PullReview = serde_json::from_value(serde_json::json!({
             "id": 9, "user": {"login": "bob"}, "state": "APPROVED", "commit_id": "ABCD",
             "official": true
         }))

@@ -8,7 +8,9 @@
 //!   a human push, the agent's own push then its result, a runner crash, escalation.
 
 mod bench;
+mod context;
 mod e2e;
+mod opencode;
 mod runner;
 
 use std::path::PathBuf;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{REPO, Scenario};
+use crate::support::fake_forgejo::NewPr;
 
 /// The events-stream ids of PR `n`'s original (non-replay) history entries, in order.
 async fn original_entries(s: &Scenario, n: u64) -> Vec<String> {
@@ -496,4 +497,134 @@ async fn replayed_command_comment_does_not_run_again_after_64_newer_command_comm
         s.effects_caused_by(&new_ids(&report)).await.is_empty(),
         "no new effects"
     );
+}
+
+/// The records (as the dry run names them: `owner/repo#N`, `issue owner/repo#N`) whose
+/// history has an entry for `delivery`.
+async fn records_with_history_of(
+    s: &Scenario,
+    delivery: &str,
+    prs: &[u64],
+    issues: &[u64],
+) -> Vec<String> {
+    let keys = s.keys();
+    let streams = prs
+        .iter()
+        .map(|n| (keys.history(REPO, *n), format!("{REPO}#{n}")))
+        .chain(
+            issues
+                .iter()
+                .map(|n| (keys.issue_history(REPO, *n), format!("issue {REPO}#{n}"))),
+        );
+    let mut out = Vec::new();
+    for (stream, name) in streams {
+        let hit = s
+            .entries(&stream)
+            .await
+            .iter()
+            .any(|(_, f)| f.get("delivery").map(String::as_str) == Some(delivery));
+        if hit {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Issue #13's bug: the dry run of a `pull_request` event left out the issues the PR
+/// links, so `replay --dry-run` under-reported issue transitions. It now lists every
+/// record a worker writes for that delivery — checked against what the worker then
+/// does with it.
+#[tokio::test]
+async fn dry_run_of_a_pr_event_lists_the_linked_issue_as_the_worker_applies_it() {
+    use shepherd::store::fields;
+    let mut s = Scenario::start(&[]).await;
+    // A processed delivery first: the workers' group exists when the app comes back.
+    let other = s.open_pr("alice", "Unrelated");
+    let d = s.send(&s.fake.pr_opened(REPO, other)).await;
+    s.wait_delivery(other, &d).await;
+    // The agents' PR for an issue: its link holds the issue, so the issue's record
+    // changes (a human's open PR would leave it as it is).
+    let issue = s
+        .fake
+        .create_issue(REPO, "alice", "Widgets need x", "Please add x.");
+    let author = s.fake.bot_login().to_owned();
+    let body = format!("Adds x.\n\nCloses #{issue}");
+    let n = s
+        .fake
+        .open_pr(REPO, NewPr::new(&author, "Add x").body(&body));
+    let hook = s.fake.pr_opened(REPO, n);
+    // The delivery is in the archive but no worker has seen it yet: the app is down.
+    s.stop_app();
+    let delivery = "linking-delivery";
+    let _: String = redis::cmd("XADD")
+        .arg(s.keys().events(0))
+        .arg("*")
+        .arg(fields::KIND)
+        .arg(fields::KIND_WEBHOOK)
+        .arg(fields::DELIVERY)
+        .arg(delivery)
+        .arg(fields::EVENT)
+        .arg(hook.event_type)
+        .arg(fields::REPO)
+        .arg(REPO)
+        .arg(fields::RECEIVED)
+        .arg(chrono::Utc::now().timestamp_millis())
+        .arg(fields::BODY)
+        .arg(hook.body())
+        .query_async(&mut s.conn.clone())
+        .await
+        .expect("XADD");
+    let before = snapshot(&s, &[n, other]).await;
+
+    let dry = s.cli_json(&["replay", "--delivery", delivery, "--dry-run", "--json"]);
+    let transitions = dry["replayed"][0]["transitions"]
+        .as_array()
+        .expect("transitions")
+        .clone();
+    let records: Vec<&str> = transitions
+        .iter()
+        .map(|t| t["record"].as_str().unwrap())
+        .collect();
+    let issue_record = format!("issue {REPO}#{issue}");
+    assert_eq!(
+        records,
+        [format!("{REPO}#{n}"), issue_record.clone()],
+        "the PR, then the issue it links: {dry}"
+    );
+    let t = &transitions[1];
+    assert_eq!(t["versions"], serde_json::json!([0, 1]), "{t}");
+    assert!(
+        t["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("pull_request/opened"),
+        "{t}"
+    );
+    let human = s.cli(&["replay", "--delivery", delivery, "--dry-run"]);
+    let err = String::from_utf8_lossy(&human.stderr);
+    assert!(
+        err.contains(&issue_record),
+        "the progress line names it: {err}"
+    );
+    let after = snapshot(&s, &[n, other]).await;
+    assert_eq!(before, after, "the dry run changed nothing");
+    let issue_key = s.keys().issue_record(REPO, issue);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&issue_key)
+        .query_async(&mut s.conn.clone())
+        .await
+        .unwrap();
+    assert!(!exists, "no issue record was written");
+
+    // The worker writes exactly the records the dry run listed.
+    s.restart_app().await;
+    crate::support::poll_until_named(super::WAIT, "the worker applied the delivery", || async {
+        records_with_history_of(&s, delivery, &[n], &[issue])
+            .await
+            .len()
+            == 2
+    })
+    .await;
+    let written = records_with_history_of(&s, delivery, &[n, other], &[issue]).await;
+    assert_eq!(written, records, "the worker and the dry run agree");
 }

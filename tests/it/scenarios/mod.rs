@@ -5,6 +5,7 @@
 mod dispatch;
 mod faults;
 mod hostile;
+mod locks;
 mod merge;
 mod store;
 mod work;

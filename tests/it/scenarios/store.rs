@@ -1,13 +1,14 @@
 //! The executor's store scripts on a real Redis: finishing an effect queues its events
 //! once, a parked retry comes back with its bookkeeping, a dispatch is appended once per
-//! effect id, and the merge lock is exclusive and released only by its holder.
+//! effect id, and the merge and status-comment locks are each exclusive, released only
+//! by their holder, and independent of each other.
 
 use std::time::Duration;
 
 use shepherd::core::event::Event;
 use shepherd::store::effects::{self, InternalEvent};
 use shepherd::store::keys::EXECUTORS_GROUP;
-use shepherd::store::{Keys, Store, streams};
+use shepherd::store::{Keys, Store, lock, streams};
 
 use crate::support::redis::{RedisServer, stream_entries};
 
@@ -139,28 +140,28 @@ async fn scenario_store_finish_park_dispatch_and_lock() {
     assert!(first.is_some() && again.is_none());
     assert_eq!(stream_entries(&mut check, &keys.dispatch()).await.len(), 1);
 
-    // Merge lock: exclusive; only the holder releases it.
-    let lock = keys.merge_lock("o/r", "main");
+    // Locks: each exclusive, released only by its holder; the merge lock and the
+    // status-comment lock are separate keys, so one held never blocks the other.
+    let merge = keys.merge_lock("o/r", "main");
+    let status = keys.status_lock("o/r", 3);
+    assert!(lock::try_lock(&mut conn, &merge, "a", ttl).await.unwrap());
+    assert!(!lock::try_lock(&mut conn, &merge, "b", ttl).await.unwrap());
     assert!(
-        effects::lock_merge(&mut conn, &lock, "a", ttl)
-            .await
-            .unwrap()
+        lock::try_lock(&mut conn, &status, "s1", ttl).await.unwrap(),
+        "a held merge lock does not hold the status comment"
     );
     assert!(
-        !effects::lock_merge(&mut conn, &lock, "b", ttl)
-            .await
-            .unwrap()
+        !lock::try_lock(&mut conn, &status, "s2", ttl).await.unwrap(),
+        "two status writers still exclude each other"
     );
-    effects::unlock_merge(&mut conn, &lock, "b").await.unwrap();
+    lock::unlock(&mut conn, &merge, "b").await.unwrap();
+    assert!(!lock::try_lock(&mut conn, &merge, "b", ttl).await.unwrap());
+    lock::unlock(&mut conn, &merge, "a").await.unwrap();
+    assert!(lock::try_lock(&mut conn, &merge, "b", ttl).await.unwrap());
     assert!(
-        !effects::lock_merge(&mut conn, &lock, "b", ttl)
-            .await
-            .unwrap()
+        !lock::try_lock(&mut conn, &status, "s2", ttl).await.unwrap(),
+        "releasing the merge lock leaves the status lock held"
     );
-    effects::unlock_merge(&mut conn, &lock, "a").await.unwrap();
-    assert!(
-        effects::lock_merge(&mut conn, &lock, "b", ttl)
-            .await
-            .unwrap()
-    );
+    lock::unlock(&mut conn, &status, "s1").await.unwrap();
+    assert!(lock::try_lock(&mut conn, &status, "s2", ttl).await.unwrap());
 }

@@ -2,6 +2,8 @@
 //! signing helpers, and polling with deadlines (never sleeps to wait for results).
 
 pub mod fake_forgejo;
+pub mod model_stub;
+pub mod opencode;
 pub mod redis;
 pub mod scenario;
 pub mod shepherd;

@@ -1,8 +1,8 @@
 //! Signed deliveries for tests, built by the library's own Forgejo request builder
-//! (`shepherd::ops::send::ForgejoRequest`), so tests send what Forgejo sends.
+//! (`shepherd::app::send::ForgejoRequest`), so tests send what Forgejo sends.
 
-use shepherd::cli::ContentType;
-use shepherd::ops::send::ForgejoRequest;
+use shepherd::app::send::ContentType;
+use shepherd::app::send::ForgejoRequest;
 
 use super::TEST_SECRET;
 

@@ -1,9 +1,12 @@
-//! Worker tests: the store's scripts, the real `shepherd work` binary consuming,
-//! dead-lettering, reclaiming and stopping gracefully, the results API and stream, and
-//! the horizontal-scale run (serve + three workers, one SIGKILLed mid-run).
+//! Worker tests: the store's scripts and its consumer loop, the real `shepherd work`
+//! binary consuming, dead-lettering, reclaiming and stopping gracefully, the results
+//! API and stream, and the horizontal-scale run (serve + three workers, one SIGKILLed
+//! mid-run).
 
 mod bounds;
 mod consume;
+mod consumer_loop;
+mod entry_layout;
 mod results;
 mod run;
 pub mod scale;

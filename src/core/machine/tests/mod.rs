@@ -14,8 +14,8 @@ use std::collections::BTreeSet;
 use super::{Phase, Transition, decide, step};
 use crate::core::effect::{Effect, EffectKind, ObserveWhat, Timer, TimerKind};
 use crate::core::event::{
-    CiContext, CiState, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, Review,
-    ReviewHint, ReviewState, WorkOutcome,
+    CiContext, CiState, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState,
+    ReviewFact, ReviewHint, ReviewState, WorkOutcome,
 };
 use crate::core::ids::{Login, RepoName, Scope, Sha, WorkId};
 use crate::core::policy::Policy;
@@ -119,7 +119,7 @@ pub(super) fn reviews(list: &[(&str, ReviewState, char)], at: i64) -> Event {
         reviews: list
             .iter()
             .enumerate()
-            .map(|(i, (who, state, head))| Review {
+            .map(|(i, (who, state, head))| ReviewFact {
                 id: 100 + i64::try_from(i).unwrap(),
                 reviewer: login(who),
                 state: *state,

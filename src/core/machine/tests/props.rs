@@ -174,7 +174,7 @@ fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event
             let reviews = list
                 .iter()
                 .enumerate()
-                .map(|(i, (who, state, head, stale, dismissed))| Review {
+                .map(|(i, (who, state, head, stale, dismissed))| ReviewFact {
                     id: ids.0 * 10 + i64::try_from(i).unwrap(),
                     reviewer: login(REVIEWERS[*who]),
                     state: [

@@ -5,6 +5,7 @@
 //! model.rs        the state as plain data and the rules that change it
 //! render.rs       Forgejo's JSON shapes of that state
 //! routes*.rs      /api/v1/… with real paths, fields, pagination and status codes
+//! api_log.rs      the call log as the Forgejo API checker reads it, and the check
 //! merge.rs        POST …/merge as Forgejo decides it (405/409/404/403/200)
 //! faults.rs       failure injection rules and the call log
 //! payloads.rs     webhook payloads for model changes
@@ -14,6 +15,7 @@
 //! [`FakeForgejo::push`], [`FakeForgejo::set_status`], …), build the matching webhook
 //! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
 
+mod api_log;
 pub mod faults;
 mod merge;
 pub mod model;
@@ -21,6 +23,7 @@ mod outbox;
 pub mod payloads;
 mod render;
 mod routes;
+mod routes_context;
 mod routes_repo;
 
 use std::net::TcpListener;
@@ -32,7 +35,9 @@ use actix_web::{App, HttpServer, web};
 
 pub use faults::{Call, Fault};
 pub use merge::closing_refs;
-pub use model::{CommentRow, IssueRow, LabelRow, MergeRecord, Model, Protection, ReviewRow};
+pub use model::{
+    CommentRow, FileRow, IssueRow, LabelRow, MergeRecord, Model, Protection, ReviewRow,
+};
 use model::{PullData, fake_sha, glob};
 pub use payloads::Webhook;
 use routes::{Shared, lock};
@@ -322,6 +327,7 @@ impl FakeForgejo {
                 merged_at: None,
                 merge_commit_sha: None,
                 merged_by: None,
+                files: Vec::new(),
             };
             let n = m.open_issue(repo, &pr.author, &pr.title, &pr.body, Some(pull));
             for name in &pr.labels {
@@ -379,6 +385,28 @@ impl FakeForgejo {
                 .find(|v| v.id == id)
                 .expect("no such review"));
         });
+    }
+
+    /// Sets the files PR `n` changes (its diff and file list follow from them).
+    pub fn set_files(&self, repo: &str, n: u64, files: Vec<FileRow>) {
+        self.with_pull(repo, n, |p| p.files = files);
+    }
+
+    /// Sets the body of review `id`.
+    pub fn set_review_body(&self, repo: &str, id: i64, body: &str) {
+        self.update_review(repo, id, |r| r.body = body.into());
+    }
+
+    /// Adds an inline comment to review `review_id`; returns its id.
+    pub fn add_review_comment(
+        &self,
+        repo: &str,
+        review_id: i64,
+        path: &str,
+        line: u64,
+        body: &str,
+    ) -> i64 {
+        self.with_model(|m| m.add_review_comment(repo, review_id, path, line, body))
     }
 
     /// Sets what the API reports as `mergeable` (false: conflict or still checking).

@@ -60,6 +60,98 @@ pub struct PullData {
     pub merge_commit_sha: Option<String>,
     /// Merger.
     pub merged_by: Option<String>,
+    /// The files the PR changes (its diff and `…/files` are made from them).
+    pub files: Vec<FileRow>,
+}
+
+/// One file a PR changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    /// Path in the head.
+    pub filename: String,
+    /// `added`, `deleted`, `changed` or `renamed`.
+    pub status: String,
+    /// Path before a rename.
+    pub previous_filename: String,
+    /// The hunks, `git diff` style (`@@ … @@` lines, then ` `, `+`, `-` lines).
+    pub patch: String,
+}
+
+impl FileRow {
+    /// A changed file with these hunks.
+    pub fn changed(filename: &str, patch: &str) -> Self {
+        Self {
+            filename: filename.into(),
+            status: "changed".into(),
+            previous_filename: String::new(),
+            patch: patch.into(),
+        }
+    }
+
+    /// Lines added and deleted by the hunks.
+    pub fn counts(&self) -> (u64, u64) {
+        let count = |c: char| {
+            self.patch
+                .lines()
+                .filter(|l| l.starts_with(c) && !l.starts_with("+++") && !l.starts_with("---"))
+                .count() as u64
+        };
+        (count('+'), count('-'))
+    }
+
+    /// The file's part of the PR's diff, as `git diff` prints it.
+    pub fn diff(&self, base_sha: &str, head_sha: &str) -> String {
+        let old = if self.previous_filename.is_empty() {
+            &self.filename
+        } else {
+            &self.previous_filename
+        };
+        let (from, to) = match self.status.as_str() {
+            "added" => ("/dev/null".to_owned(), format!("b/{}", self.filename)),
+            "deleted" => (format!("a/{old}"), "/dev/null".to_owned()),
+            _ => (format!("a/{old}"), format!("b/{}", self.filename)),
+        };
+        let mut out = format!("diff --git a/{old} b/{}\n", self.filename);
+        match self.status.as_str() {
+            "added" => out.push_str("new file mode 100644\n"),
+            "deleted" => out.push_str("deleted file mode 100644\n"),
+            "renamed" => out.push_str(&format!("rename from {old}\nrename to {}\n", self.filename)),
+            _ => {}
+        }
+        out.push_str(&format!(
+            "index {}..{} 100644\n--- {from}\n+++ {to}\n",
+            &base_sha[..7.min(base_sha.len())],
+            &head_sha[..7.min(head_sha.len())]
+        ));
+        out.push_str(&self.patch);
+        if !self.patch.ends_with('\n') {
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// An inline comment of a review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewCommentRow {
+    /// Comment id.
+    pub id: i64,
+    /// The review it belongs to.
+    pub review_id: i64,
+    /// Author login.
+    pub user: String,
+    /// File.
+    pub path: String,
+    /// Line in the new version.
+    pub line: u64,
+    /// Body.
+    pub body: String,
+    /// The diff lines it is on.
+    pub diff_hunk: String,
+    /// The commit it was made on.
+    pub commit_id: String,
+    /// Posted.
+    pub created_at: String,
 }
 
 /// An issue or pull request.
@@ -215,6 +307,8 @@ pub struct RepoRow {
     pub comments: Vec<CommentRow>,
     /// Reviews, in submission order.
     pub reviews: Vec<ReviewRow>,
+    /// Inline comments of reviews, in posting order.
+    pub review_comments: Vec<ReviewCommentRow>,
     /// Commit statuses by sha, in posting order.
     pub statuses: HashMap<String, Vec<StatusRow>>,
     /// Collaborator permissions by login (`admin`, `write`, `read`, `none`).
@@ -497,6 +591,38 @@ impl Model {
             updated_at: t,
         });
         self.touch(repo, number);
+        id
+    }
+
+    /// Adds an inline comment by the review's author to review `review_id`, on
+    /// `path` line `line`; returns its id.
+    pub fn add_review_comment(
+        &mut self,
+        repo: &str,
+        review_id: i64,
+        path: &str,
+        line: u64,
+        body: &str,
+    ) -> i64 {
+        let id = self.id();
+        let r = self.repo_mut(repo);
+        let review = r
+            .reviews
+            .iter()
+            .find(|v| v.id == review_id)
+            .expect("no such review")
+            .clone();
+        r.review_comments.push(ReviewCommentRow {
+            id,
+            review_id,
+            user: review.user,
+            path: path.into(),
+            line,
+            body: body.into(),
+            diff_hunk: format!("@@ -{line},1 +{line},1 @@"),
+            commit_id: review.commit_id,
+            created_at: now(),
+        });
         id
     }
 

@@ -4,7 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::model::{CommentRow, IssueRow, LabelRow, Model, RepoRow, ReviewRow, StatusRow};
+use super::model::{
+    CommentRow, FileRow, IssueRow, LabelRow, Model, RepoRow, ReviewCommentRow, ReviewRow, StatusRow,
+};
 
 /// Base URL that HTML links in payloads point to (never fetched).
 pub const HTML_BASE: &str = "https://forgejo.test";
@@ -198,6 +200,20 @@ pub fn pull(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
     let html = format!("{HTML_BASE}/{full}/pulls/{}", i.number);
     let repo_json = repo(model, r);
     let base_sha = r.branches.get(&p.base_ref).cloned().unwrap_or_default();
+    let (additions, deletions) = p
+        .files
+        .iter()
+        .map(|f| f.counts())
+        .fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
+    let review_comments = r
+        .review_comments
+        .iter()
+        .filter(|c| {
+            r.reviews
+                .iter()
+                .any(|v| v.id == c.review_id && v.number == i.number)
+        })
+        .count();
     json!({
         "id": i.id,
         "url": html,
@@ -215,10 +231,10 @@ pub fn pull(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
         "draft": i.is_draft(),
         "is_locked": false,
         "comments": r.comments.iter().filter(|c| c.number == i.number).count(),
-        "review_comments": 0,
-        "additions": 1,
-        "deletions": 0,
-        "changed_files": 1,
+        "review_comments": review_comments,
+        "additions": additions,
+        "deletions": deletions,
+        "changed_files": p.files.len(),
         "html_url": html,
         "diff_url": format!("{html}.diff"),
         "patch_url": format!("{html}.patch"),
@@ -253,7 +269,7 @@ pub fn review(model: &Model, r: &RepoRow, v: &ReviewRow) -> Value {
         "stale": v.stale,
         "official": v.official,
         "dismissed": v.dismissed,
-        "comments_count": 0,
+        "comments_count": r.review_comments.iter().filter(|c| c.review_id == v.id).count(),
         "submitted_at": v.submitted_at,
         "updated_at": v.submitted_at,
         "html_url": format!("{HTML_BASE}/{full}/pulls/{}#issuecomment-{}", v.number, v.id),
@@ -294,5 +310,44 @@ pub fn status(s: &StatusRow) -> Value {
         "creator": {"id": 7, "login": "ci-bot"},
         "created_at": s.created_at,
         "updated_at": s.created_at,
+    })
+}
+
+/// A changed-file object (`ChangedFile`), with links into the head commit.
+pub fn changed_file(r: &RepoRow, f: &FileRow, head_sha: &str) -> Value {
+    let full = r.full_name();
+    let (additions, deletions) = f.counts();
+    json!({
+        "filename": f.filename,
+        "previous_filename": f.previous_filename,
+        "status": f.status,
+        "additions": additions,
+        "deletions": deletions,
+        "changes": additions + deletions,
+        "html_url": format!("{HTML_BASE}/{full}/src/commit/{head_sha}/{}", f.filename),
+        "contents_url": format!("{HTML_BASE}/api/v1/repos/{full}/contents/{}?ref={head_sha}", f.filename),
+        "raw_url": format!("{HTML_BASE}/{full}/raw/commit/{head_sha}/{}", f.filename),
+    })
+}
+
+/// An inline review comment object (`PullReviewComment`).
+pub fn review_comment(model: &Model, r: &RepoRow, number: u64, c: &ReviewCommentRow) -> Value {
+    let full = r.full_name();
+    json!({
+        "id": c.id,
+        "body": c.body,
+        "user": user(model, &c.user),
+        "resolver": null,
+        "pull_request_review_id": c.review_id,
+        "created_at": c.created_at,
+        "updated_at": c.created_at,
+        "path": c.path,
+        "commit_id": c.commit_id,
+        "original_commit_id": c.commit_id,
+        "diff_hunk": c.diff_hunk,
+        "position": c.line,
+        "original_position": 0,
+        "html_url": format!("{HTML_BASE}/{full}/pulls/{number}#issuecomment-{}", c.id),
+        "pull_request_url": format!("{HTML_BASE}/{full}/pulls/{number}"),
     })
 }

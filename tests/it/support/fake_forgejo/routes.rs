@@ -47,6 +47,8 @@ pub struct Reply {
     pub total: Option<usize>,
     /// `Retry-After`.
     pub retry_after: Option<String>,
+    /// A `text/plain` body instead of JSON (a raw diff).
+    pub text: Option<String>,
 }
 
 impl Reply {
@@ -57,6 +59,7 @@ impl Reply {
             body: Some(body),
             total: None,
             retry_after: None,
+            text: None,
         }
     }
 
@@ -67,6 +70,7 @@ impl Reply {
             body: None,
             total: None,
             retry_after: None,
+            text: None,
         }
     }
 
@@ -76,6 +80,14 @@ impl Reply {
             status,
             json!({"message": message, "url": "https://forgejo.test/api/swagger"}),
         )
+    }
+
+    /// A `text/plain` answer.
+    pub fn text(status: u16, text: String) -> Self {
+        Self {
+            text: Some(text),
+            ..Self::empty(status)
+        }
     }
 
     /// 404 as Forgejo words it.
@@ -213,9 +225,10 @@ fn to_response(reply: Reply) -> HttpResponse {
     if let Some(ra) = reply.retry_after {
         builder.insert_header(("Retry-After", ra));
     }
-    match reply.body {
-        Some(b) => builder.json(b),
-        None => builder.finish(),
+    match (reply.text, reply.body) {
+        (Some(t), _) => builder.content_type("text/plain; charset=utf-8").body(t),
+        (None, Some(b)) => builder.json(b),
+        (None, None) => builder.finish(),
     }
 }
 

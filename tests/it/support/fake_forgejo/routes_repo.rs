@@ -1,5 +1,6 @@
 //! Repository routes of the fake: pulls, reviews, commit statuses, labels, issue
-//! labels, comments and collaborator permissions (forgejo-facts.md §4.2).
+//! labels, comments and collaborator permissions (forgejo-facts.md §4.2); the agents'
+//! context reads are in `routes_context.rs`.
 
 use serde_json::{Value, json};
 
@@ -20,6 +21,13 @@ pub fn route_repo(
     let num = |s: &str| s.parse::<u64>().ok();
     match (method, rest) {
         ("GET", ["pulls"]) => list_pulls(model, repo, query),
+        ("GET", ["pulls", n]) if n.ends_with(".diff") || n.ends_with(".patch") => {
+            super::routes_context::diff(model, repo, n, query)
+        }
+        ("GET", ["pulls", n, "files"]) => super::routes_context::files(model, repo, n, query),
+        ("GET", ["pulls", n, "reviews", id, "comments"]) => {
+            super::routes_context::review_comments(model, repo, n, id)
+        }
         ("GET", ["pulls", n]) => with_pull(model, repo, n, |m, r, i| {
             Reply::json(200, render::pull(m, r, i))
         }),
@@ -68,7 +76,7 @@ pub fn route_repo(
             None => Reply::not_found(),
         },
         (_, ["issues", n, "comments"]) => match num(n) {
-            Some(n) => issue_comments(model, method, bot, repo, n, body),
+            Some(n) => issue_comments(model, method, bot, repo, n, query, body),
             None => Reply::not_found(),
         },
         ("GET", ["collaborators", user, "permission"]) => permission(model, repo, user),
@@ -273,22 +281,14 @@ fn issue_comments(
     bot: &str,
     repo: &str,
     n: u64,
+    query: &[(String, String)],
     body: &Value,
 ) -> Reply {
     if !model.repos[repo].issues.contains_key(&n) {
         return Reply::not_found();
     }
     match method {
-        "GET" => {
-            let r = &model.repos[repo];
-            let items = r
-                .comments
-                .iter()
-                .filter(|c| c.number == n)
-                .map(|c| render::comment(model, r, c))
-                .collect();
-            Reply::json(200, Value::Array(items))
-        }
+        "GET" => super::routes_context::list_comments(model, repo, n, query),
         "POST" => {
             let text = body.get("body").and_then(Value::as_str).unwrap_or("");
             if text.is_empty() {

@@ -24,9 +24,9 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::results::{ResultReport, Submitted, submit};
 use crate::ingest::AppState;
 use crate::ingest::webhook::read_api_body;
+use crate::worker::results::{ResultReport, Submitted, submit};
 
 /// Largest result body accepted (413 beyond). A result is an outcome, a signature
 /// and a summary; this keeps what one request can make the process hold small

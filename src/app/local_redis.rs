@@ -42,14 +42,7 @@ impl Supervised {
 
 /// Whether Redis answers `PING` at `url` within a short timeout.
 pub async fn answers(url: &str) -> bool {
-    let Ok(client) = redis::Client::open(url) else {
-        return false;
-    };
-    let probe = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        redis::cmd("PING").query_async::<String>(&mut conn).await
-    };
-    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)))
+    crate::store::client::answers_ping(url, PROBE_TIMEOUT).await
 }
 
 /// Starts and supervises a redis-server for `url` unless one already answers there.
@@ -153,14 +146,7 @@ impl Spec {
 
     /// Asks the server to shut down (it fsyncs the AOF), then kills it after a deadline.
     async fn stop(&self, mut child: Child) {
-        if let Ok(client) = redis::Client::open(self.url.as_str()) {
-            let ask = async {
-                let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await
-            };
-            // The server closes the connection instead of answering: ignore the error.
-            let _ = tokio::time::timeout(PROBE_TIMEOUT, ask).await;
-        }
+        crate::store::client::ask_shutdown(&self.url, PROBE_TIMEOUT).await;
         if tokio::time::timeout(STOP_DEADLINE, child.wait())
             .await
             .is_err()

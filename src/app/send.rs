@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use secrecy::ExposeSecret;
 
-use crate::cli::{ContentType, SendArgs};
+pub use crate::cli::ContentType;
+use crate::cli::SendArgs;
 use crate::ingest::signature::{sign_sha1, sign_sha256};
 
 /// A webhook request exactly as Forgejo would send it.

@@ -1,0 +1,240 @@
+//! A stub of an OpenAI-compatible model server for the real opencode CLI: it answers
+//! `POST /v1/chat/completions` with server-sent events, as such servers stream, and
+//! records every request, so a test can assert what the model was shown (the prompt,
+//! the model id, that no token is in it).
+//!
+//! Scripted answers, by what the request is:
+//! - no tools offered: opencode's title request (it asks for a session title first,
+//!   without tools) → a short title;
+//! - tools offered and the last message is the user's: the agent's first turn → one
+//!   `bash` tool call running the stub's shell command (`tool_calls` deltas, then
+//!   `finish_reason: tool_calls`);
+//! - tools offered and the last message is a tool result → a final text answer.
+
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use serde_json::{Value, json};
+
+/// Locks a mutex, ignoring poisoning (a panicking test must not hide the requests).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The final answer of an agent's last turn.
+pub const FINAL_TEXT: &str = "Done: the work item is handled.";
+
+/// The title the stub gives sessions.
+pub const TITLE: &str = "Shepherd work item";
+
+/// One request the stub received.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// The JSON body (`model`, `messages`, `tools`, `stream`, …).
+    pub body: Value,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
+}
+
+impl ModelRequest {
+    /// The model id asked for.
+    pub fn model(&self) -> &str {
+        self.body["model"].as_str().unwrap_or("")
+    }
+
+    /// Whether this is an agent turn (tools offered), not the title request.
+    pub fn is_agent_turn(&self) -> bool {
+        self.body["tools"].as_array().is_some_and(|t| !t.is_empty())
+    }
+
+    /// The text of the user messages, in order (content as a string, or the text
+    /// parts of a content array).
+    pub fn user_texts(&self) -> Vec<String> {
+        let empty = Vec::new();
+        self.body["messages"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| match &m["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(""),
+                _ => String::new(),
+            })
+            .collect()
+    }
+
+    /// The role of the last message.
+    fn last_role(&self) -> &str {
+        self.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["role"].as_str())
+            .unwrap_or("")
+    }
+}
+
+/// State shared with the server.
+struct StubState {
+    /// Every request, in arrival order.
+    requests: Mutex<Vec<ModelRequest>>,
+    /// The shell command of the `bash` tool call.
+    command: Mutex<String>,
+}
+
+/// A running stub model server. Dropping it stops the server.
+pub struct ModelStub {
+    /// Shared state.
+    state: Arc<StubState>,
+    /// Port it listens on.
+    port: u16,
+    /// The server.
+    handle: ServerHandle,
+}
+
+impl ModelStub {
+    /// Starts a stub on a free port whose agent turn runs `command` in `bash`.
+    pub async fn start(command: &str) -> Self {
+        let state = Arc::new(StubState {
+            requests: Mutex::new(Vec::new()),
+            command: Mutex::new(command.to_owned()),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = listener.local_addr().expect("local addr").port();
+        let data = web::Data::new(state.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .app_data(web::JsonConfig::default().limit(64 * 1024 * 1024))
+                .route("/v1/chat/completions", web::post().to(completions))
+                .route("/v1/models", web::get().to(models))
+        })
+        .workers(2)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .listen(listener)
+        .expect("listen on the bound socket")
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self {
+            state,
+            port,
+            handle,
+        }
+    }
+
+    /// The OpenAI-compatible base URL (`…/v1`), for the provider's `baseURL`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// Changes the shell command of the next agent turns.
+    pub fn set_command(&self, command: &str) {
+        *lock(&self.state.command) = command.to_owned();
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        lock(&self.state.requests).clone()
+    }
+
+    /// The agent turns so far (requests that offered tools).
+    pub fn agent_turns(&self) -> Vec<ModelRequest> {
+        self.requests()
+            .into_iter()
+            .filter(ModelRequest::is_agent_turn)
+            .collect()
+    }
+}
+
+impl Drop for ModelStub {
+    fn drop(&mut self) {
+        drop(self.handle.stop(false));
+    }
+}
+
+async fn models() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"object": "list", "data": []}))
+}
+
+async fn completions(
+    req: actix_web::HttpRequest,
+    body: web::Json<Value>,
+    state: web::Data<Arc<StubState>>,
+) -> HttpResponse {
+    let request = ModelRequest {
+        body: body.into_inner(),
+        authorization: req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    let seq = {
+        let mut all = lock(&state.requests);
+        all.push(request.clone());
+        all.len()
+    };
+    let model = request.model().to_owned();
+    let chunk = |delta: Value, finish: Value| {
+        json!({
+            "id": format!("chatcmpl-{seq}"),
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+    };
+    let chunks = if !request.is_agent_turn() {
+        vec![
+            chunk(json!({"role": "assistant", "content": TITLE}), Value::Null),
+            chunk(json!({}), json!("stop")),
+        ]
+    } else if request.last_role() == "tool" {
+        vec![
+            chunk(
+                json!({"role": "assistant", "content": FINAL_TEXT}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("stop")),
+        ]
+    } else {
+        let command = lock(&state.command).clone();
+        let arguments = json!({"command": command, "description": "Do the work item"});
+        vec![
+            chunk(
+                json!({"role": "assistant", "tool_calls": [{
+                    "index": 0, "id": format!("call_{seq}"), "type": "function",
+                    "function": {"name": "bash", "arguments": ""},
+                }]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": arguments.to_string()}}]}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+        ]
+    };
+    let mut text = String::new();
+    for c in chunks {
+        text.push_str(&format!("data: {c}\n\n"));
+    }
+    let usage = json!({
+        "id": format!("chatcmpl-{seq}"), "object": "chat.completion.chunk", "created": 0,
+        "model": model, "choices": [],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+    });
+    text.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .body(text)
+}
