@@ -43,7 +43,7 @@ pub enum Command {
     Resync(ResyncArgs),
     /// Inspect and act on dead-lettered entries.
     Dlq(DlqArgs),
-    /// Run the agent runner: consume work items (group `agents` on <prefix>:dispatch),
+    /// Run the agent runner: consume work items (group `agents` on `<prefix>:dispatch`),
     /// run SHEPHERD_AGENT_COMMAND for each, report the results.
     Agents(AgentsArgs),
 }

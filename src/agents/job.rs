@@ -11,28 +11,27 @@
 //!    with `SHEPHERD_AGENT_CHECKOUT`, a clone of the PR's head as the working
 //!    directory, [`super::checkout`]), the command line with its placeholders filled
 //!    in, the allow-listed environment;
-//! 4. the agent runs until it exits, the deadline passes (the group is stopped,
-//!    `failed`/`timeout`), or a stop comes (cancel notice, shutdown, the entry lost to
-//!    another runner: the group is stopped and nothing is reported);
+//! 4. the agent runs (its output so far stored every [`LOG_EVERY`]) until it exits,
+//!    the deadline passes (the group is stopped, `failed`/`timeout`), or a stop comes
+//!    (cancel notice, shutdown, the entry lost to another runner: the group is
+//!    stopped and nothing is reported);
 //! 5. its output (capped, secrets masked) is stored for the retention window, the
 //!    result ([`super::outcome::decide`]) goes through `worker::results::submit` —
 //!    exactly once per work id — and the folder is removed.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use secrecy::SecretString;
 use tokio::sync::watch;
 use tracing::instrument;
 
 use anyhow::Context as _;
 
-use super::checkout;
-use super::launch::{Capture, Invocation, Placeholders, Spawner, expand};
+use super::launch::{Capture, Invocation, Spawner};
 use super::outcome::{self, Finish};
 use super::prompt::{PromptParams, Templates};
+use super::{checkout, workdir};
 use crate::config::{AgentsConfig, Config};
 use crate::core::effect::WorkItem;
 use crate::core::policy::PolicyFile;
@@ -43,24 +42,8 @@ use crate::store::work::{self, WorkLookup};
 use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
-/// The variables the runner sets for every agent (the contract's and a few more);
-/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in, and
-/// git's (`checkout::TOKEN_VAR`, …) with a checkout.
-pub const AGENT_VARS: &[&str] = &[
-    "SHEPHERD_WORK_ID",
-    "SHEPHERD_REPO",
-    "SHEPHERD_NUMBER",
-    "SHEPHERD_HEAD_SHA",
-    "SHEPHERD_TIER",
-    "SHEPHERD_TIER_NAME",
-    "SHEPHERD_KIND",
-    "SHEPHERD_AGENT",
-    "SHEPHERD_MODEL",
-    "SHEPHERD_PROMPT_FILE",
-    "SHEPHERD_WORK_FILE",
-    "SHEPHERD_RESULT_FILE",
-    "SHEPHERD_FORGEJO_URL",
-];
+/// How often a running agent's output so far is stored.
+pub const LOG_EVERY: Duration = Duration::from_secs(2);
 
 /// Tries of the context read before the entry is handed back.
 const CONTEXT_TRIES: u32 = 3;
@@ -190,106 +173,157 @@ async fn execute(
     run: &mut AgentRun,
     mut stop: watch::Receiver<Option<StopReason>>,
 ) -> anyhow::Result<Disposition> {
-    let mut conn = shared.store.conn();
-    let keys = shared.store.keys();
-    let id = item.id.to_string();
     if let Some(why) = not_wanted(shared, item, run).await? {
         tracing::info!(reason = why, "work item not started");
         run.state = RunState::Skipped;
         run.note = Some(why.to_owned());
         return Ok(Disposition::Ack);
     }
-    let ctx = gather(shared, item, &mut stop).await?;
-    let Some(ctx) = ctx else {
+    let Some(ctx) = gather(shared, item, &mut stop).await? else {
         return Ok(stopped(run, *stop.borrow()));
     };
-    let params = PromptParams {
+    let dir = tempfile::Builder::new()
+        .prefix("shepherd-agent-")
+        .tempdir_in(&shared.agents.work_dir)?;
+    let prompt = match shared.templates.render(item, &ctx, &prompt_params(shared)) {
+        Ok(p) => p,
+        // A template problem is the operator's to fix; the attempt says so.
+        Err(e) => {
+            let why = format!("the prompt could not be rendered: {e}");
+            return fail_early(shared, item, run, "prompt", why).await;
+        }
+    };
+    let files = workdir::write_files(dir.path(), item, &prompt)?;
+    let capture = Arc::new(Mutex::new(Capture::new(shared.agents.log_bytes)));
+    let mut inv = workdir::invocation(shared, item, run, &files, prompt);
+    if let Some(reason) =
+        with_checkout(shared, item, dir.path(), &mut inv, &capture, &mut stop).await?
+    {
+        return Ok(stopped(run, Some(reason)));
+    }
+    let agent = match shared.spawner.launch(&inv, capture.clone()).await {
+        Ok(a) => a,
+        Err(e) => {
+            let why = format!("the agent could not be started: {e}");
+            return fail_early(shared, item, run, "spawn", why).await;
+        }
+    };
+    let ended = supervise(shared, run, agent, &capture, &mut stop).await?;
+    let disposition = conclude(shared, item, run, ended, &files, &capture).await?;
+    drop(dir);
+    Ok(disposition)
+}
+
+/// What the prompt is told besides the item and its context.
+fn prompt_params(shared: &Shared) -> PromptParams {
+    PromptParams {
         forgejo_url: shared.config.forgejo_url.clone().unwrap_or_default(),
         forgejo_pat: shared
             .agents
             .credentials
             .then(|| shared.agents.forgejo_token.clone())
             .flatten(),
-    };
-    let prompt = shared.templates.render(item, &ctx, &params);
-    let dir = tempfile::Builder::new()
-        .prefix("shepherd-agent-")
-        .tempdir_in(&shared.agents.work_dir)?;
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(e) => {
-            // A template problem is the operator's to fix; the attempt says so.
-            let report = results::ResultReport {
-                id: None,
-                outcome: crate::core::event::WorkOutcome::Failed,
-                signature: Some("prompt".into()),
-                summary: Some(format!("the prompt could not be rendered: {e}")),
-            };
-            report_result(shared, item, run, &report).await?;
-            run.state = RunState::Finished;
-            return Ok(Disposition::Ack);
-        }
-    };
-    let files = write_files(dir.path(), item, &prompt)?;
-    let mut inv = invocation(shared, item, run, &files, prompt);
-    let capture = Arc::new(Mutex::new(Capture::new(shared.agents.log_bytes)));
-    if let Some(template) = &shared.agents.checkout {
-        let url = checkout::clone_url(
-            template,
-            shared.config.forgejo_url.as_deref().unwrap_or_default(),
-            item.repo.as_str(),
-        );
-        let git_env = checkout::git_env(shared.agents.forgejo_token.as_ref());
-        let mut env = shared.base_env.clone();
-        env.extend(git_env.iter().cloned());
-        let made = tokio::select! {
-            r = checkout::checkout(&shared.forgejo, item, &url, dir.path(), &env) => r,
-            reason = stopped_by(&mut stop) => return Ok(stopped(run, Some(reason))),
-        };
-        let (work, log) = made.context("making the agent's checkout")?;
-        capture.lock().expect("capture lock").push(log.as_bytes());
-        inv.dir = work;
-        inv.env.extend(git_env);
     }
-    let mut agent = match shared.spawner.launch(&inv, capture.clone()).await {
-        Ok(a) => a,
-        Err(e) => {
-            let report = results::ResultReport {
-                id: None,
-                outcome: crate::core::event::WorkOutcome::Failed,
-                signature: Some("spawn".into()),
-                summary: Some(format!("the agent could not be started: {e}")),
-            };
-            report_result(shared, item, run, &report).await?;
-            run.state = RunState::Finished;
-            return Ok(Disposition::Ack);
-        }
+}
+
+/// Reports `failed` with `signature` for a run that could not start (the attempt
+/// says why, and the claim ends now rather than at its expiry).
+async fn fail_early(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &mut AgentRun,
+    signature: &str,
+    why: String,
+) -> anyhow::Result<Disposition> {
+    tracing::warn!(signature, reason = %why, "work item failed before its agent ran");
+    let report = results::ResultReport {
+        id: None,
+        outcome: crate::core::event::WorkOutcome::Failed,
+        signature: Some(signature.to_owned()),
+        summary: Some(why),
     };
+    report_result(shared, item, run, &report).await?;
+    run.state = RunState::Finished;
+    Ok(Disposition::Ack)
+}
+
+/// With `SHEPHERD_AGENT_CHECKOUT`: makes the clone in `dir` and points `inv` at it
+/// (working directory, git's environment); git's output opens the log. A stop that
+/// comes first is returned.
+async fn with_checkout(
+    shared: &Shared,
+    item: &WorkItem,
+    dir: &std::path::Path,
+    inv: &mut Invocation,
+    capture: &Mutex<Capture>,
+    stop: &mut watch::Receiver<Option<StopReason>>,
+) -> anyhow::Result<Option<StopReason>> {
+    let Some(template) = &shared.agents.checkout else {
+        return Ok(None);
+    };
+    let forgejo_url = shared.config.forgejo_url.as_deref().unwrap_or_default();
+    let url = checkout::clone_url(template, forgejo_url, item.repo.as_str());
+    let git_env = checkout::git_env(shared.agents.forgejo_token.as_ref());
+    let mut env = shared.base_env.clone();
+    env.extend(git_env.iter().cloned());
+    let made = tokio::select! {
+        r = checkout::checkout(&shared.forgejo, item, &url, dir, &env) => r,
+        reason = stopped_by(stop) => return Ok(Some(reason)),
+    };
+    let (work, log) = made.context("making the agent's checkout")?;
+    capture.lock().expect("capture lock").push(log.as_bytes());
+    inv.dir = work;
+    inv.env.extend(git_env);
+    Ok(None)
+}
+
+/// Step 4: records the start, waits for the agent's exit, the deadline or a stop
+/// (stopping its process group for the last two), and cleans up its group.
+async fn supervise(
+    shared: &Shared,
+    run: &mut AgentRun,
+    mut agent: super::launch::Agent,
+    capture: &Mutex<Capture>,
+    stop: &mut watch::Receiver<Option<StopReason>>,
+) -> anyhow::Result<Ended> {
     let started = Instant::now();
     run.state = RunState::Running;
     run.pid = Some(agent.pid);
     run.started_ms = Some(now_ms());
-    agent_runs::save(&mut conn, keys, run, shared.config.retention).await?;
+    agent_runs::save(
+        &mut shared.store.conn(),
+        shared.store.keys(),
+        run,
+        shared.config.retention,
+    )
+    .await?;
     let m = &shared.metrics.agents;
     let running_gauge = RunningGauge::new(&m.running);
     m.started
         .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
         .inc();
     tracing::info!(pid = agent.pid, model = %run.model, "agent started");
-
     let deadline = tokio::time::Instant::now()
         + Duration::from_millis(u64::try_from(run.deadline_ms - now_ms()).unwrap_or(0));
-    let ended = tokio::select! {
-        status = agent.wait() => Ended::Exited(status?),
-        () = tokio::time::sleep_until(deadline) => {
-            tracing::warn!("deadline reached; stopping the agent");
-            agent.stop(shared.agents.kill_grace).await?;
-            Ended::Timeout
-        }
-        reason = stopped_by(&mut stop) => {
-            tracing::info!(?reason, "stopping the agent");
-            agent.stop(shared.agents.kill_grace).await?;
-            Ended::Stopped(reason)
+    // The output so far is stored now and then, so `inspect` shows a running agent's.
+    let mut snapshot = tokio::time::interval_at(tokio::time::Instant::now() + LOG_EVERY, LOG_EVERY);
+    let ended = loop {
+        tokio::select! {
+            status = agent.wait() => break Ended::Exited(status?),
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!("deadline reached; stopping the agent");
+                agent.stop(shared.agents.kill_grace).await?;
+                break Ended::Timeout;
+            }
+            reason = stopped_by(stop) => {
+                tracing::info!(?reason, "stopping the agent");
+                agent.stop(shared.agents.kill_grace).await?;
+                break Ended::Stopped(reason);
+            }
+            _ = snapshot.tick() => {
+                let text = outcome::mask(&capture.lock().expect("capture lock").text(), &shared.secrets);
+                save_log(shared, &run.work_id, &text).await;
+            }
         }
     };
     agent.finish().await;
@@ -297,6 +331,21 @@ async fn execute(
     m.duration
         .with_label_values(&[run.kind.as_str()])
         .observe(started.elapsed().as_secs_f64());
+    Ok(ended)
+}
+
+/// Step 5: the masked output is stored, the result decided and reported (unless a
+/// stop ended the run), the metrics counted.
+async fn conclude(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &mut AgentRun,
+    ended: Ended,
+    files: &workdir::Files,
+    capture: &Mutex<Capture>,
+) -> anyhow::Result<Disposition> {
+    let id = item.id.to_string();
+    let m = &shared.metrics.agents;
     let (output, total) = {
         let mut c = capture.lock().expect("capture lock");
         (outcome::mask(&c.text(), &shared.secrets), c.total())
@@ -308,13 +357,7 @@ async fn execute(
         Ended::Stopped(reason) => {
             save_log(shared, &id, &output).await;
             let d = stopped(run, Some(reason));
-            m.finished
-                .with_label_values(&[
-                    run.kind.as_str(),
-                    run.tier_name.as_str(),
-                    outcome_label(run),
-                ])
-                .inc();
+            count_finished(m, run);
             return Ok(d);
         }
     };
@@ -325,21 +368,24 @@ async fn execute(
         None => output,
     };
     save_log(shared, &id, &log).await;
+    let labels = [run.kind.as_str(), run.tier_name.as_str()];
     if let Some(t) = result.tokens {
-        m.tokens
-            .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
-            .inc_by(t);
+        m.tokens.with_label_values(&labels).inc_by(t);
     }
     if let Some(c) = result.cost {
-        m.cost
-            .with_label_values(&[run.kind.as_str(), run.tier_name.as_str()])
-            .inc_by(c);
+        m.cost.with_label_values(&labels).inc_by(c);
     }
     let mut report = result.report;
     report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));
     report.signature = report.signature.map(|s| outcome::mask(&s, &shared.secrets));
     report_result(shared, item, run, &report).await?;
     run.state = RunState::Finished;
+    count_finished(m, run);
+    Ok(Disposition::Ack)
+}
+
+/// Counts a finished run by kind, tier and outcome.
+fn count_finished(m: &crate::telemetry::AgentMetrics, run: &AgentRun) {
     m.finished
         .with_label_values(&[
             run.kind.as_str(),
@@ -347,8 +393,6 @@ async fn execute(
             outcome_label(run),
         ])
         .inc();
-    drop(dir);
-    Ok(Disposition::Ack)
 }
 
 /// Counts one running agent in the gauge for as long as it lives (whatever way the
@@ -540,101 +584,6 @@ async fn save_log(shared: &Shared, id: &str, text: &str) {
     if let Err(e) = r {
         tracing::warn!(error = %e, "storing the agent's output failed");
     }
-}
-
-/// The files of one run.
-struct Files {
-    /// The prompt.
-    prompt: PathBuf,
-    /// The work item JSON.
-    work: PathBuf,
-    /// Where the agent may write its result.
-    result: PathBuf,
-}
-
-/// Writes the prompt and the work item into `dir`.
-fn write_files(dir: &std::path::Path, item: &WorkItem, prompt: &str) -> std::io::Result<Files> {
-    let files = Files {
-        prompt: dir.join("prompt.md"),
-        work: dir.join("work.json"),
-        result: dir.join("result.json"),
-    };
-    std::fs::write(&files.prompt, prompt)?;
-    std::fs::write(
-        &files.work,
-        serde_json::to_vec_pretty(item).map_err(std::io::Error::other)?,
-    )?;
-    Ok(files)
-}
-
-/// The command line and environment of one run.
-fn invocation(
-    shared: &Shared,
-    item: &WorkItem,
-    run: &AgentRun,
-    files: &Files,
-    prompt: String,
-) -> Invocation {
-    let path = |p: &PathBuf| p.display().to_string();
-    let placeholders = Placeholders {
-        agent: run.agent.clone(),
-        model: run.model.clone(),
-        tier: item.tier.to_string(),
-        tier_name: item.tier_name.clone(),
-        kind: item.kind.as_str().to_owned(),
-        prompt_file: path(&files.prompt),
-        work_file: path(&files.work),
-    };
-    let mut env = shared.base_env.clone();
-    let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
-    env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
-    if shared.agents.credentials
-        && let Some(token) = &shared.agents.forgejo_token
-    {
-        env.push(("SHEPHERD_AGENT_FORGEJO_TOKEN".into(), expose(token).into()));
-    }
-    Invocation {
-        argv: expand(&shared.agents.command, &placeholders),
-        env,
-        dir: files.prompt.parent().map(PathBuf::from).unwrap_or_default(),
-        stdin: prompt,
-    }
-}
-
-/// The work item's variables ([`AGENT_VARS`], in that order).
-fn agent_vars(
-    item: &WorkItem,
-    run: &AgentRun,
-    files: &Files,
-    forgejo_url: Option<&str>,
-) -> Vec<(&'static str, String)> {
-    let path = |p: &PathBuf| p.display().to_string();
-    // One value per name: the array's length is the list's, checked by the compiler.
-    let values: [String; AGENT_VARS.len()] = [
-        item.id.to_string(),
-        item.repo.to_string(),
-        item.number.to_string(),
-        item.head_sha
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default(),
-        item.tier.to_string(),
-        item.tier_name.clone(),
-        item.kind.as_str().to_owned(),
-        run.agent.clone(),
-        run.model.clone(),
-        path(&files.prompt),
-        path(&files.work),
-        path(&files.result),
-        forgejo_url.unwrap_or_default().to_owned(),
-    ];
-    AGENT_VARS.iter().copied().zip(values).collect()
-}
-
-/// The token's text, for the opted-in environment variable only.
-fn expose(token: &SecretString) -> String {
-    use secrecy::ExposeSecret as _;
-    token.expose_secret().to_owned()
 }
 
 /// Now in unix milliseconds.

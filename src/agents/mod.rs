@@ -23,6 +23,7 @@
 //! | `consume.rs` | everything that touches the dispatch stream |
 //! | `runner.rs` | which held item runs next, caps, heartbeat, cancel, shutdown |
 //! | `job.rs` | one work item from the check to the report |
+//! | `workdir.rs` | the item's folder, files, command line and environment |
 //! | `launch.rs` | the `exec` launcher: placeholders, process group, parent-death signal |
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
@@ -39,6 +40,7 @@ pub mod launch;
 pub mod outcome;
 pub mod prompt;
 pub mod runner;
+pub mod workdir;
 
 use std::ffi::OsString;
 use std::sync::Arc;

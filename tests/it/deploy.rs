@@ -182,7 +182,7 @@ fn known_env_vars() -> BTreeSet<String> {
 fn documented_env_vars() -> BTreeSet<String> {
     let mut all = known_env_vars();
     all.extend(
-        shepherd::agents::job::AGENT_VARS
+        shepherd::agents::workdir::AGENT_VARS
             .iter()
             .map(|v| (*v).to_owned()),
     );

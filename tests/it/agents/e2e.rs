@@ -121,6 +121,18 @@ printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD
         },
     )
     .await;
+    // The output so far is stored while it runs.
+    poll_until_named(
+        DEADLINE,
+        "inspect shows the running agent's output",
+        || async {
+            let view = inspect(&s, n).await;
+            view["agent"]["log_tail"]
+                .as_str()
+                .is_some_and(|t| t.contains("pushing the fix"))
+        },
+    )
+    .await;
     let view = inspect(&s, n).await;
     assert_eq!(view["agent"]["run"]["state"], "running", "{view}");
     assert_eq!(
@@ -196,7 +208,7 @@ async fn inspect(s: &Scenario, n: u64) -> Value {
 /// does not run again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crashed_runners_agent_dies_and_the_work_comes_back_as_the_next_attempt() {
-    let s = Scenario::start("claim_ttl_secs = 6\n").await;
+    let s = Scenario::start("claim_ttl_secs = 8\n").await;
     let dir = tempfile::tempdir().unwrap();
     let script = write_script(
         dir.path(),

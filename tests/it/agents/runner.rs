@@ -558,9 +558,9 @@ echo change > change.txt && git add change.txt \
     let pushed = git(&bare, &["rev-parse", "feature-x"]);
     assert_ne!(pushed, sha, "the agent's push reached the branch");
     assert_eq!(git(&bare, &["rev-parse", "feature-x~1"]), sha);
+    rig.wait_state(&id, "finished").await;
     assert!(
         !std::path::Path::new(&read("pwd")).exists(),
         "the checkout is removed"
     );
-    rig.wait_state(&id, "finished").await;
 }

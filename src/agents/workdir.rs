@@ -1,0 +1,126 @@
+//! The per-work-item folder and what the agent is given: `prompt.md`, `work.json`,
+//! the result file's path, the command line with its placeholders filled in, and the
+//! environment (the allow-listed part of the runner's, plus the item's variables).
+
+use std::path::PathBuf;
+
+use secrecy::SecretString;
+
+use super::job::Shared;
+use super::launch::{Invocation, Placeholders, expand};
+use crate::core::effect::WorkItem;
+use crate::store::agent_runs::AgentRun;
+
+/// The variables the runner sets for every agent (the contract's and a few more);
+/// `SHEPHERD_AGENT_FORGEJO_TOKEN` comes on top when credentials are opted in, and
+/// git's (`checkout::TOKEN_VAR`, …) with a checkout.
+pub const AGENT_VARS: &[&str] = &[
+    "SHEPHERD_WORK_ID",
+    "SHEPHERD_REPO",
+    "SHEPHERD_NUMBER",
+    "SHEPHERD_HEAD_SHA",
+    "SHEPHERD_TIER",
+    "SHEPHERD_TIER_NAME",
+    "SHEPHERD_KIND",
+    "SHEPHERD_AGENT",
+    "SHEPHERD_MODEL",
+    "SHEPHERD_PROMPT_FILE",
+    "SHEPHERD_WORK_FILE",
+    "SHEPHERD_RESULT_FILE",
+    "SHEPHERD_FORGEJO_URL",
+];
+
+/// The files of one run.
+pub struct Files {
+    /// The prompt.
+    pub prompt: PathBuf,
+    /// The work item JSON.
+    pub work: PathBuf,
+    /// Where the agent may write its result.
+    pub result: PathBuf,
+}
+
+/// Writes the prompt and the work item into `dir`.
+pub fn write_files(dir: &std::path::Path, item: &WorkItem, prompt: &str) -> std::io::Result<Files> {
+    let files = Files {
+        prompt: dir.join("prompt.md"),
+        work: dir.join("work.json"),
+        result: dir.join("result.json"),
+    };
+    std::fs::write(&files.prompt, prompt)?;
+    std::fs::write(
+        &files.work,
+        serde_json::to_vec_pretty(item).map_err(std::io::Error::other)?,
+    )?;
+    Ok(files)
+}
+
+/// The command line and environment of one run.
+pub fn invocation(
+    shared: &Shared,
+    item: &WorkItem,
+    run: &AgentRun,
+    files: &Files,
+    prompt: String,
+) -> Invocation {
+    let path = |p: &PathBuf| p.display().to_string();
+    let placeholders = Placeholders {
+        agent: run.agent.clone(),
+        model: run.model.clone(),
+        tier: item.tier.to_string(),
+        tier_name: item.tier_name.clone(),
+        kind: item.kind.as_str().to_owned(),
+        prompt_file: path(&files.prompt),
+        work_file: path(&files.work),
+    };
+    let mut env = shared.base_env.clone();
+    let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
+    env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    if shared.agents.credentials
+        && let Some(token) = &shared.agents.forgejo_token
+    {
+        env.push(("SHEPHERD_AGENT_FORGEJO_TOKEN".into(), expose(token).into()));
+    }
+    Invocation {
+        argv: expand(&shared.agents.command, &placeholders),
+        env,
+        dir: files.prompt.parent().map(PathBuf::from).unwrap_or_default(),
+        stdin: prompt,
+    }
+}
+
+/// The work item's variables ([`AGENT_VARS`], in that order).
+fn agent_vars(
+    item: &WorkItem,
+    run: &AgentRun,
+    files: &Files,
+    forgejo_url: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    let path = |p: &PathBuf| p.display().to_string();
+    // One value per name: the array's length is the list's, checked by the compiler.
+    let values: [String; AGENT_VARS.len()] = [
+        item.id.to_string(),
+        item.repo.to_string(),
+        item.number.to_string(),
+        item.head_sha
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        item.tier.to_string(),
+        item.tier_name.clone(),
+        item.kind.as_str().to_owned(),
+        run.agent.clone(),
+        run.model.clone(),
+        path(&files.prompt),
+        path(&files.work),
+        path(&files.result),
+        forgejo_url.unwrap_or_default().to_owned(),
+    ];
+    AGENT_VARS.iter().copied().zip(values).collect()
+}
+
+/// The token's text, for the opted-in environment variable only.
+fn expose(token: &SecretString) -> String {
+    use secrecy::ExposeSecret as _;
+    token.expose_secret().to_owned()
+}
