@@ -9,7 +9,7 @@ use crate::support::poll_until_named;
 use crate::support::scenario::{DEADLINE, Scenario};
 
 /// The repository of the scenarios.
-const REPO: &str = "acme/widgets";
+pub(super) const REPO: &str = "acme/widgets";
 
 /// Opens a bot PR whose head fails CI; returns (PR, head sha).
 async fn open_red_pr(s: &Scenario) -> (u64, String) {
@@ -38,7 +38,7 @@ async fn record(s: &Scenario, n: u64) -> Value {
 }
 
 /// The finished attempts of PR `n`.
-async fn attempts(s: &Scenario, n: u64) -> Vec<Value> {
+pub(super) async fn attempts(s: &Scenario, n: u64) -> Vec<Value> {
     record(s, n).await["work"]["attempts"]
         .as_array()
         .cloned()

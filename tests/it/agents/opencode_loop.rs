@@ -8,34 +8,15 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
+use super::e2e::{REPO, attempts};
 use crate::support::fake_forgejo::NewPr;
 use crate::support::model_stub::ModelStub;
 use crate::support::opencode::OpencodeProject;
 use crate::support::poll_until_named;
 use crate::support::scenario::Scenario;
 
-const REPO: &str = "acme/widgets";
-
 /// opencode takes seconds per run; this bounds a hang, it measures nothing.
 const AGENT_DEADLINE: Duration = Duration::from_secs(180);
-
-/// The finished attempts of PR `n`.
-async fn attempts(s: &Scenario, n: u64) -> Vec<Value> {
-    let mut conn = s.redis_conn();
-    let data: Option<String> = redis::cmd("HGET")
-        .arg(s.shepherd.keys().pr_record(REPO, n))
-        .arg("data")
-        .query_async(&mut conn)
-        .await
-        .expect("HGET record");
-    let record: Value = data.map_or(Value::Null, |d| serde_json::from_str(&d).unwrap());
-    record["work"]["attempts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges() {
