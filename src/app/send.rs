@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use std::io::Write as _;
+
 use anyhow::Context;
 use secrecy::ExposeSecret;
 
@@ -118,8 +120,17 @@ pub async fn run(args: &SendArgs) -> anyhow::Result<()> {
         .with_context(|| format!("POST {} failed", args.url))?;
     let status = response.status();
     let body = response.text().await.unwrap_or_default();
-    println!("delivery {delivery}: {status}");
-    println!("{body}");
+    // A reader that stops early (`| grep -q`, `| head`) closes the pipe: that is not a
+    // failure of the delivery, so a broken pipe ends the output quietly.
+    let mut out = std::io::stdout().lock();
+    let printed =
+        writeln!(out, "delivery {delivery}: {status}").and_then(|()| writeln!(out, "{body}"));
+    match printed {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            return Err(e).context("writing the answer to stdout");
+        }
+        _ => {}
+    }
     anyhow::ensure!(status.is_success(), "the receiver answered {status}");
     Ok(())
 }

@@ -179,3 +179,26 @@ async fn serve_and_run_mount_the_same_routes_and_work_only_health_and_metrics() 
         assert_eq!(got, status, "shepherd work {path}");
     }
 }
+
+/// `shepherd send … | grep -q 202` must not fail when the reader stops early: the
+/// delivery was made, and a closed stdout is not an error of it (seen as a panic in
+/// `bench/ingest.sh`'s smoke test).
+#[tokio::test]
+async fn send_succeeds_when_its_reader_closes_the_pipe_early() {
+    let redis = RedisServer::start();
+    let serve = Shepherd::serve(&redis).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), pr_sync(4, 1)).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["send"])
+        .arg(file.path())
+        .args(["--event-type", "pull_request_sync", "--url"])
+        .arg(serve.webhook_url())
+        .args(["--secret", crate::support::TEST_SECRET])
+        .stdout(writer)
+        .status()
+        .unwrap();
+    assert!(status.success(), "send with a closed stdout: {status}");
+}

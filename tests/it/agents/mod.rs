@@ -11,6 +11,7 @@ mod bench;
 mod context;
 mod e2e;
 mod opencode;
+mod opencode_loop;
 mod runner;
 
 use std::path::PathBuf;

@@ -83,7 +83,7 @@ impl OpencodeProject {
                     "models": model_table,
                 }
             },
-            "permission": { "bash": "allow", "edit": "allow" },
+            "permission": { "bash": "allow", "edit": "allow", "external_directory": "allow" },
             "autoupdate": false,
             "share": "disabled",
         });

@@ -1,0 +1,154 @@
+//! The whole loop with the real opencode CLI as the agent (issue 14): CI fails →
+//! `shepherd run` dispatches a `ci-fix` work item → `shepherd agents` fetches its
+//! context, renders the prompt and runs opencode → opencode (driven by the stub model)
+//! runs a `bash` tool call that "pushes" and writes the result file → new head → CI
+//! green → an approval → merged. Asserted too: what the model received (the prompt's
+//! sections and parameter lines, the tier's mapped model id) and that no Forgejo
+//! token reached the model or the agent's environment.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::fake_forgejo::NewPr;
+use crate::support::model_stub::ModelStub;
+use crate::support::opencode::OpencodeProject;
+use crate::support::poll_until_named;
+use crate::support::scenario::Scenario;
+
+const REPO: &str = "acme/widgets";
+
+/// opencode takes seconds per run; this bounds a hang, it measures nothing.
+const AGENT_DEADLINE: Duration = Duration::from_secs(180);
+
+/// The finished attempts of PR `n`.
+async fn attempts(s: &Scenario, n: u64) -> Vec<Value> {
+    let mut conn = s.redis_conn();
+    let data: Option<String> = redis::cmd("HGET")
+        .arg(s.shepherd.keys().pr_record(REPO, n))
+        .arg("data")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET record");
+    let record: Value = data.map_or(Value::Null, |d| serde_json::from_str(&d).unwrap());
+    record["work"]["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges() {
+    let s = Scenario::start("models = { haiku = \"stub-haiku\" }\n").await;
+    let fake = &s.fake;
+    let marks = tempfile::tempdir().unwrap();
+    let pushed = marks.path().join("pushed");
+    let agent_env = marks.path().join("agent-env");
+    // The agent's one tool call: record its environment, "push" (the test plays the
+    // git server below), and write the result file the runner reads.
+    let stub = ModelStub::start(&format!(
+        "env > {env}; touch {pushed}; \
+         printf '{{\"outcome\":\"succeeded\",\"summary\":\"fixed ci/test\"}}' > \"$SHEPHERD_RESULT_FILE\"",
+        env = agent_env.display(),
+        pushed = pushed.display(),
+    ))
+    .await;
+    let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
+    let _runner = s.agents(&project.command_line()).start().await;
+
+    let n = fake.open_pr(REPO, NewPr::new("agent-bot", "Add y").body("Adds y."));
+    let sha1 = fake.head_sha(REPO, n);
+    fake.set_status(REPO, &sha1, "ci/test", "failure", "2 tests failed");
+    s.send(&fake.pr_opened(REPO, n)).await;
+    let item = s.wait_work_items(1).await.remove(0);
+    assert_eq!(item["kind"], "ci-fix");
+    assert_eq!(item["tier_name"], "haiku");
+    let work_id = item["id"].as_str().unwrap().to_owned();
+
+    // opencode ran the tool call: the agent pushed. The forge moves the head and
+    // tells Shepherd, as Forgejo would after a real push by the bot.
+    poll_until_named(AGENT_DEADLINE, "the agent pushes", || async {
+        pushed.exists()
+    })
+    .await;
+    let sha2 = "5555555555555555555555555555555555555555";
+    fake.push(REPO, n, sha2);
+    fake.set_status(REPO, sha2, "ci/test", "pending", "running");
+    s.send(&fake.pr_synchronized(REPO, n, fake.bot_login()))
+        .await;
+    poll_until_named(
+        AGENT_DEADLINE,
+        "the agent's result is recorded on its attempt",
+        || async {
+            attempts(&s, n)
+                .await
+                .first()
+                .is_some_and(|a| a["outcome"] == "succeeded")
+        },
+    )
+    .await;
+    let a = attempts(&s, n).await;
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0]["work_id"], work_id.as_str(), "{a:?}");
+    assert_eq!(a[0]["summary"], "fixed ci/test", "{a:?}");
+
+    fake.set_status(REPO, sha2, "ci/test", "success", "all green");
+    s.wait_phase(REPO, n, "awaiting-review").await;
+    assert!(fake.merges().is_empty(), "no merge without an approval");
+    let review = fake.add_review(REPO, n, "bob", "APPROVED");
+    s.send(&fake.pr_reviewed(REPO, n, review)).await;
+    s.wait_fake("the PR is merged", |f| !f.merges().is_empty())
+        .await;
+    s.wait_phase(REPO, n, "merged").await;
+    s.wait_idle().await;
+    let merges = fake.merges();
+    assert_eq!(merges.len(), 1);
+    assert_eq!(merges[0].merged_sha, sha2, "the pushed head is what merged");
+    assert_eq!(s.work_items().await.len(), 1, "one dispatch in all");
+
+    // What the model saw: the tier's mapped model id, the prompt with its parameter
+    // lines and sections, and no token.
+    let turns = stub.agent_turns();
+    assert!(!turns.is_empty(), "opencode asked the model");
+    for r in stub.requests() {
+        assert_eq!(r.model(), "stub-haiku", "the policy's model id of tier 0");
+        let text = r.body.to_string();
+        assert!(
+            !text.contains(fake.token()),
+            "the Forgejo token reached the model"
+        );
+    }
+    let prompt = turns[0].user_texts().join("\n");
+    let lines: Vec<&str> = prompt.lines().collect();
+    for line in [
+        "work_type: pr_fix".to_owned(),
+        format!("work_number: {n}"),
+        "forgejo_owner: acme".to_owned(),
+        "forgejo_repo: widgets".to_owned(),
+        "escalation_tier_hint: 0".to_owned(),
+        "release_claim_on_exit: false".to_owned(),
+        "## PR description".to_owned(),
+        "## Full diff".to_owned(),
+        "## CI status".to_owned(),
+    ] {
+        assert!(
+            lines.contains(&line.as_str()),
+            "the model saw no line {line:?}:\n{prompt}"
+        );
+    }
+    assert!(
+        prompt.contains("2 tests failed"),
+        "the failing check's detail:\n{prompt}"
+    );
+    let env = std::fs::read_to_string(&agent_env).expect("the tool call ran");
+    assert!(
+        env.contains(&format!("SHEPHERD_WORK_ID={work_id}")),
+        "{env}"
+    );
+    assert!(env.contains("SHEPHERD_MODEL=stub-haiku"), "{env}");
+    assert!(
+        !env.contains(fake.token()),
+        "no Forgejo token in the agent's environment"
+    );
+    assert!(!env.contains("SHEPHERD_FORGEJO_TOKEN"), "{env}");
+}
