@@ -564,3 +564,100 @@ echo change > change.txt && git add change.txt \
         "the checkout is removed"
     );
 }
+
+/// A runner that finds another runner holding its entry (it was cut off from Redis
+/// past the reclaim idle time, and the entry was reclaimed) stops its agent and
+/// reports nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_whose_entry_was_taken_over_stops_its_agent_without_a_report() {
+    let rig = Rig::start().await;
+    let script = rig.script("hang.sh", r#"echo $$ > "$DIR/leader"; exec sleep 600"#);
+    let n = rig.open_pr(REPO);
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_RECLAIM_IDLE_SECS", "3")
+        .start()
+        .await;
+    let id = rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
+    let leader = read_pid(&rig.path("leader")).await;
+    // Another runner takes the entry over (as its XAUTOCLAIM would).
+    let mut conn = rig.conn.clone();
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(rig.keys().dispatch())
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(rig.keys().dispatch())
+        .arg("agents")
+        .arg("another-runner")
+        .arg(0)
+        .arg(&entries[0].0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    poll_until_named(DEADLINE, "the agent is stopped", || async {
+        !alive(leader)
+    })
+    .await;
+    let run = rig.wait_state(&id, "released").await;
+    assert!(
+        run["note"].as_str().unwrap().contains("another runner"),
+        "{run}"
+    );
+    assert!(rig.results().await.is_empty(), "nothing reported");
+    assert_eq!(
+        rig.pending().await,
+        1,
+        "the entry stays with the other runner"
+    );
+}
+
+/// SIGTERM: the runner stops its agent, reports nothing, and hands the entry back, so
+/// another runner runs the work item at once (and reports it once).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_runner_hands_its_work_to_another_runner() {
+    let rig = Rig::start().await;
+    let script = rig.script(
+        "once.sh",
+        r#"echo $$ >> "$DIR/starts"
+if [ -e "$DIR/second" ]; then exit 0; fi
+exec sleep 600"#,
+    );
+    let n = rig.open_pr(REPO);
+    let mut first = rig
+        .runner(&script)
+        .env("SHEPHERD_RECLAIM_IDLE_SECS", "2")
+        .start()
+        .await;
+    let id = rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
+    let leader = read_pid(&rig.path("starts")).await;
+    first.terminate();
+    let status = first.wait_exit(DEADLINE).await;
+    assert!(status.success(), "a graceful stop: {status}");
+    assert!(!alive(leader), "its agent is stopped");
+    rig.wait_state(&id, "released").await;
+    assert!(
+        rig.results().await.is_empty(),
+        "nothing reported on the way out"
+    );
+    std::fs::write(rig.path("second"), "").unwrap();
+    let _second = rig
+        .runner(&script)
+        .env("SHEPHERD_RECLAIM_IDLE_SECS", "2")
+        .start()
+        .await;
+    let results = rig.wait_results(1).await;
+    assert_eq!(results[0]["work_id"], id.as_str());
+    assert_eq!(results[0]["outcome"], "succeeded");
+    rig.wait_state(&id, "finished").await;
+    let starts = std::fs::read_to_string(rig.path("starts")).unwrap();
+    assert_eq!(starts.lines().count(), 2, "one start per runner: {starts}");
+    poll_until_named(DEADLINE, "the entry is acked", || async {
+        rig.pending().await == 0
+    })
+    .await;
+    assert_eq!(rig.results().await.len(), 1);
+}
