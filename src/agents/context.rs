@@ -345,7 +345,7 @@ async fn gather_pr(
         Err(e) => unavailable(ctx, "checks", &e),
     }
     let active = match reviews {
-        Ok(list) => active_change_requests(&list, &head),
+        Ok(list) => active_change_requests(&item.repo, item.number, &list, &head),
         Err(e) => {
             unavailable(ctx, "reviews", &e);
             Vec::new()
@@ -413,7 +413,7 @@ async fn gather_issue(
 async fn change_requests(
     forgejo: &ForgejoClient,
     item: &WorkItem,
-    active: Vec<Review>,
+    active: Vec<crate::core::effect::ChangeRequest>,
     ctx: &mut AgentContext,
 ) {
     let mut all: Vec<(i64, String, String)> = item
@@ -422,9 +422,9 @@ async fn change_requests(
         .iter()
         .map(|c| (c.review_id, c.reviewer.as_str().to_owned(), c.body.clone()))
         .collect();
-    for r in active {
-        if !all.iter().any(|(id, _, _)| *id == r.id) {
-            all.push((r.id, reviewer(&r).to_owned(), r.body));
+    for c in active {
+        if !all.iter().any(|(id, _, _)| *id == c.review_id) {
+            all.push((c.review_id, c.reviewer.as_str().to_owned(), c.body));
         }
     }
     ctx.change_requests_omitted = all.len().saturating_sub(MAX_CHANGE_REQUESTS);
@@ -457,48 +457,21 @@ async fn change_requests(
     }
 }
 
-/// The active change requests among `reviews`, by the machine's rule
-/// (`core::machine::plan`): the latest approval-or-change-request of each reviewer,
-/// when it asks for changes, is official (Forgejo's `official`: a reviewer with write
-/// access; anyone else could steer the agents), not dismissed, not stale and on `head`.
-pub fn active_change_requests(reviews: &[Review], head: &str) -> Vec<Review> {
-    let mut latest: BTreeMap<String, &Review> = BTreeMap::new();
-    for r in reviews {
-        if !matches!(r.state.as_str(), "APPROVED" | "REQUEST_CHANGES") {
-            continue;
-        }
-        let key = reviewer(r).to_lowercase();
-        let newer = latest
-            .get(&key)
-            .is_none_or(|cur| (submitted_ms(r), r.id) > (submitted_ms(cur), cur.id));
-        if newer {
-            latest.insert(key, r);
-        }
-    }
-    latest
-        .into_values()
-        .filter(|r| {
-            r.state == "REQUEST_CHANGES"
-                && r.official
-                && !r.dismissed
-                && !r.stale
-                && (r.commit_id.is_empty() || r.commit_id.eq_ignore_ascii_case(head))
-        })
-        .cloned()
-        .collect()
-}
-
-/// When a review was submitted (unix ms; 0 when Forgejo sent no time).
-fn submitted_ms(r: &Review) -> i64 {
-    r.submitted_at
-        .as_deref()
-        .and_then(crate::core::effect::rfc3339_ms::from_text)
-        .unwrap_or(0)
-}
-
-/// The login of a review's author ("" when Forgejo sent none).
-fn reviewer(r: &Review) -> &str {
-    r.user.as_ref().map_or("", |u| u.login.as_str())
+/// The active change requests among `reviews` on `head`, by the machine's own rule
+/// (`core::machine::active_change_requests`): official, not dismissed, not stale, on
+/// the head — unofficial reviews never steer the agents.
+pub fn active_change_requests(
+    repo: &crate::core::ids::RepoName,
+    number: u64,
+    reviews: &[Review],
+    head: &str,
+) -> Vec<crate::core::effect::ChangeRequest> {
+    let facts: Vec<_> = reviews
+        .iter()
+        .filter_map(crate::core::normalize::review)
+        .collect();
+    let head: Option<crate::core::ids::Sha> = head.parse().ok();
+    crate::core::machine::active_change_requests(repo, number, &facts, head.as_ref())
 }
 
 /// Notes that the piece `what` could not be read.
@@ -768,8 +741,9 @@ mod tests {
             unofficial,
             dismissed,
         ];
-        let active = active_change_requests(&reviews, head);
-        let ids: Vec<i64> = active.iter().map(|r| r.id).collect();
+        let repo = "o/r".parse().unwrap();
+        let active = active_change_requests(&repo, 1, &reviews, head);
+        let ids: Vec<i64> = active.iter().map(|c| c.review_id).collect();
         assert_eq!(ids, [1], "only bob's official, current change request");
     }
 

@@ -24,7 +24,9 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
-pub use plan::{CiView, ci_view, merge_blockers, unofficial_change_requests};
+pub use plan::{
+    CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,
+};
 pub use work::claim_timer;
 
 use super::effect::{Effect, EffectKind};

@@ -4,8 +4,8 @@
 //! first; awaiting-ci and awaiting-review explain why nothing is wanted.
 
 use super::super::effect::{ChangeRequest, FailingCheck, WorkContext, WorkKind};
-use super::super::event::{CiContext, CiState, PrSnapshot, PrState, ReviewState};
-use super::super::ids::Sha;
+use super::super::event::{CiContext, CiState, PrSnapshot, PrState, ReviewFact, ReviewState};
+use super::super::ids::{RepoName, Sha};
 use super::super::policy::{MergeMode, Policy};
 use super::super::record::{ConflictFact, Hold, MergeState, PrRecord};
 use super::{Phase, work};
@@ -228,6 +228,21 @@ fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
         }
     }
     v
+}
+
+/// The change requests that want work on `head`, from one full reviews read, by the
+/// machine's own rule: each reviewer's latest approval or change request, when it
+/// requests changes, is official, not dismissed, not stale and on `head`. For callers
+/// outside the machine (the agents' prompt), so the rule is written once.
+pub fn active_change_requests(
+    repo: &RepoName,
+    number: u64,
+    reviews: &[ReviewFact],
+    head: Option<&Sha>,
+) -> Vec<ChangeRequest> {
+    let mut scratch = PrRecord::new(repo.clone(), number);
+    super::facts::apply_reviews(&mut scratch, reviews, 0);
+    review_view(&scratch, head).active
 }
 
 /// Reviewers whose latest review is a change request Forgejo does not count
