@@ -1,7 +1,8 @@
 //! The one consumer loop: everything about reading a Redis stream in a consumer group,
 //! for every reader Shepherd has — the events streams (group `workers`), the effects
-//! streams (`executors`), the results stream (`results`), and any new one (an agent
-//! runner on `<prefix>:dispatch`, group `agents`). The loop owns delivery; its user, a
+//! streams (`executors`), the results stream (`results`), and any new one (the agent
+//! runner on `<prefix>:dispatch`, group `agents`, is meant to move here from its own
+//! `agents/consume.rs`). The loop owns delivery; its user, a
 //! [`Handler`], owns only what an entry means.
 //!
 //! What [`run`] does for a [`Spec`] (one group, one or more source streams):
