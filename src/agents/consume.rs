@@ -190,7 +190,7 @@ impl Consumer {
     /// One group read (`from` = `>` for new entries, an id for own pending ones).
     async fn read(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut crate::store::Conn,
         from: &str,
         n: usize,
     ) -> Result<Vec<streams::Entry>, StoreError> {

@@ -112,7 +112,7 @@ impl Delivery {
     pub async fn enqueue(
         &self,
         enqueuer: &crate::store::enqueue::Enqueuer,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut crate::store::Conn,
     ) -> Result<crate::store::enqueue::Enqueued, crate::store::StoreError> {
         let entry = crate::store::event_entry::EventEntry::webhook(
             self.id(),

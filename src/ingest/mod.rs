@@ -9,7 +9,7 @@
 //!   `/healthz`, `/readyz`, `/metrics`); [`results_api::configure`] and
 //!   [`admin::routes`] mount the rest.
 //!
-//! Redis is reached through one multiplexed [`ConnectionManager`] (reconnecting on its
+//! Redis is reached through one multiplexed [`Conn`] (reconnecting on its
 //! own), every call bounded by `SHEPHERD_REDIS_TIMEOUT_MS`, and at most
 //! [`MAX_IN_FLIGHT`] deliveries wait on it at once: past that a delivery gets 503
 //! rather than a place in an unbounded queue.
@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use actix_web::{HttpResponse, web};
 use anyhow::Context;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::Semaphore;
 
 pub use delivery::Delivery;
@@ -36,8 +35,9 @@ pub use secrets::WebhookSecrets;
 pub use signature::Verified;
 
 use crate::config::Config;
-use crate::store::Keys;
+use crate::store::client::LazyOptions;
 use crate::store::enqueue::Enqueuer;
+use crate::store::{Conn, Keys};
 use crate::telemetry::Metrics;
 
 /// Most deliveries waiting on Redis at once per process (beyond: 503).
@@ -59,7 +59,7 @@ pub struct AppState {
     /// Metric families (cheap to clone; shared with the rest of the process).
     pub metrics: Metrics,
     /// The process's multiplexed Redis connection; clone it per call.
-    pub redis: ConnectionManager,
+    pub redis: Conn,
     /// Redis key layout.
     pub keys: Keys,
     /// Dedup+append of verified deliveries.
@@ -100,22 +100,22 @@ impl AppState {
 /// so the webhook path never hands a request to another thread and back (measured:
 /// a quarter of the server's CPU went to those cross-thread wake-ups with one shared
 /// connection; docs/benchmarks.md).
-pub struct WorkerRedis(pub ConnectionManager);
+pub struct WorkerRedis(pub Conn);
 
 /// A lazily connecting, self-reconnecting multiplexed connection with every timeout
 /// set from `SHEPHERD_REDIS_TIMEOUT_MS`.
-pub fn connect_lazy(config: &Config) -> anyhow::Result<ConnectionManager> {
-    let client = redis::Client::open(config.redis_url.as_str())
-        .context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.redis_timeout))
-        .set_response_timeout(Some(config.redis_timeout))
-        .set_number_of_retries(2)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(200))
-        .set_pipeline_buffer_size(MAX_IN_FLIGHT);
-    ConnectionManager::new_lazy_with_config(client, manager_config)
-        .context("cannot set up the Redis connection")
+pub fn connect_lazy(config: &Config) -> anyhow::Result<Conn> {
+    crate::store::client::connect_lazy(
+        config.redis_url.as_str(),
+        LazyOptions {
+            connect_timeout: config.redis_timeout,
+            response_timeout: config.redis_timeout,
+            retries: 2,
+            delays: Some((Duration::from_millis(10), Duration::from_millis(200))),
+            pipeline_buffer: Some(MAX_IN_FLIGHT),
+        },
+    )
+    .context("SHEPHERD_REDIS_URL is not a usable Redis URL")
 }
 
 /// Mounts the ingest routes on an app or scope.

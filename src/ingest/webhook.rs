@@ -279,7 +279,7 @@ async fn ingest(
 /// the atomic dedup+append.
 async fn enqueue(
     state: &AppState,
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut crate::store::Conn,
     delivery: &Delivery,
 ) -> Result<Enqueued, IngestError> {
     let timeout: Duration = state.config.redis_timeout;

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::Serialize;
 
 use super::{Ops, OpsError};
@@ -76,7 +76,7 @@ impl Archived {
 /// Entries of `stream` with ids in `[start, end]` (`-`/`+` for the ends), at most
 /// `count`.
 async fn range(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     start: &str,
     end: &str,
@@ -87,17 +87,13 @@ async fn range(
 }
 
 /// One entry of `stream` by id.
-pub async fn entry(
-    conn: &mut ConnectionManager,
-    stream: &str,
-    id: &str,
-) -> Result<Option<Archived>, OpsError> {
+pub async fn entry(conn: &mut Conn, stream: &str, id: &str) -> Result<Option<Archived>, OpsError> {
     Ok(range(conn, stream, id, id, 1).await?.into_iter().next())
 }
 
 /// Every entry of `stream` with ids in `[start, end]` that `keep` accepts, in order.
 pub async fn scan(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     start: &str,
     end: &str,
@@ -148,7 +144,7 @@ pub async fn find_delivery(ops: &Ops, delivery: &str) -> Result<Archived, OpsErr
 
 /// The newest `count` entries of `stream`, newest first.
 pub async fn scan_rev(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     count: usize,
 ) -> Result<Vec<Archived>, OpsError> {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::{Deserialize, Serialize};
 
 use super::archive::{self, Archived};
@@ -166,11 +166,7 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
 }
 
 /// The agent runners' record of work item `id` and the end of its log.
-async fn agent_view(
-    ops: &Ops,
-    conn: &mut ConnectionManager,
-    id: &str,
-) -> Result<Option<AgentView>, OpsError> {
+async fn agent_view(ops: &Ops, conn: &mut Conn, id: &str) -> Result<Option<AgentView>, OpsError> {
     let Some(run) = agent_runs::load(conn, &ops.keys, id).await? else {
         return Ok(None);
     };
@@ -186,7 +182,7 @@ async fn agent_view(
 
 /// Effects of record `key` not yet acknowledged by the executors.
 async fn pending_effects(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     key: &str,
 ) -> Result<Vec<PendingEffect>, OpsError> {
@@ -220,7 +216,7 @@ async fn pending_effects(
 
 /// Timers of record `key` (members `<key>/<timer id>` of the shard's timers set).
 async fn timers(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     ops: &Ops,
     shard: u16,
     key: &str,

@@ -31,8 +31,8 @@ pub mod timefmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::Conn;
 use anyhow::Context as _;
-use redis::aio::ConnectionManager;
 
 use crate::config::Config;
 use crate::core::ids::RepoName;
@@ -52,12 +52,12 @@ pub struct Ops {
     /// The policy file (per-repository policies via `for_repo`).
     pub policy: Arc<PolicyFile>,
     /// Shared, self-reconnecting Redis connection.
-    conn: ConnectionManager,
+    conn: Conn,
 }
 
 impl Ops {
     /// Tools on `conn` (an existing connection, e.g. the HTTP server's).
-    pub fn new(config: Arc<Config>, conn: ConnectionManager) -> anyhow::Result<Self> {
+    pub fn new(config: Arc<Config>, conn: Conn) -> anyhow::Result<Self> {
         let policy = Arc::new(crate::config::load_policy(&config)?);
         let keys = Keys::new(config.key_prefix.clone(), config.shards);
         Ok(Self {
@@ -73,19 +73,22 @@ impl Ops {
     /// share the ingest's connection — a scan would hold up deliveries behind it — and
     /// get a longer response timeout ([`OPS_TIMEOUT`]).
     pub fn connect(config: Arc<Config>) -> anyhow::Result<Self> {
-        let client = redis::Client::open(config.redis_url.as_str())
-            .context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
-        let manager = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.redis_timeout.max(Duration::from_secs(2))))
-            .set_response_timeout(Some(OPS_TIMEOUT.max(config.redis_timeout)))
-            .set_number_of_retries(2);
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)
-            .context("cannot set up the Redis connection")?;
+        let conn = crate::store::client::connect_lazy(
+            config.redis_url.as_str(),
+            crate::store::client::LazyOptions {
+                connect_timeout: config.redis_timeout.max(Duration::from_secs(2)),
+                response_timeout: OPS_TIMEOUT.max(config.redis_timeout),
+                retries: 2,
+                delays: None,
+                pipeline_buffer: None,
+            },
+        )
+        .context("SHEPHERD_REDIS_URL is not a usable Redis URL")?;
         Self::new(config, conn)
     }
 
     /// A clone of the shared connection.
-    pub fn conn(&self) -> ConnectionManager {
+    pub fn conn(&self) -> Conn {
         self.conn.clone()
     }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::{Deserialize, Serialize};
 
 use super::timefmt::now_ms;
@@ -141,7 +141,7 @@ pub async fn repo_prs(ops: &Ops, repo: &RepoName) -> Result<Vec<PrSummary>, OpsE
 /// One PR's summary.
 pub async fn summarize(
     ops: &Ops,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     record: &PrRecord,
     history_key: &str,
     now: i64,
@@ -177,7 +177,7 @@ pub async fn summarize(
 
 /// When the current run of history entries in `phase` began.
 async fn phase_since(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     history_key: &str,
     phase: &str,
 ) -> Result<Option<i64>, OpsError> {
@@ -195,11 +195,7 @@ async fn phase_since(
 }
 
 /// Queue figures of `group` on `stream` (zeros when the stream or group is missing).
-pub async fn queue(
-    conn: &mut ConnectionManager,
-    stream: &str,
-    group: &str,
-) -> Result<QueueFigures, OpsError> {
+pub async fn queue(conn: &mut Conn, stream: &str, group: &str) -> Result<QueueFigures, OpsError> {
     let length = streams::length(conn, stream).await?;
     let mut q = QueueFigures {
         stream: stream.to_owned(),

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::{Deserialize, Serialize};
 
 use super::{Keys, StoreError};
@@ -109,7 +109,7 @@ pub struct AgentRun {
 
 /// Writes `run` (and keeps the running table in step with its state).
 pub async fn save(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     run: &AgentRun,
     ttl: Duration,
@@ -136,11 +136,7 @@ pub async fn save(
 }
 
 /// Refreshes the running table's entries of `runs` (one round trip).
-pub async fn heartbeat(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    runs: &[AgentRun],
-) -> Result<(), StoreError> {
+pub async fn heartbeat(conn: &mut Conn, keys: &Keys, runs: &[AgentRun]) -> Result<(), StoreError> {
     let mut pipe = redis::pipe();
     for run in runs {
         if let Ok(json) = serde_json::to_string(run) {
@@ -154,7 +150,7 @@ pub async fn heartbeat(
 
 /// The state of work item `work_id` in a runner, if any runner took it.
 pub async fn load(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     work_id: &str,
 ) -> Result<Option<AgentRun>, StoreError> {
@@ -169,7 +165,7 @@ pub async fn load(
 /// older than `fresh` at `now_ms` (older ones belong to runners that died), oldest
 /// first.
 pub async fn live(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     now_ms: i64,
     fresh: Duration,
@@ -190,7 +186,7 @@ pub async fn live(
 
 /// Stores the output log of `work_id`.
 pub async fn save_log(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     work_id: &str,
     text: &str,
@@ -208,7 +204,7 @@ pub async fn save_log(
 
 /// The output log of `work_id`, if it is still kept.
 pub async fn load_log(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     work_id: &str,
 ) -> Result<Option<String>, StoreError> {

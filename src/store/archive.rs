@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::streams::StreamRangeReply;
 
 use super::{Keys, StoreError};
@@ -23,7 +23,7 @@ pub struct TextEntry {
 /// Entries of `stream` with ids in `[start, end]` (`-`/`+` for the ends; `(id` for an
 /// exclusive start), oldest first, at most `count`.
 pub async fn range(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     start: &str,
     end: &str,
@@ -42,7 +42,7 @@ pub async fn range(
 
 /// The newest `count` entries of `stream`, newest first.
 pub async fn newest(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     count: usize,
 ) -> Result<Vec<TextEntry>, StoreError> {
@@ -60,7 +60,7 @@ pub async fn newest(
 /// The events-stream id delivery `delivery` was queued as in `shard`, while its dedup
 /// marker lives (the replay window).
 pub async fn queued_as(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     delivery: &str,

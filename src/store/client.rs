@@ -9,6 +9,43 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{Keys, StoreError};
 
+/// The connection type every store function takes: multiplexed, self-reconnecting,
+/// cheap to clone. Everything outside this file names it `store::Conn`, so how
+/// Shepherd reaches Redis (one node today) is decided here alone.
+pub type Conn = ConnectionManager;
+
+/// Timeouts and buffering of a lazily connecting [`Conn`] (see [`connect_lazy`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LazyOptions {
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// How long one command may take.
+    pub response_timeout: Duration,
+    /// Reconnection attempts per command before it fails.
+    pub retries: usize,
+    /// Delays between reconnection attempts (`None`: the client's defaults).
+    pub delays: Option<(Duration, Duration)>,
+    /// Commands in flight on the socket (`None`: the client's default).
+    pub pipeline_buffer: Option<usize>,
+}
+
+/// A lazily connecting, self-reconnecting connection to `url` (nothing is sent until
+/// the first command). Fails only when `url` is not a usable Redis URL.
+pub fn connect_lazy(url: &str, options: LazyOptions) -> Result<Conn, StoreError> {
+    let client = redis::Client::open(url)?;
+    let mut config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.response_timeout))
+        .set_number_of_retries(options.retries);
+    if let Some((min, max)) = options.delays {
+        config = config.set_min_delay(min).set_max_delay(max);
+    }
+    if let Some(buffer) = options.pipeline_buffer {
+        config = config.set_pipeline_buffer_size(buffer);
+    }
+    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+}
+
 /// Runs `pipe` on `conn`: one reply per command. An empty pipeline is answered here with
 /// no replies and never sent: Redis refuses it ("empty command"), while a pipeline built
 /// over zero keys is an ordinary case (a repository with no open PR record), not an

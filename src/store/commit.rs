@@ -19,8 +19,8 @@
 
 use std::sync::LazyLock;
 
+use crate::store::Conn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use tracing::instrument;
 
@@ -238,7 +238,7 @@ fn flatten(pairs: &[(String, String)]) -> Vec<&str> {
 /// Runs `plan` atomically (see the module docs).
 #[instrument(skip_all, fields(shard = plan.shard, entry = plan.entry_id.as_deref().unwrap_or("")))]
 pub async fn commit(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     plan: &CommitPlan,
 ) -> Result<CommitOutcome, StoreError> {
@@ -321,10 +321,7 @@ pub struct StoredRecord {
 }
 
 /// Loads the record at `key`; `None` when it does not exist yet (version 0).
-pub async fn load(
-    conn: &mut ConnectionManager,
-    key: &str,
-) -> Result<Option<StoredRecord>, StoreError> {
+pub async fn load(conn: &mut Conn, key: &str) -> Result<Option<StoredRecord>, StoreError> {
     let (v, data): (Option<String>, Option<String>) = redis::cmd("HMGET")
         .arg(key)
         .arg("v")
@@ -350,7 +347,7 @@ pub async fn load(
 /// Loads several records in one round trip (a repository-wide event); no keys, no
 /// records (and no round trip).
 pub async fn load_many(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &[String],
 ) -> Result<Vec<Option<StoredRecord>>, StoreError> {
     let mut pipe = redis::pipe();
@@ -379,10 +376,7 @@ pub async fn load_many(
 }
 
 /// Members of a repository index (record keys of its open PRs and issues).
-pub async fn index_members(
-    conn: &mut ConnectionManager,
-    index_key: &str,
-) -> Result<Vec<String>, StoreError> {
+pub async fn index_members(conn: &mut Conn, index_key: &str) -> Result<Vec<String>, StoreError> {
     Ok(redis::cmd("SMEMBERS")
         .arg(index_key)
         .query_async(conn)

@@ -120,9 +120,9 @@ use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::store::Conn;
 use prometheus::{IntCounterVec, IntGaugeVec};
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -296,7 +296,7 @@ pub struct Held {
 /// State behind [`Held`].
 struct HeldInner {
     /// Shared connection for acks and idle resets.
-    conn: ConnectionManager,
+    conn: Conn,
     /// The loop's group.
     group: String,
     /// The loop's consumer name.
@@ -314,7 +314,7 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    fn new(conn: ConnectionManager, group: &str, consumer: &str) -> Self {
+    fn new(conn: Conn, group: &str, consumer: &str) -> Self {
         Self {
             inner: Arc::new(HeldInner {
                 conn,

@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{Script, ToRedisArgs};
 
 use super::StoreError;
@@ -18,7 +18,7 @@ static RETRY: LazyLock<Script> =
 /// one script; both streams must be of one shard. Returns the new entry's id, or
 /// `None` when the dead letter was retried or dropped meanwhile.
 pub async fn requeue<A: ToRedisArgs>(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     dead_letters: &str,
     id: &str,
     target: &str,
@@ -35,7 +35,7 @@ pub async fn requeue<A: ToRedisArgs>(
 /// successful append; a crash in between leaves the dead letter to be dropped by hand
 /// (a second report of one work item is refused anyway). Returns the new entry's id.
 pub async fn requeue_unsharded<A: ToRedisArgs>(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     dead_letters: &str,
     id: &str,
     target: &str,
@@ -52,11 +52,7 @@ pub async fn requeue_unsharded<A: ToRedisArgs>(
 }
 
 /// Deletes dead letter `id`; returns how many entries went (0 when it was gone).
-pub async fn drop_entry(
-    conn: &mut ConnectionManager,
-    dead_letters: &str,
-    id: &str,
-) -> Result<u64, StoreError> {
+pub async fn drop_entry(conn: &mut Conn, dead_letters: &str, id: &str) -> Result<u64, StoreError> {
     Ok(redis::cmd("XDEL")
         .arg(dead_letters)
         .arg(id)

@@ -19,7 +19,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{Script, ToRedisArgs};
 use tracing::instrument;
 
@@ -88,7 +88,7 @@ impl InternalEvent {
 /// already done (nothing queued, the entry only acked).
 #[instrument(skip_all, fields(shard, entry = entry_id, effect = effect_id))]
 pub async fn finish(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     entry_id: &str,
@@ -114,7 +114,7 @@ pub async fn finish(
 
 /// Whether effect `effect_id` of `shard` is done.
 pub async fn is_done(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     effect_id: &str,
@@ -130,7 +130,7 @@ pub async fn is_done(
 /// list `fields` (which carries the updated [`ATTEMPT`] and [`FIRST_TRY`]), and acks it.
 #[instrument(skip_all, fields(shard, entry = entry_id, due_ms))]
 pub async fn park_for_retry(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     entry_id: &str,
@@ -160,7 +160,7 @@ pub async fn park_for_retry(
 /// Moves up to `limit` retries of `shard` due at `now_ms` back onto its effects
 /// stream; returns how many moved.
 pub async fn pop_due_retries(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     now_ms: u64,
@@ -176,11 +176,7 @@ pub async fn pop_due_retries(
 }
 
 /// Number of effects waiting for a retry in `shard` (gauges, tests).
-pub async fn retry_count(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    shard: u16,
-) -> Result<u64, StoreError> {
+pub async fn retry_count(conn: &mut Conn, keys: &Keys, shard: u16) -> Result<u64, StoreError> {
     Ok(redis::cmd("ZCARD")
         .arg(keys.effect_retries(shard))
         .query_async(conn)
@@ -191,7 +187,7 @@ pub async fn retry_count(
 /// (within `ttl`). Returns the new entry id, or `None` for a repeat.
 #[instrument(skip_all, fields(effect = effect_id, field))]
 pub async fn append_dispatch(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     effect_id: &str,
     field: &str,

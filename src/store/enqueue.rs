@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{ErrorKind, ServerErrorKind};
 
 use crate::store::event_entry::EventEntry;
@@ -49,7 +49,7 @@ fn connection_lost(e: &redis::RedisError) -> bool {
 /// connection itself was lost: after a Redis restart, each server thread's connection
 /// reports the broken pipe once before the manager has reconnected, and a readiness
 /// probe must not call a Redis that is back unavailable.
-pub async fn ping(conn: &mut ConnectionManager) -> Result<(), redis::RedisError> {
+pub async fn ping(conn: &mut Conn) -> Result<(), redis::RedisError> {
     let cmd = redis::cmd("PING");
     let mut reply: Result<String, redis::RedisError> = cmd.query_async(conn).await;
     if reply.as_ref().is_err_and(connection_lost) {
@@ -102,7 +102,7 @@ impl Enqueuer {
 
     /// Loads the script into Redis (`SCRIPT LOAD`) so the first delivery needs no
     /// retry; harmless to skip, since a `NOSCRIPT` reply triggers the same load.
-    pub async fn preload(&self, conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    pub async fn preload(&self, conn: &mut Conn) -> Result<(), StoreError> {
         let invocation = self.script.prepare_invoke();
         let load = invocation.load_async(conn);
         tokio::time::timeout(self.timeout, load)
@@ -115,7 +115,7 @@ impl Enqueuer {
     /// shard, atomically, within the timeout.
     pub async fn enqueue(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
         tokio::time::timeout(self.timeout, self.enqueue_inner(conn, entry))
@@ -125,7 +125,7 @@ impl Enqueuer {
 
     async fn enqueue_inner(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         entry: &EventEntry<'_>,
     ) -> Result<Enqueued, StoreError> {
         let cmd = self.evalsha(entry);
@@ -170,11 +170,7 @@ impl Enqueuer {
     /// Adds the delivery's repository to `<prefix>:repos` unless this process already
     /// did. Kept out of the script on purpose: the set has no shard hash tag, so on a
     /// Redis Cluster it lives in another slot than the stream.
-    pub async fn record_repo(
-        &self,
-        conn: &mut ConnectionManager,
-        repo: &str,
-    ) -> Result<(), StoreError> {
+    pub async fn record_repo(&self, conn: &mut Conn, repo: &str) -> Result<(), StoreError> {
         if repo.is_empty() {
             return Ok(());
         }

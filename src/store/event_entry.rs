@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::{StoreError, fields};
@@ -159,7 +159,7 @@ impl ToRedisArgs for EventEntry<'_> {
 /// Appends `entry` to the events stream `stream` (`XADD … *`, no dedup); returns the new
 /// entry's id.
 pub async fn append(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     entry: &EventEntry<'_>,
 ) -> Result<String, StoreError> {

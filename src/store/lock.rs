@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::store::Conn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::StoreError;
 
@@ -22,7 +22,7 @@ static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
 
 /// Takes the lock `key` for `ttl` with `token`; false when someone holds it.
 pub async fn try_lock(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     key: &str,
     token: &str,
     ttl: Duration,
@@ -40,11 +40,7 @@ pub async fn try_lock(
 
 /// Releases the lock `key` if it still holds `token` (a lock that expired and was
 /// taken by someone else is left alone).
-pub async fn unlock(
-    conn: &mut ConnectionManager,
-    key: &str,
-    token: &str,
-) -> Result<(), StoreError> {
+pub async fn unlock(conn: &mut Conn, key: &str, token: &str) -> Result<(), StoreError> {
     let _: i64 = UNLOCK.key(key).arg(token).invoke_async(conn).await?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 
 use super::{Keys, StoreError};
 
@@ -15,11 +15,7 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Records that a resync completed at `at_ms` (unix ms).
-pub async fn set_last_resync(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    at_ms: i64,
-) -> Result<(), StoreError> {
+pub async fn set_last_resync(conn: &mut Conn, keys: &Keys, at_ms: i64) -> Result<(), StoreError> {
     let _: () = redis::cmd("SET")
         .arg(keys.last_resync())
         .arg(at_ms)
@@ -30,10 +26,7 @@ pub async fn set_last_resync(
 
 /// When the last resync completed (unix ms); `None` before the first (or when the
 /// stored value is not a number).
-pub async fn last_resync(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-) -> Result<Option<i64>, StoreError> {
+pub async fn last_resync(conn: &mut Conn, keys: &Keys) -> Result<Option<i64>, StoreError> {
     let last: Option<String> = redis::cmd("GET")
         .arg(keys.last_resync())
         .query_async(conn)
@@ -44,7 +37,7 @@ pub async fn last_resync(
 /// Takes the periodic resync's turn for `ttl` as `owner` (a `store::lock` that is never
 /// released: it expires, so the fleet resyncs once per `ttl`); true when it is ours.
 pub async fn take_resync_turn(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     owner: &str,
     ttl: Duration,
@@ -55,7 +48,7 @@ pub async fn take_resync_turn(
 /// Records that the circuit breaker for Forgejo at `url` is open for `ttl` more (until
 /// its next probe), replacing an earlier notice.
 pub async fn publish_open_circuit(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     url: &str,
     ttl: Duration,
@@ -72,10 +65,7 @@ pub async fn publish_open_circuit(
 
 /// How long the last open-circuit notice has to live, in ms; `None` when there is
 /// none (the breaker is closed, or no executor has seen it open).
-pub async fn open_circuit_ms(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-) -> Result<Option<i64>, StoreError> {
+pub async fn open_circuit_ms(conn: &mut Conn, keys: &Keys) -> Result<Option<i64>, StoreError> {
     let ttl: i64 = redis::cmd("PTTL")
         .arg(keys.forgejo_circuit())
         .query_async(conn)

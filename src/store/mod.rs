@@ -49,5 +49,5 @@ pub mod streams;
 pub mod timers;
 pub mod work;
 
-pub use client::Store;
+pub use client::{Conn, Store};
 pub use error::StoreError;

@@ -3,16 +3,12 @@
 //! outside their scripts (it lives in another Redis Cluster slot than the shards), and
 //! losing an addition only delays a resync until the repository's next event.
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 
 use super::{Keys, StoreError};
 
 /// Adds `repo` (`owner/name`) to the set; true when it was not there yet.
-pub async fn remember(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    repo: &str,
-) -> Result<bool, StoreError> {
+pub async fn remember(conn: &mut Conn, keys: &Keys, repo: &str) -> Result<bool, StoreError> {
     let added: i64 = redis::cmd("SADD")
         .arg(keys.repos())
         .arg(repo)
@@ -22,7 +18,7 @@ pub async fn remember(
 }
 
 /// Every repository in the set, as stored (unsorted).
-pub async fn known(conn: &mut ConnectionManager, keys: &Keys) -> Result<Vec<String>, StoreError> {
+pub async fn known(conn: &mut Conn, keys: &Keys) -> Result<Vec<String>, StoreError> {
     Ok(redis::cmd("SMEMBERS")
         .arg(keys.repos())
         .query_async(conn)

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
 };
@@ -95,11 +95,7 @@ impl Entry {
 /// Creates `group` on `stream` (and the stream itself) if missing. The group starts at
 /// the beginning of the stream so that entries queued before the first worker started
 /// are processed too.
-pub async fn ensure_group(
-    conn: &mut ConnectionManager,
-    stream: &str,
-    group: &str,
-) -> Result<(), StoreError> {
+pub async fn ensure_group(conn: &mut Conn, stream: &str, group: &str) -> Result<(), StoreError> {
     let r: Result<(), redis::RedisError> = conn.xgroup_create_mkstream(stream, group, "0").await;
     match r {
         Ok(()) => Ok(()),
@@ -114,7 +110,7 @@ pub async fn ensure_group(
 /// blocks.
 #[instrument(skip_all, fields(stream))]
 pub async fn read_group(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     consumer: &str,
@@ -148,7 +144,7 @@ pub async fn read_group(
 /// their delivery counts (the claim itself counts as a delivery).
 #[instrument(skip_all, fields(stream))]
 pub async fn autoclaim(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     consumer: &str,
@@ -196,7 +192,7 @@ pub async fn autoclaim(
 /// would dead-letter valid entries as "delivered too often".
 #[instrument(skip_all, fields(stream, entries = ids.len()))]
 pub async fn give_back(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     consumer: &str,
@@ -225,7 +221,7 @@ pub async fn give_back(
 
 /// Delivery counts of pending entries (one pipelined `XPENDING` per id).
 async fn delivery_counts<'a>(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     ids: impl Iterator<Item = &'a str>,
@@ -253,7 +249,7 @@ async fn delivery_counts<'a>(
 /// false when the entry was no longer pending (someone else dealt with it).
 #[instrument(skip_all, fields(stream, id, reason))]
 pub async fn dead_letter(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     dead_letters: &str,
     group: &str,
@@ -276,7 +272,7 @@ pub async fn dead_letter(
 
 /// Acknowledges entries without any other write (entries with nothing to commit).
 pub async fn ack(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     ids: &[&str],
@@ -289,11 +285,7 @@ pub async fn ack(
 }
 
 /// Number of entries pending (delivered, not acked) in `group` of `stream`.
-pub async fn pending_count(
-    conn: &mut ConnectionManager,
-    stream: &str,
-    group: &str,
-) -> Result<u64, StoreError> {
+pub async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> Result<u64, StoreError> {
     let v: Value = redis::cmd("XPENDING")
         .arg(stream)
         .arg(group)
@@ -324,7 +316,7 @@ pub struct GroupFigures {
 /// The figures of `group` on `stream`; `None` when the group does not exist. Fails when
 /// the stream does not exist (Redis: "no such key") or Redis does.
 pub async fn group_figures(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
 ) -> Result<Option<GroupFigures>, StoreError> {
@@ -347,7 +339,7 @@ pub async fn group_figures(
 
 /// Ids of up to `count` entries pending in `group` of `stream`, oldest first.
 pub async fn pending_ids(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     count: usize,
@@ -364,7 +356,7 @@ pub async fn pending_ids(
 }
 
 /// Number of entries in a stream (e.g. the dead letters).
-pub async fn length(conn: &mut ConnectionManager, stream: &str) -> Result<u64, StoreError> {
+pub async fn length(conn: &mut Conn, stream: &str) -> Result<u64, StoreError> {
     Ok(conn.xlen(stream).await?)
 }
 
@@ -372,7 +364,7 @@ pub async fn length(conn: &mut ConnectionManager, stream: &str) -> Result<u64, S
 /// least `idle` (names left behind by processes that exited or were killed: every
 /// process picks a fresh name). Returns how many were removed.
 pub async fn prune_consumers(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     idle: Duration,
@@ -396,7 +388,7 @@ pub async fn prune_consumers(
 /// Removes one consumer from `group` when it holds no pending entries (graceful exit),
 /// atomically (see `lua/remove_consumer.lua`). Returns whether it was removed.
 pub async fn remove_consumer_if_idle(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     consumer: &str,
@@ -431,7 +423,7 @@ fn parse_id(id: &str) -> Option<(u64, u64)> {
 /// trimmed by age alone. Exact `MINID` (not `~`): it runs once a minute and must never
 /// remove an entry at or above the bound. Returns how many entries went.
 pub async fn trim_acknowledged(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     older_than_ms: u64,
 ) -> Result<u64, StoreError> {
@@ -472,7 +464,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/
 /// whether it was still ours (false: another consumer claimed it, or it was acked).
 #[instrument(skip_all, fields(stream, entries = ids.len()))]
 pub async fn renew(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     group: &str,
     consumer: &str,
@@ -492,7 +484,7 @@ pub async fn renew(
 
 /// Id of the newest entry of `stream` (`0-0` when it is empty or missing): where a
 /// reader that wants only what comes next starts.
-pub async fn last_id(conn: &mut ConnectionManager, stream: &str) -> Result<String, StoreError> {
+pub async fn last_id(conn: &mut Conn, stream: &str) -> Result<String, StoreError> {
     let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
         .arg(stream)
         .arg("+")
@@ -511,7 +503,7 @@ pub async fn last_id(conn: &mut ConnectionManager, stream: &str) -> Result<Strin
 /// Reads up to `count` entries after `after` without a consumer group (every reader
 /// sees every entry), blocking up to `block`. Use a dedicated connection.
 pub async fn read_after(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     after: &str,
     count: usize,

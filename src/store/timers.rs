@@ -8,8 +8,8 @@
 
 use std::sync::LazyLock;
 
+use crate::store::Conn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tracing::instrument;
 
 use super::{Keys, StoreError};
@@ -21,7 +21,7 @@ static POP_DUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 /// events; returns how many were queued.
 #[instrument(skip_all, fields(shard))]
 pub async fn pop_due(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
     now_ms: u64,
@@ -41,7 +41,7 @@ pub async fn pop_due(
 /// Every timer scheduled in a shard (due or not): its sorted-set member
 /// (`<record key>/<timer id>`) and due time (unix ms), soonest first.
 pub async fn scheduled(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     shard: u16,
 ) -> Result<Vec<(String, i64)>, StoreError> {
@@ -56,11 +56,7 @@ pub async fn scheduled(
 }
 
 /// Number of timers scheduled in a shard (due or not), for inspection and gauges.
-pub async fn count(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    shard: u16,
-) -> Result<u64, StoreError> {
+pub async fn count(conn: &mut Conn, keys: &Keys, shard: u16) -> Result<u64, StoreError> {
     Ok(redis::cmd("ZCARD")
         .arg(keys.timers(shard))
         .query_async(conn)

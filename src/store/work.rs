@@ -8,8 +8,8 @@
 
 use std::sync::LazyLock;
 
+use crate::store::Conn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tracing::instrument;
 
 use super::event_entry::EventEntry;
@@ -71,11 +71,7 @@ pub enum WorkLookup {
 
 /// Finds a work id in every shard's work index (one pipelined round trip).
 #[instrument(skip_all, fields(work_id))]
-pub async fn lookup(
-    conn: &mut ConnectionManager,
-    keys: &Keys,
-    work_id: &str,
-) -> Result<WorkLookup, StoreError> {
+pub async fn lookup(conn: &mut Conn, keys: &Keys, work_id: &str) -> Result<WorkLookup, StoreError> {
     let mut pipe = redis::pipe();
     for shard in 0..keys.shards() {
         pipe.hget(keys.work_index(shard), work_id);
@@ -113,7 +109,7 @@ pub async fn lookup(
 /// finds one does not start the work again (a reclaimed entry whose result is queued
 /// but not yet folded into the record).
 pub async fn is_reported(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     owner: &WorkOwner,
     work_id: &str,
@@ -154,7 +150,7 @@ pub struct ResultEvent {
 /// marker is kept.
 #[instrument(skip_all, fields(work_id))]
 pub async fn report(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     owner: &WorkOwner,
     work_id: &str,

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
+use crate::store::Conn;
 use hmac::{Hmac, Mac};
-use redis::aio::ConnectionManager;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -114,7 +114,7 @@ impl Sinks {
     #[instrument(skip_all, fields(effect = effect_id, work = %item.id))]
     pub async fn send_work(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         effect_id: &str,
         item: &WorkItem,
     ) -> Result<(), SinkError> {
@@ -126,7 +126,7 @@ impl Sinks {
     #[instrument(skip_all, fields(effect = effect_id, work = %notice.id))]
     pub async fn send_cancel(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         effect_id: &str,
         notice: &CancelNotice,
     ) -> Result<(), SinkError> {
@@ -136,7 +136,7 @@ impl Sinks {
 
     async fn send(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         effect_id: &str,
         field: &str,
         json: &str,

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
@@ -63,7 +63,7 @@ pub enum Submitted {
 /// agent's own push) and not yet reported.
 #[instrument(skip_all, fields(work_id))]
 pub async fn submit(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     keys: &Keys,
     work_id: &str,
     report: &ResultReport,
@@ -162,7 +162,7 @@ pub async fn intake_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyh
 
 /// Handles one results-stream entry: queue it (ack), ack a duplicate, dead-letter what
 /// cannot be a result, or leave it pending when Redis failed.
-async fn handle_entry(ctx: &Context, conn: &mut ConnectionManager, entry: &Entry) -> Outcome {
+async fn handle_entry(ctx: &Context, conn: &mut Conn, entry: &Entry) -> Outcome {
     let keys = ctx.store.keys();
     let report: ResultReport = match entry.bytes(RESULT_FIELD).map(serde_json::from_slice) {
         Some(Ok(r)) => r,

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
@@ -41,7 +41,7 @@ use crate::store::{Keys, StoreError, commit, markers, repos};
 #[derive(Clone)]
 pub struct Resync {
     /// Shared, self-reconnecting Redis connection.
-    pub conn: ConnectionManager,
+    pub conn: Conn,
     /// Redis key layout.
     pub keys: Keys,
 }

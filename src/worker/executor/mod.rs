@@ -199,7 +199,7 @@ impl Executor {
     /// While the Forgejo circuit breaker is open, records it in Redis (expiring when
     /// the next probe may go through) so the status page of every process shows it.
     /// Best effort: the breaker works the same without it.
-    async fn publish_open_circuit(&self, conn: &mut redis::aio::ConnectionManager) {
+    async fn publish_open_circuit(&self, conn: &mut crate::store::Conn) {
         let BreakerState::Open { until } = self.forgejo.breaker().state() else {
             return;
         };

@@ -206,7 +206,7 @@ async fn timers_pop_exactly_once_with_two_pollers() {
         CommitOutcome::Committed
     );
     assert_eq!(timers::count(&mut conn, &keys, 0).await.unwrap(), N as u64);
-    let poller = |mut c: redis::aio::ConnectionManager, keys: Keys| async move {
+    let poller = |mut c: shepherd::store::Conn, keys: Keys| async move {
         let mut total = 0;
         loop {
             let n = timers::pop_due(&mut c, &keys, 0, 10_000, 7).await.unwrap();
@@ -337,7 +337,7 @@ async fn empty_key_lists_are_answered_empty_not_sent_as_an_empty_command() {
 }
 
 /// Appends entries `ms-1 ..= ms-n` (explicit, long-past ids) to `stream`.
-async fn old_entries(conn: &mut redis::aio::ConnectionManager, stream: &str, ms: u64, n: u64) {
+async fn old_entries(conn: &mut shepherd::store::Conn, stream: &str, ms: u64, n: u64) {
     for seq in 1..=n {
         let _: String = redis::cmd("XADD")
             .arg(stream)
