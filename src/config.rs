@@ -15,6 +15,9 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+mod redis_target;
+pub use redis_target::{RedisTarget, TlsFiles, Topology};
+
 /// Log output format (`SHEPHERD_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum LogFormat {
@@ -38,7 +41,10 @@ pub struct Settings {
     )]
     pub listen: String,
 
-    /// Redis URL (`redis://`, `redis+unix://` or `unix://`; TLS is not built in).
+    /// Redis URL: one server (`redis://`, `rediss://` for TLS, `redis+unix://`,
+    /// `unix://`), a Sentinel-managed primary
+    /// (`redis+sentinel://host1:26379,host2:26379/mymaster`, `rediss+sentinel://…`) or a
+    /// Redis Cluster (`redis+cluster://host1:7000,host2:7001,…`, `rediss+cluster://…`).
     #[arg(
         long,
         env = "SHEPHERD_REDIS_URL",
@@ -46,6 +52,20 @@ pub struct Settings {
         global = true
     )]
     pub redis_url: String,
+
+    /// PEM file of the CA(s) a TLS Redis's certificate must chain to (default: the
+    /// system roots). Only with a `rediss…` URL.
+    #[arg(long, env = "SHEPHERD_REDIS_CA_FILE", global = true)]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for a TLS Redis that requires one (with
+    /// SHEPHERD_REDIS_CLIENT_KEY_FILE).
+    #[arg(long, env = "SHEPHERD_REDIS_CLIENT_CERT_FILE", global = true)]
+    pub redis_client_cert_file: Option<PathBuf>,
+
+    /// PEM private key of SHEPHERD_REDIS_CLIENT_CERT_FILE.
+    #[arg(long, env = "SHEPHERD_REDIS_CLIENT_KEY_FILE", global = true)]
+    pub redis_client_key_file: Option<PathBuf>,
 
     /// Prefix of every Redis key Shepherd writes (tests and tenants isolate with it).
     #[arg(
@@ -421,8 +441,10 @@ fn bad(setting: &'static str, reason: impl Into<String>) -> ConfigError {
 pub struct Config {
     /// Socket address of the HTTP server.
     pub listen: SocketAddr,
-    /// Redis connection URL.
+    /// Redis connection URL (may hold a password: never log it).
     pub redis_url: String,
+    /// The parsed URL and TLS material: topology, TLS, credentials.
+    pub redis: RedisTarget,
     /// Prefix of every Redis key.
     pub key_prefix: String,
     /// Webhook secrets accepted for any repository (rotation: several).
@@ -476,22 +498,14 @@ impl Settings {
                 format!("{:?} is not host:port ({e})", self.listen),
             )
         })?;
-        if self.redis_url.starts_with("rediss://") {
-            return Err(bad(
-                "SHEPHERD_REDIS_URL",
-                "rediss:// (TLS) is not supported by this build; reach Redis over a private \
-                 network or a TLS-terminating sidecar with redis://",
-            ));
-        }
-        if !(self.redis_url.starts_with("redis://")
-            || self.redis_url.starts_with("redis+unix://")
-            || self.redis_url.starts_with("unix://"))
-        {
-            return Err(bad(
-                "SHEPHERD_REDIS_URL",
-                "must start with redis://, redis+unix:// or unix://",
-            ));
-        }
+        let redis = RedisTarget::parse(&self.redis_url)
+            .map_err(|reason| bad("SHEPHERD_REDIS_URL", reason))?
+            .with_tls_files(
+                self.redis_ca_file.as_deref(),
+                self.redis_client_cert_file.as_deref(),
+                self.redis_client_key_file.as_deref(),
+            )
+            .map_err(|(setting, reason)| bad(setting, reason))?;
         if self.key_prefix.is_empty()
             || !self
                 .key_prefix
@@ -594,6 +608,7 @@ impl Settings {
         Ok(Config {
             listen,
             redis_url: self.redis_url.clone(),
+            redis,
             key_prefix: self.key_prefix.clone(),
             webhook_secrets,
             forgejo_url,
@@ -721,10 +736,15 @@ mod tests {
     fn errors_name_the_setting() {
         let e = settings(&["--listen", "nope"]).validate().unwrap_err();
         assert_eq!(e.setting, "SHEPHERD_LISTEN");
-        let e = settings(&["--redis-url", "rediss://r:6380"])
+        let e = settings(&["--redis-url", "http://r:6380"])
             .validate()
             .unwrap_err();
         assert_eq!(e.setting, "SHEPHERD_REDIS_URL");
+        assert!(e.reason.contains("rediss://"), "{e}");
+        let e = settings(&["--redis-ca-file", "/nonexistent/ca.pem"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_REDIS_CA_FILE");
         assert!(e.reason.contains("TLS"), "{e}");
         let e = settings(&["--forgejo-url", "https://f.example/api/v1"])
             .validate()

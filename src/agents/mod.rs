@@ -88,7 +88,7 @@ pub async fn run(
     let templates = prompt::Templates::load(&policy)?;
     warn_short_claims(&policy, &agents);
     let keys = Keys::new(config.key_prefix.clone(), config.shards);
-    let store = Store::connect(&config.redis_url, keys)
+    let store = Store::connect(&config.redis, keys)
         .await
         .context("connecting to Redis at SHEPHERD_REDIS_URL")?;
     let name = consumer.unwrap_or_else(crate::worker::consumer_name);

@@ -4,7 +4,8 @@
 //!
 //! The server keeps its data under `SHEPHERD_DATA_DIR` with AOF on and `appendfsync
 //! always` (acknowledged means on disk), listens on the URL's port on loopback only, and
-//! requires the URL's password when the URL has one.
+//! requires the URL's password when the URL has one. Only for a plain `redis://` URL:
+//! for `rediss://`, Sentinel and Cluster URLs nothing is started.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -49,6 +50,11 @@ pub async fn answers(url: &str) -> bool {
 /// Returns `None` when Redis already answers (or the URL is not local, or no
 /// redis-server is installed: then the caller's own connection attempt reports it).
 pub async fn ensure(url: &str, data_dir: &Path) -> anyhow::Result<Option<Supervised>> {
+    // TLS, Sentinel and Cluster deployments are the operator's: never start a server
+    // for them (the connection attempt that follows reports what is wrong).
+    if !crate::config::RedisTarget::parse(url).is_ok_and(|t| t.is_plain_single()) {
+        return Ok(None);
+    }
     if answers(url).await {
         return Ok(None);
     }

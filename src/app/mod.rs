@@ -156,7 +156,7 @@ pub async fn worker_tasks(
 ) -> anyhow::Result<()> {
     let policy = Arc::new(crate::config::load_policy(&config)?);
     let keys = Keys::new(config.key_prefix.clone(), config.shards);
-    let store = Store::connect(&config.redis_url, keys)
+    let store = Store::connect(&config.redis, keys)
         .await
         .with_context(|| "connecting to Redis at SHEPHERD_REDIS_URL")?;
     let consumer = consumer.unwrap_or_else(worker::consumer_name);

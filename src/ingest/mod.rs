@@ -106,7 +106,7 @@ pub struct WorkerRedis(pub Conn);
 /// set from `SHEPHERD_REDIS_TIMEOUT_MS`.
 pub fn connect_lazy(config: &Config) -> anyhow::Result<Conn> {
     crate::store::client::connect_lazy(
-        config.redis_url.as_str(),
+        &config.redis,
         LazyOptions {
             connect_timeout: config.redis_timeout,
             response_timeout: config.redis_timeout,

@@ -74,7 +74,7 @@ impl Ops {
     /// get a longer response timeout ([`OPS_TIMEOUT`]).
     pub fn connect(config: Arc<Config>) -> anyhow::Result<Self> {
         let conn = crate::store::client::connect_lazy(
-            config.redis_url.as_str(),
+            &config.redis,
             crate::store::client::LazyOptions {
                 connect_timeout: config.redis_timeout.max(Duration::from_secs(2)),
                 response_timeout: OPS_TIMEOUT.max(config.redis_timeout),
