@@ -442,10 +442,10 @@ impl ConnectionLike for SentinelConn {
         Box::pin(async move {
             let (generation, mut conn) = self.current().await?;
             let reply = conn.req_packed_command(cmd).await;
-            if let Err(e) = &reply {
-                if primary_lost(e) {
-                    self.forget(generation, e);
-                }
+            if let Err(e) = &reply
+                && primary_lost(e)
+            {
+                self.forget(generation, e);
             }
             reply
         })
@@ -460,10 +460,10 @@ impl ConnectionLike for SentinelConn {
         Box::pin(async move {
             let (generation, mut conn) = self.current().await?;
             let reply = conn.req_packed_commands(pipeline, offset, count).await;
-            if let Err(e) = &reply {
-                if primary_lost(e) {
-                    self.forget(generation, e);
-                }
+            if let Err(e) = &reply
+                && primary_lost(e)
+            {
+                self.forget(generation, e);
             }
             reply
         })
