@@ -118,20 +118,32 @@ pub async fn save(
         script: "agent-run",
         reply: format!("cannot encode the run: {e}"),
     })?;
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
+    // Two commands, not one pipeline: the run's key and the running table are in
+    // different hash slots, and a Redis Cluster refuses a pipeline that crosses slots.
+    let _: () = redis::cmd("SET")
         .arg(keys.agent_run(&run.work_id))
         .arg(&json)
         .arg("EX")
         .arg(ttl.as_secs().max(1))
-        .ignore();
-    match run.state.is_live() {
-        true => pipe
-            .hset(keys.agents_running(), &run.work_id, &json)
-            .ignore(),
-        false => pipe.hdel(keys.agents_running(), &run.work_id).ignore(),
+        .query_async(conn)
+        .await?;
+    let _: i64 = match run.state.is_live() {
+        true => {
+            redis::cmd("HSET")
+                .arg(keys.agents_running())
+                .arg(&run.work_id)
+                .arg(&json)
+                .query_async(conn)
+                .await?
+        }
+        false => {
+            redis::cmd("HDEL")
+                .arg(keys.agents_running())
+                .arg(&run.work_id)
+                .query_async(conn)
+                .await?
+        }
     };
-    super::client::query_pipeline::<redis::Value>(conn, &pipe).await?;
     Ok(())
 }
 

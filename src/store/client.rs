@@ -299,7 +299,7 @@ async fn open_now(target: &RedisTarget, options: LazyOptions) -> Result<Conn, St
         Topology::Single => Conn::Single(
             ConnectionManager::new_with_config(single_client(target)?, manager_config(&options))
                 .await
-                .map_err(|e| explain(target, e))?,
+                ?,
         ),
         Topology::Sentinel { sentinels, service } => {
             let conn = SentinelConn::new(
@@ -307,33 +307,16 @@ async fn open_now(target: &RedisTarget, options: LazyOptions) -> Result<Conn, St
                 options,
                 target.db,
             );
-            conn.current().await.map_err(|e| explain(target, e))?;
+            conn.current().await?;
             Conn::Sentinel(conn)
         }
         Topology::Cluster { nodes } => Conn::Cluster(
             cluster_client(target, nodes, &options)?
                 .get_async_connection_with_config(cluster_config(&options))
                 .await
-                .map_err(|e| explain(target, e))?,
+                ?,
         ),
     })
-}
-
-/// A connect error with a hint when it is TLS's (the redis crate reports a refused
-/// certificate as an I/O error naming rustls' reason).
-fn explain(target: &RedisTarget, e: RedisError) -> StoreError {
-    let text = e.to_string();
-    if target.tls && (text.contains("certificate") || text.contains("Certificate")) {
-        return config_error(
-            "SHEPHERD_REDIS_CA_FILE",
-            format!(
-                "the TLS handshake with Redis failed ({text}); the server's certificate must \
-                 chain to SHEPHERD_REDIS_CA_FILE (or the system roots when unset) and name \
-                 the host of SHEPHERD_REDIS_URL"
-            ),
-        );
-    }
-    StoreError::Redis(e)
 }
 
 /// A lazily connecting, self-reconnecting connection to `target` (nothing is sent until
@@ -477,7 +460,9 @@ impl ConnectionLike for SentinelConn {
 /// Runs `pipe` on `conn`: one reply per command. An empty pipeline is answered here with
 /// no replies and never sent: Redis refuses it ("empty command"), while a pipeline built
 /// over zero keys is an ordinary case (a repository with no open PR record), not an
-/// error. Every pipeline of the store goes through here.
+/// error. Every pipeline of the store goes through here, and every one names keys of
+/// one hash slot only: a Redis Cluster refuses a pipeline across slots (`CROSSSLOT`,
+/// checked by the cluster drills in tests/it/topologies.rs).
 pub async fn query_pipeline<T: redis::FromRedisValue>(
     conn: &mut Conn,
     pipe: &redis::Pipeline,

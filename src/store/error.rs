@@ -12,7 +12,7 @@ pub enum StoreError {
     Timeout(Duration),
     /// Redis refused the command, timed out, or the connection broke. Transient: the
     /// entry stays pending and is retried (and eventually dead-lettered).
-    #[error("redis: {0}")]
+    #[error("redis: {}", describe(.0))]
     Redis(#[from] redis::RedisError),
     /// A stored record does not decode (it was written by an incompatible version or
     /// by hand).
@@ -31,6 +31,21 @@ pub enum StoreError {
         /// The reply, rendered for the log.
         reply: String,
     },
+}
+
+/// A Redis error as operators read it: a refused TLS certificate (the redis crate
+/// reports rustls' reason as an I/O error) says which setting to check.
+fn describe(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    if text.contains("certificate") || text.contains("Certificate") {
+        format!(
+            "{text} (the TLS handshake with Redis failed: the server's certificate must \
+             chain to SHEPHERD_REDIS_CA_FILE, or to the system roots when it is unset, and \
+             name the host of SHEPHERD_REDIS_URL)"
+        )
+    } else {
+        text
+    }
 }
 
 impl StoreError {

@@ -72,21 +72,22 @@ pub enum WorkLookup {
 /// Finds a work id in every shard's work index (one pipelined round trip).
 #[instrument(skip_all, fields(work_id))]
 pub async fn lookup(conn: &mut Conn, keys: &Keys, work_id: &str) -> Result<WorkLookup, StoreError> {
-    let mut pipe = redis::pipe();
-    for shard in 0..keys.shards() {
-        pipe.hget(keys.work_index(shard), work_id);
-        pipe.get(keys.work_ended(shard, work_id));
-    }
-    let replies: Vec<(Option<String>, Option<String>)> = {
-        let flat: Vec<redis::Value> = super::client::query_pipeline(conn, &pipe).await?;
-        flat.chunks(2)
-            .map(|c| {
-                let owner: Option<String> = redis::from_redis_value_ref(&c[0]).unwrap_or(None);
-                let ended: Option<String> = redis::from_redis_value_ref(&c[1]).unwrap_or(None);
-                (owner, ended)
-            })
-            .collect()
-    };
+    // One small pipeline per shard (its two keys share the shard's hash slot; a Redis
+    // Cluster refuses a pipeline across slots), all in flight at once: on one server
+    // the multiplexed connection writes them together, one round trip as before.
+    let replies: Vec<(Option<String>, Option<String>)> =
+        futures_util::future::try_join_all((0..keys.shards()).map(|shard| {
+            let mut conn = conn.clone();
+            let mut pipe = redis::pipe();
+            pipe.hget(keys.work_index(shard), work_id);
+            pipe.get(keys.work_ended(shard, work_id));
+            async move {
+                let pair: (Option<String>, Option<String>) =
+                    pipe.query_async(&mut conn).await?;
+                Ok::<_, StoreError>(pair)
+            }
+        }))
+        .await?;
     let mut ended = false;
     for (shard, (owner, marker)) in (0..keys.shards()).zip(replies) {
         if let Some(owner) = owner.and_then(|v| WorkOwner::decode(shard, &v)) {

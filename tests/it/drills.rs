@@ -21,12 +21,12 @@ use crate::support::redis::{Aof, RedisServer, stream_entries};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{post, signed};
 use crate::worker::scale::{
-    CONCURRENCY, Planned, REPO, assert_exactly_once, assert_no_duplicate_side_effects, by_pr,
+    CONCURRENCY, Planned, Pr, REPO, assert_exactly_once, assert_no_duplicate_side_effects, by_pr, prs_of,
     fast_poll_policy, prepare, start_worker, wait_committed, wait_settled,
 };
 
 /// A delivery's answer: (PR, delivery id, HTTP status).
-type Answer = (u64, String, u16);
+type Answer = (Pr, String, u16);
 
 /// Posts `plan` with [`CONCURRENCY`] requests in flight, counting answers in `done`.
 fn post_in_background(
@@ -34,28 +34,35 @@ fn post_in_background(
     plan: Vec<Planned>,
     done: Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<Vec<Answer>> {
-    // Signed up front: the task then holds no borrowed event names.
-    let requests: Vec<(u64, String, ForgejoRequest)> = plan
+    // Signed up front: the task then holds no borrowed event names (and PRs travel as
+    // indexes: a borrowed repository name in the stream trips the spawn's lifetimes).
+    let prs: Vec<Pr> = plan.iter().map(|(n, _, _, _)| *n).collect();
+    let requests: Vec<(usize, String, ForgejoRequest)> = plan
         .into_iter()
-        .map(|(n, d, t, b)| {
+        .enumerate()
+        .map(|(i, (_, d, t, b))| {
             let request = signed(&b, t, &d);
-            (n, d, request)
+            (i, d, request)
         })
         .collect();
     tokio::spawn(async move {
         let client = reqwest::Client::new();
-        futures_util::stream::iter(requests)
-            .map(|(n, delivery, request)| {
+        let answers: Vec<(usize, String, u16)> = futures_util::stream::iter(requests)
+            .map(|(i, delivery, request)| {
                 let (client, url, done) = (client.clone(), url.clone(), done.clone());
                 async move {
                     let status = post(&client, &url, &request).await.status().as_u16();
                     done.fetch_add(1, Ordering::Relaxed);
-                    (n, delivery, status)
+                    (i, delivery, status)
                 }
             })
             .buffer_unordered(CONCURRENCY)
             .collect()
-            .await
+            .await;
+        answers
+            .into_iter()
+            .map(|(i, delivery, status)| (prs[i], delivery, status))
+            .collect()
     })
 }
 
@@ -68,7 +75,7 @@ async fn wait_count(done: &AtomicUsize, n: usize) {
 }
 
 /// Delivery ids in the events stream.
-async fn in_stream(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> HashSet<String> {
+async fn in_stream(conn: &mut crate::support::redis::TestConn, key: &str) -> HashSet<String> {
     stream_entries(conn, key)
         .await
         .into_iter()
@@ -159,7 +166,7 @@ async fn redis_killed_during_ingest_loses_nothing_acknowledged() {
     let worker_back = restarted_at.elapsed();
     assert_exactly_once(&mut conn, &keys, &expected, total).await;
     wait_settled(&mut conn, &keys, PRS).await;
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs_of(&expected)).await;
     assert!(worker.is_running(), "the worker survived the outage");
     eprintln!(
         "drill 1: 1000 posted, {} x 2xx, {refused} x 503 ({refused_but_stored} of them stored \
@@ -225,7 +232,7 @@ async fn workers_killed_ten_times_commit_everything_exactly_once() {
     wait_committed(&conn, &keys, &expected, Duration::from_secs(50)).await;
     assert_exactly_once(&mut conn, &keys, &expected, total).await;
     wait_settled(&mut conn, &keys, PRS).await;
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs_of(&expected)).await;
     eprintln!(
         "drill 2: {total} deliveries over {PRS} PRs, {KILLS} SIGKILLs at (answered, worker) \
          {kills:?}; posted in {sent_at:?}; all committed exactly once and settled after {:?}",
@@ -325,7 +332,7 @@ async fn redis_outage_drill(outage: Outage) {
     .await;
     wait_settled(&mut conn, &keys, PRS).await;
     let timers_fired_after = restarted_at.elapsed();
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs_of(&expected)).await;
     assert!(worker.is_running(), "the worker kept running");
     eprintln!(
         "drill 5 ({outage:?}): {} deliveries over {PRS} PRs, {timers} timers pending at the kill, outage \

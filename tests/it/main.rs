@@ -18,4 +18,5 @@ mod scenarios;
 mod security;
 mod status_page;
 mod support;
+mod topologies;
 mod worker;

@@ -40,7 +40,7 @@ pub struct Rig {
     /// The key prefix every runner of the rig shares.
     pub prefix: String,
     /// A connection for assertions.
-    pub conn: redis::aio::MultiplexedConnection,
+    pub conn: crate::support::redis::TestConn,
     /// Work items dispatched so far (their sequence numbers).
     seq: std::sync::atomic::AtomicU64,
 }
@@ -227,7 +227,7 @@ pub fn write_script(dir: &std::path::Path, name: &str, body: &str) -> String {
 }
 
 /// The work results queued on shard 0's events stream.
-pub async fn results_on(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys) -> Vec<Value> {
+pub async fn results_on(conn: &mut crate::support::redis::TestConn, keys: &Keys) -> Vec<Value> {
     stream_entries(conn, &keys.events(0))
         .await
         .into_iter()
@@ -250,7 +250,7 @@ fn find_work_id(v: &Value) -> Option<&Value> {
 
 /// A runner's record of `id`.
 pub async fn run_record_on(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     keys: &Keys,
     id: &str,
 ) -> Option<Value> {
@@ -263,7 +263,7 @@ pub async fn run_record_on(
 }
 
 /// Pending entries of the `agents` group on the dispatch stream.
-pub async fn pending_on(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys) -> u64 {
+pub async fn pending_on(conn: &mut crate::support::redis::TestConn, keys: &Keys) -> u64 {
     let v: redis::Value = redis::cmd("XPENDING")
         .arg(keys.dispatch())
         .arg("agents")

@@ -38,7 +38,7 @@ pub struct Scenario {
     /// Key prefix of the run.
     pub prefix: String,
     /// A connection for assertions.
-    pub conn: redis::aio::MultiplexedConnection,
+    pub conn: crate::support::redis::TestConn,
     /// HTTP client.
     pub http: reqwest::Client,
     /// Extra environment of the run (kept for restarts and CLI calls).

@@ -258,7 +258,7 @@ async fn rebuild_apply_tracks_work_only_the_rebuilt_record_holds() {
     let (s, n, _) = dispatched_then_stopped().await;
     let work = active_work(&s, n).await.unwrap();
     let mut conn = s.conn.clone();
-    let claim_timers = |conn: redis::aio::MultiplexedConnection| {
+    let claim_timers = |conn: crate::support::redis::TestConn| {
         let key = s.keys().timers(0);
         async move {
             let mut conn = conn;

@@ -105,7 +105,7 @@ async fn executor_crash_before_done_marker_repeats_nothing() {
 
 /// XADDs an entry with `fields` to `stream`.
 async fn requeue(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     stream: &str,
     fields: &HashMap<String, String>,
 ) {

@@ -51,7 +51,7 @@ fn assert_merge_body(body: &Value, head: &str, style: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_1_bot_pr_from_red_ci_to_merged() {
     let s = Scenario::start("merge_style = \"rebase\"\n").await;
-    bot_pr_from_red_ci_to_merged(&s).await;
+    let _ = bot_pr_from_red_ci_to_merged(&s).await;
     // The executor's metrics: effects by kind and outcome, lag to "executed".
     let metrics = s.metrics().await;
     let has = |prefix: &str, parts: &[&str]| {
@@ -77,11 +77,12 @@ async fn scenario_1_bot_pr_from_red_ci_to_merged() {
 #[tokio::test(flavor = "multi_thread")]
 async fn scenario_1_with_separate_serve_and_work_processes() {
     let s = Scenario::start_split("merge_style = \"rebase\"\n").await;
-    bot_pr_from_red_ci_to_merged(&s).await;
+    let _ = bot_pr_from_red_ci_to_merged(&s).await;
 }
 
 /// The body of scenario (1).
-async fn bot_pr_from_red_ci_to_merged(s: &Scenario) {
+/// Returns the PR's number.
+pub(crate) async fn bot_pr_from_red_ci_to_merged(s: &Scenario) -> u64 {
     let fake = &s.fake;
     let (issue, n, sha1) = open_bot_pr(s, "pending").await;
     let status_path = format!("/repos/{REPO}/commits/{sha1}/status");
@@ -184,6 +185,7 @@ async fn bot_pr_from_red_ci_to_merged(s: &Scenario) {
             c.body
         );
     }
+    n
 }
 
 /// (2) Human PR: two approvals are needed; a change request dispatches

@@ -6,7 +6,7 @@ mod dispatch;
 mod faults;
 mod hostile;
 mod locks;
-mod merge;
+pub(crate) mod merge;
 mod store;
 mod work;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::fake_forgejo::{FakeForgejo, Webhook};
-use super::redis::{RedisServer, stream_entries};
+use super::redis::{Backend, RedisServer, TestConn, stream_entries};
 use super::shepherd::Shepherd;
 use super::{poll_until_named, webhook};
 
@@ -46,9 +46,9 @@ pub struct Scenario {
     /// The `shepherd work` process of a split scenario.
     _worker: Option<Shepherd>,
     /// Redis (kept alive for the scenario).
-    _redis: RedisServer,
+    _redis: Box<dyn Backend + Send + Sync>,
     /// A connection for assertions.
-    conn: redis::aio::MultiplexedConnection,
+    conn: crate::support::redis::TestConn,
     /// HTTP client for webhooks and the results API.
     http: reqwest::Client,
     /// The policy file (deleted on drop).
@@ -80,11 +80,34 @@ impl Scenario {
 
     async fn launch(defaults: &str, env: &[(&str, &str)], split: bool) -> Self {
         let redis = RedisServer::start();
+        let conn = redis.conn().await;
+        Self::launch_on(Box::new(redis), conn, defaults, env, split).await
+    }
+
+    /// Starts everything with [`FAST_POLICY`] plus `extra` against `redis` (a TLS
+    /// server, a cluster…), `conn` being a connection to it for the assertions;
+    /// `env` goes to every process (e.g. `SHEPHERD_SHARDS`).
+    pub async fn start_on(
+        redis: Box<dyn Backend + Send + Sync>,
+        conn: TestConn,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::launch_on(redis, conn, &format!("{FAST_POLICY}{extra}"), env, true).await
+    }
+
+    async fn launch_on(
+        redis: Box<dyn Backend + Send + Sync>,
+        conn: TestConn,
+        defaults: &str,
+        env: &[(&str, &str)],
+        split: bool,
+    ) -> Self {
         let fake = FakeForgejo::start().await;
         let mut policy = tempfile::NamedTempFile::new().expect("policy file");
         write!(policy, "[defaults]\n{defaults}\n").expect("write policy");
         let builder = |args: &[&str]| {
-            let b = Shepherd::builder(&redis)
+            let b = Shepherd::builder(&*redis)
                 .args(args.iter().copied())
                 .env("SHEPHERD_FORGEJO_URL", fake.url())
                 .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
@@ -103,7 +126,6 @@ impl Scenario {
                 (serve, Some(work))
             }
         };
-        let conn = redis.conn().await;
         Self {
             fake,
             shepherd,
@@ -118,7 +140,7 @@ impl Scenario {
     /// `shepherd agents` for this scenario (same Redis, key prefix, Forgejo and policy
     /// file) running `command` for each work item; start it with `.start()`.
     pub fn agents(&self, command: &str) -> super::shepherd::Builder {
-        Shepherd::builder_url(&self._redis.url())
+        Shepherd::builder(&*self._redis)
             .agents(command)
             .prefix(self.shepherd.prefix())
             .env("SHEPHERD_FORGEJO_URL", self.fake.url())
@@ -295,22 +317,58 @@ impl Scenario {
         let keys = self.shepherd.keys();
         let mut conn = self.conn.clone();
         async move {
-            for (stream, group) in [(keys.events(0), "workers"), (keys.effects(0), "executors")] {
-                if !group_drained(&mut conn, &stream, group).await {
+            for shard in 0..keys.shards() {
+                for (stream, group) in [
+                    (keys.events(shard), "workers"),
+                    (keys.effects(shard), "executors"),
+                ] {
+                    if !group_drained(&mut conn, &stream, group).await {
+                        return false;
+                    }
+                }
+                let retries: u64 = redis::cmd("ZCARD")
+                    .arg(keys.effect_retries(shard))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or(0);
+                if retries != 0 {
                     return false;
                 }
             }
-            let retries: u64 = redis::cmd("ZCARD")
-                .arg(keys.effect_retries(0))
-                .query_async(&mut conn)
-                .await
-                .unwrap_or(0);
-            retries == 0
+            true
         }
     }
 
+    /// Runs an operator subcommand (`inspect`, `dlq`…) of the real binary against the
+    /// scenario's Redis (its URL and TLS files) and key prefix.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.cli_with(args, &[])
+    }
+
+    /// [`Scenario::cli`] with environment overrides (e.g. another CA file).
+    pub fn cli_with(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        for (key, _) in std::env::vars() {
+            if key.starts_with("SHEPHERD_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.args(args)
+            .env("SHEPHERD_REDIS_URL", self._redis.url())
+            .env("SHEPHERD_KEY_PREFIX", self.shepherd.prefix())
+            .env("SHEPHERD_SHARDS", self.shepherd.keys().shards().to_string())
+            .env("SHEPHERD_LOG", "warn");
+        for (k, v) in self._redis.env() {
+            cmd.env(k, v);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run the shepherd binary")
+    }
+
     /// A connection to the scenario's Redis.
-    pub fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+    pub fn redis_conn(&self) -> crate::support::redis::TestConn {
         self.conn.clone()
     }
 
@@ -401,7 +459,7 @@ impl Scenario {
 
 /// Whether `group` on `stream` has nothing pending and nothing unread.
 async fn group_drained(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     stream: &str,
     group: &str,
 ) -> bool {

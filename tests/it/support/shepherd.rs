@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::redis::{RedisServer, free_port};
+use super::redis::{Backend, RedisServer, free_port};
 use super::{TEST_SECRET, poll_until_named};
 
 /// How long the binary may take to answer `/healthz`.
@@ -23,6 +23,8 @@ pub struct Shepherd {
     base: String,
     /// Its `SHEPHERD_KEY_PREFIX`.
     prefix: String,
+    /// Its `SHEPHERD_SHARDS` (1 unless the test set it).
+    shards: u16,
     /// The policy file given with [`Builder::policy`] (deleted on drop).
     _policy: Option<tempfile::NamedTempFile>,
 }
@@ -122,10 +124,17 @@ impl Builder {
             .stderr(self.stderr.map_or_else(Stdio::inherit, Stdio::from))
             .spawn()
             .expect("spawn the shepherd binary");
+        let shards = self
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "SHEPHERD_SHARDS")
+            .map_or(1, |(_, v)| v.parse().expect("SHEPHERD_SHARDS is a number"));
         let mut shepherd = Shepherd {
             child,
             base: format!("http://127.0.0.1:{port}"),
             prefix,
+            shards,
             _policy: policy,
         };
         shepherd.wait_healthy().await;
@@ -135,10 +144,10 @@ impl Builder {
 
 impl Shepherd {
     /// Options for a `shepherd` talking to `redis`.
-    pub fn builder(redis: &RedisServer) -> Builder {
+    pub fn builder(redis: &(impl Backend + ?Sized)) -> Builder {
         Builder {
             args: vec!["serve".into()],
-            env: Vec::new(),
+            env: redis.env(),
             redis_url: redis.url(),
             prefix: None,
             stderr: None,
@@ -181,7 +190,7 @@ impl Shepherd {
 
     /// Its Redis key layout (one shard unless `SHEPHERD_SHARDS` was set otherwise).
     pub fn keys(&self) -> shepherd::store::Keys {
-        shepherd::store::Keys::new(self.prefix.clone(), 1)
+        shepherd::store::Keys::new(self.prefix.clone(), self.shards)
     }
 
     async fn wait_healthy(&mut self) {

@@ -36,7 +36,7 @@ pub fn many_links(n: u64) -> String {
 }
 
 /// Whether the `workers` group of `stream` has delivered `id` to a consumer.
-async fn delivered(conn: &mut redis::aio::MultiplexedConnection, stream: &str, id: &str) -> bool {
+async fn delivered(conn: &mut crate::support::redis::TestConn, stream: &str, id: &str) -> bool {
     let groups: redis::streams::StreamInfoGroupsReply = match redis::cmd("XINFO")
         .arg("GROUPS")
         .arg(stream)

@@ -188,7 +188,7 @@ async fn an_entry_delivered_too_often_is_dead_lettered() {
 
 /// Events-history entries of PRs 1..=40 (one per committed entry).
 async fn committed(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     keys: &shepherd::store::Keys,
 ) -> usize {
     let mut total = 0;

@@ -144,7 +144,7 @@ fn start<H: Handler>(
 
 /// The pending entries of `GROUP` on `stream`: id → (consumer, deliveries).
 async fn pending(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     stream: &str,
 ) -> HashMap<String, (String, usize)> {
     let reply: StreamPendingCountReply = redis::cmd("XPENDING")
@@ -164,7 +164,7 @@ async fn pending(
 }
 
 /// Consumer names of `GROUP` on `stream`.
-async fn consumers(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<String> {
+async fn consumers(conn: &mut crate::support::redis::TestConn, stream: &str) -> Vec<String> {
     let info: redis::streams::StreamInfoConsumersReply = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg(stream)
@@ -176,13 +176,13 @@ async fn consumers(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -
 }
 
 /// One test entry.
-async fn add(conn: &mut redis::aio::MultiplexedConnection, stream: &str, n: u32) -> String {
+async fn add(conn: &mut crate::support::redis::TestConn, stream: &str, n: u32) -> String {
     let n = n.to_string();
     xadd(conn, stream, &[("n", n.as_str())]).await
 }
 
 /// Milliseconds since `id` was created, by the Redis clock.
-async fn age_ms(conn: &mut redis::aio::MultiplexedConnection, id: &str) -> u64 {
+async fn age_ms(conn: &mut crate::support::redis::TestConn, id: &str) -> u64 {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
     let now = secs * 1000 + micros / 1000;
     let at: u64 = id.split('-').next().unwrap().parse().unwrap();

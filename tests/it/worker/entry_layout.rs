@@ -24,7 +24,7 @@ fn layout() -> Vec<String> {
 
 /// Every entry of `stream` as `(field names in order, field → value)`.
 async fn entries(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     stream: &str,
 ) -> Vec<(Vec<String>, std::collections::HashMap<String, String>)> {
     let raw: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")

@@ -70,7 +70,7 @@ pub fn webhook_fields<'a>(
 
 /// XADDs an entry; returns its id.
 pub async fn xadd(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     stream: &str,
     fields: &[(&str, &str)],
 ) -> String {
@@ -83,7 +83,7 @@ pub async fn xadd(
 }
 
 /// Entries of the group pending in `stream` (0 when the group does not exist yet).
-pub async fn pending(conn: &mut redis::aio::MultiplexedConnection, stream: &str) -> u64 {
+pub async fn pending(conn: &mut crate::support::redis::TestConn, stream: &str) -> u64 {
     let v: redis::Value = redis::cmd("XPENDING")
         .arg(stream)
         .arg("workers")
@@ -101,7 +101,7 @@ pub async fn pending(conn: &mut redis::aio::MultiplexedConnection, stream: &str)
 
 /// The history entries of a PR, each as its field map.
 pub async fn history(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     key: &str,
 ) -> Vec<HashMap<String, String>> {
     stream_entries(conn, key)

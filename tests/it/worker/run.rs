@@ -21,10 +21,12 @@ async fn run_starts_a_durable_redis_when_none_answers_and_stops_it() {
         .start()
         .await;
     let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("its redis answers");
+    let mut conn = crate::support::redis::TestConn::Single(
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("its redis answers"),
+    );
     let config: Vec<String> = redis::cmd("CONFIG")
         .arg(&["GET", "append*"])
         .query_async(&mut conn)

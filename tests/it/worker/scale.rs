@@ -16,7 +16,7 @@ use shepherd::store::Keys;
 use super::{history, pending};
 use crate::support::fake_forgejo::{FakeForgejo, NewPr};
 use crate::support::poll_until_named;
-use crate::support::redis::{RedisServer, stream_entries};
+use crate::support::redis::{Backend, RedisServer, stream_entries};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{new_delivery, post, signed};
 
@@ -28,11 +28,26 @@ const PER_PR: usize = 10;
 pub const CONCURRENCY: usize = 32;
 /// The repository.
 pub const REPO: &str = "fleet/scale";
+/// The repositories of a run spread over shards ([`prepare_spread`]); the first is
+/// [`REPO`].
+pub const REPOS: [&str; 8] = [
+    REPO,
+    "fleet/alpha",
+    "fleet/bravo",
+    "fleet/charlie",
+    "fleet/delta",
+    "fleet/echo",
+    "fleet/foxtrot",
+    "fleet/golf",
+];
+
+/// A pull request: repository and number.
+pub type Pr = (&'static str, u64);
 
 /// A `shepherd work` process on the shared prefix, talking to the fake (also used by
 /// the fault drills).
 pub async fn start_worker(
-    redis: &RedisServer,
+    redis: &(impl Backend + ?Sized),
     prefix: &str,
     fake: &FakeForgejo,
     policy: &str,
@@ -45,12 +60,24 @@ pub async fn start_worker(
         .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
         .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
         .env("SHEPHERD_CONFIG", policy)
+        .env("SHEPHERD_SHARDS", shards(is_cluster(redis)).to_string())
         .start()
         .await
 }
 
+/// The shards of a run against `redis`: 6 on a cluster (so they land on different
+/// nodes), 1 otherwise.
+pub fn is_cluster(redis: &(impl Backend + ?Sized)) -> bool {
+    redis.url().starts_with("redis+cluster://")
+}
+
+/// `SHEPHERD_SHARDS` for a run ([`is_cluster`]).
+pub fn shards(cluster: bool) -> u16 {
+    if cluster { 6 } else { 1 }
+}
+
 /// One planned delivery: (PR, delivery id, event type, body).
-pub type Planned = (u64, String, &'static str, Vec<u8>);
+pub type Planned = (Pr, String, &'static str, Vec<u8>);
 
 /// A policy file with a fast CI poll (1 s, capped at 2 s).
 pub fn fast_poll_policy() -> tempfile::NamedTempFile {
@@ -66,24 +93,37 @@ pub fn fast_poll_policy() -> tempfile::NamedTempFile {
 /// Opens `prs` PRs (red CI on their heads) and prepares `per_pr` deliveries for each
 /// (opened, then title edits), interleaved across PRs.
 pub fn prepare(fake: &FakeForgejo, prs: u64, per_pr_count: usize) -> Vec<Planned> {
-    fake.create_repo(REPO);
+    prepare_spread(fake, 1, prs, per_pr_count)
+}
+
+/// [`prepare`] with the PRs spread round-robin over the first `repos` of [`REPOS`].
+pub fn prepare_spread(
+    fake: &FakeForgejo,
+    repos: usize,
+    prs: u64,
+    per_pr_count: usize,
+) -> Vec<Planned> {
+    for repo in &REPOS[..repos] {
+        fake.create_repo(repo);
+    }
     let mut per_pr = Vec::new();
     for i in 0..prs {
+        let repo = REPOS[i as usize % repos];
         let body = format!("Change {i}.\n\nAutomated by CleverAgents Bot");
         let n = fake.open_pr(
-            REPO,
+            repo,
             NewPr::new("agent-bot", &format!("Change {i}")).body(&body),
         );
-        let sha = fake.head_sha(REPO, n);
-        fake.set_status(REPO, &sha, "ci/test", "failure", "1 test failed");
-        let mut hooks = vec![fake.pr_opened(REPO, n)];
+        let sha = fake.head_sha(repo, n);
+        fake.set_status(repo, &sha, "ci/test", "failure", "1 test failed");
+        let mut hooks = vec![fake.pr_opened(repo, n)];
         let mut title = format!("Change {i}");
         for k in 1..per_pr_count {
             let old = std::mem::replace(&mut title, format!("Change {i}, take {k}"));
-            fake.set_title(REPO, n, &title);
-            hooks.push(fake.pr_edited(REPO, n, "agent-bot", &old));
+            fake.set_title(repo, n, &title);
+            hooks.push(fake.pr_edited(repo, n, "agent-bot", &old));
         }
-        per_pr.push((n, hooks));
+        per_pr.push(((repo, n), hooks));
     }
     let mut plan = Vec::new();
     for k in 0..per_pr_count {
@@ -141,7 +181,7 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
     wait_committed(&conn, &keys, &expected, Duration::from_secs(40)).await;
     assert_exactly_once(&mut conn, &keys, &expected, total).await;
     wait_settled(&mut conn, &keys, PRS).await;
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, PRS).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs_of(&expected)).await;
     eprintln!(
         "scale: {total} deliveries over {PRS} PRs sent in {sent_at:?}, all committed and dispatched after {:?}",
         started.elapsed()
@@ -150,8 +190,8 @@ async fn three_workers_one_killed_commit_every_delivery_exactly_once() {
 
 /// Delivery ids grouped by PR.
 pub fn by_pr<'a>(
-    deliveries: impl Iterator<Item = (u64, &'a String)>,
-) -> HashMap<u64, HashSet<String>> {
+    deliveries: impl Iterator<Item = (Pr, &'a String)>,
+) -> HashMap<Pr, HashSet<String>> {
     deliveries.fold(HashMap::new(), |mut m, (n, d)| {
         m.entry(n).or_default().insert(d.clone());
         m
@@ -160,7 +200,7 @@ pub fn by_pr<'a>(
 
 /// Waits until one `ci-fix` per PR is dispatched and nothing is pending; asserts that
 /// nothing was dead-lettered.
-pub async fn wait_settled(conn: &mut redis::aio::MultiplexedConnection, keys: &Keys, prs: u64) {
+pub async fn wait_settled(conn: &mut crate::support::redis::TestConn, keys: &Keys, prs: u64) {
     poll_until_named(
         Duration::from_secs(20),
         "one ci-fix dispatched per PR",
@@ -180,30 +220,40 @@ pub async fn wait_settled(conn: &mut redis::aio::MultiplexedConnection, keys: &K
     .await;
     poll_until_named(Duration::from_secs(10), "nothing pending", || {
         let mut c = conn.clone();
-        let events = keys.events(0);
-        async move { pending(&mut c, &events).await == 0 }
+        async move {
+            for shard in 0..keys.shards() {
+                if pending(&mut c, &keys.events(shard)).await != 0 {
+                    return false;
+                }
+            }
+            true
+        }
     })
     .await;
-    let dead: Vec<(String, Option<String>)> = stream_entries(conn, &keys.dead_letters(0))
-        .await
-        .into_iter()
-        .map(|(id, f)| (id, f.get("dl_reason").cloned()))
-        .collect();
+    let mut dead: Vec<(String, Option<String>)> = Vec::new();
+    for shard in 0..keys.shards() {
+        dead.extend(
+            stream_entries(conn, &keys.dead_letters(shard))
+                .await
+                .into_iter()
+                .map(|(id, f)| (id, f.get("dl_reason").cloned())),
+        );
+    }
     assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
 }
 
 /// Waits until every delivery is in its PR's history.
 pub async fn wait_committed(
-    conn: &redis::aio::MultiplexedConnection,
+    conn: &crate::support::redis::TestConn,
     keys: &Keys,
-    expected: &HashMap<u64, HashSet<String>>,
+    expected: &HashMap<Pr, HashSet<String>>,
     deadline: Duration,
 ) {
     poll_until_named(deadline, "every delivery is in its PR's history", || {
         let mut c = conn.clone();
         async move {
-            for (n, ds) in expected {
-                let h = history(&mut c, &keys.history(REPO, *n)).await;
+            for ((repo, n), ds) in expected {
+                let h = history(&mut c, &keys.history(repo, *n)).await;
                 let seen: HashSet<&str> = h.iter().map(|f| f["delivery"].as_str()).collect();
                 if !ds.iter().all(|d| seen.contains(d.as_str())) {
                     return false;
@@ -217,15 +267,15 @@ pub async fn wait_committed(
 
 /// Asserts that each delivery appears exactly once in its PR's history.
 pub async fn assert_exactly_once(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     keys: &Keys,
-    expected: &HashMap<u64, HashSet<String>>,
+    expected: &HashMap<Pr, HashSet<String>>,
     total: usize,
 ) {
     let mut duplicates = Vec::new();
     let mut committed = 0;
-    for (n, ds) in expected {
-        let h = history(conn, &keys.history(REPO, *n)).await;
+    for ((repo, n), ds) in expected {
+        let h = history(conn, &keys.history(repo, *n)).await;
         let mut count: HashMap<&str, usize> = HashMap::new();
         for f in &h {
             *count.entry(f["delivery"].as_str()).or_default() += 1;
@@ -247,10 +297,10 @@ pub async fn assert_exactly_once(
 /// One work item per PR, no comment posted twice, at most one status comment per PR,
 /// no merge.
 pub async fn assert_no_duplicate_side_effects(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::support::redis::TestConn,
     keys: &Keys,
     fake: &FakeForgejo,
-    prs: u64,
+    prs: &[Pr],
 ) {
     let items: Vec<serde_json::Value> = stream_entries(conn, &keys.dispatch())
         .await
@@ -260,7 +310,7 @@ pub async fn assert_no_duplicate_side_effects(
                 .map(|w| serde_json::from_str(w).expect("work JSON"))
         })
         .collect();
-    let mut per_pr: HashMap<u64, usize> = HashMap::new();
+    let mut per_pr: HashMap<(String, u64), usize> = HashMap::new();
     let mut ids = HashSet::new();
     for item in &items {
         assert!(
@@ -268,16 +318,19 @@ pub async fn assert_no_duplicate_side_effects(
             "work item dispatched twice: {item}"
         );
         assert_eq!(item["kind"], "ci-fix");
-        *per_pr.entry(item["number"].as_u64().unwrap()).or_default() += 1;
+        let repo = item["repo"].as_str().expect("work item repo").to_owned();
+        *per_pr
+            .entry((repo, item["number"].as_u64().unwrap()))
+            .or_default() += 1;
     }
-    assert_eq!(per_pr.len(), prs as usize);
+    assert_eq!(per_pr.len(), prs.len());
     assert!(
         per_pr.values().all(|c| *c == 1),
         "one dispatch per PR: {per_pr:?}"
     );
-    for n in 1..=prs {
+    for &(repo, n) in prs {
         let comments: Vec<_> = fake
-            .comments_on(REPO, n)
+            .comments_on(repo, n)
             .into_iter()
             .filter(|c| c.user == fake.bot_login())
             .collect();
@@ -285,13 +338,18 @@ pub async fn assert_no_duplicate_side_effects(
         assert_eq!(
             bodies.len(),
             comments.len(),
-            "a comment posted twice on #{n}"
+            "a comment posted twice on {repo}#{n}"
         );
         let sticky = comments
             .iter()
             .filter(|c| c.body.contains("<!-- SHEPHERD-STATE: "))
             .count();
-        assert!(sticky <= 1, "{sticky} status comments on #{n}");
+        assert!(sticky <= 1, "{sticky} status comments on {repo}#{n}");
     }
     assert!(fake.merges().is_empty(), "red CI: no merge");
+}
+
+/// The PRs of a run's expected deliveries.
+pub fn prs_of(expected: &HashMap<Pr, HashSet<String>>) -> Vec<Pr> {
+    expected.keys().copied().collect()
 }
