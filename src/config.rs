@@ -142,6 +142,18 @@ pub struct Settings {
     )]
     pub redis_timeout_ms: u64,
 
+    /// Replicas that must hold an accepted delivery before the ingest answers 2xx
+    /// (`WAIT` after the enqueue; 503 when fewer confirm within half the Redis
+    /// timeout). 0: the primary's own acknowledgement suffices (with AOF `appendfsync
+    /// always`, durable on its disk, but a failover may lose it).
+    #[arg(
+        long,
+        env = "SHEPHERD_REDIS_WAIT_REPLICAS",
+        default_value_t = 0,
+        global = true
+    )]
+    pub redis_wait_replicas: u32,
+
     /// How long accepted deliveries are kept for replay and dedup, in hours.
     #[arg(
         long,
@@ -473,6 +485,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Redis timeout on the ingest path.
     pub redis_timeout: Duration,
+    /// Replicas that must confirm an accepted delivery (`WAIT`; 0: none).
+    pub redis_wait_replicas: u32,
     /// Replay window / dedup retention.
     pub retention: Duration,
     /// Event-stream shard count (≥ 1).
@@ -623,6 +637,7 @@ impl Settings {
             policy_path: self.config.clone(),
             max_body_bytes: self.max_body_bytes,
             redis_timeout: Duration::from_millis(self.redis_timeout_ms),
+            redis_wait_replicas: self.redis_wait_replicas,
             retention: Duration::from_secs(self.retention_hours * 3600),
             shards: self.shards,
             resync_interval: (self.resync_interval_secs > 0)

@@ -82,7 +82,8 @@ impl AppState {
         })?;
         let redis = connect_lazy(&config)?;
         let keys = Keys::new(config.key_prefix.clone(), config.shards);
-        let enqueuer = Enqueuer::new(keys.clone(), config.retention, config.redis_timeout);
+        let enqueuer = Enqueuer::new(keys.clone(), config.retention, config.redis_timeout)
+            .with_wait_replicas(config.redis_wait_replicas);
         Ok(Self {
             config,
             metrics,

@@ -81,6 +81,38 @@ impl ConnectionLike for Conn {
     }
 }
 
+impl Conn {
+    /// `WAIT n timeout` for the writes this connection made to the node holding `key`
+    /// (on a cluster, routed to the master of `key`'s slot: `WAIT` has no key of its
+    /// own). Returns how many replicas confirmed.
+    pub async fn wait_replicas(
+        &mut self,
+        key: &str,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<u32, StoreError> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(n).arg(
+            u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        let acked: i64 = match self {
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{
+                    Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+                };
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                redis::from_redis_value(c.route_command(cmd, routing).await?)
+                    .map_err(RedisError::from)?
+            }
+            other => cmd.query_async(other).await?,
+        };
+        Ok(u32::try_from(acked.max(0)).unwrap_or(u32::MAX))
+    }
+}
+
 /// Anything that names a Redis: a parsed [`RedisTarget`] (what the processes pass, TLS
 /// files included) or a bare URL (tests and tools; no TLS files).
 pub trait ToTarget {
@@ -298,8 +330,7 @@ async fn open_now(target: &RedisTarget, options: LazyOptions) -> Result<Conn, St
     Ok(match &target.topology {
         Topology::Single => Conn::Single(
             ConnectionManager::new_with_config(single_client(target)?, manager_config(&options))
-                .await
-                ?,
+                .await?,
         ),
         Topology::Sentinel { sentinels, service } => {
             let conn = SentinelConn::new(
@@ -313,8 +344,7 @@ async fn open_now(target: &RedisTarget, options: LazyOptions) -> Result<Conn, St
         Topology::Cluster { nodes } => Conn::Cluster(
             cluster_client(target, nodes, &options)?
                 .get_async_connection_with_config(cluster_config(&options))
-                .await
-                ?,
+                .await?,
         ),
     })
 }

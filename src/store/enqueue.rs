@@ -81,6 +81,8 @@ pub struct Enqueuer {
     /// Repositories already recorded in `<prefix>:repos` by this process, and when the
     /// cache was last cleared.
     known_repos: Mutex<(HashSet<String>, Instant)>,
+    /// Replicas that must confirm each enqueue (`WAIT`); 0: none.
+    wait_replicas: u32,
 }
 
 impl Enqueuer {
@@ -92,7 +94,17 @@ impl Enqueuer {
             retention,
             timeout,
             known_repos: Mutex::new((HashSet::new(), Instant::now())),
+            wait_replicas: 0,
         }
+    }
+
+    /// Requires `n` replicas to confirm each enqueue before it counts as accepted
+    /// (`SHEPHERD_REDIS_WAIT_REPLICAS`): `WAIT n` on the connection that wrote it, with
+    /// half the enqueue timeout; fewer confirmations are an error (the ingest answers
+    /// 503; the entry may stay and a redelivery is deduplicated).
+    pub fn with_wait_replicas(mut self, n: u32) -> Self {
+        self.wait_replicas = n;
+        self
     }
 
     /// The key layout.
@@ -145,6 +157,22 @@ impl Enqueuer {
             }
             other => other?,
         };
+        if self.wait_replicas > 0 {
+            // A duplicate waits too: the first copy may have been answered 503 before
+            // it reached the replicas.
+            let shard = self.keys.shard_of(entry.repo());
+            let wait = self.timeout / 2;
+            let acked = conn
+                .wait_replicas(&self.keys.events(shard), self.wait_replicas, wait)
+                .await?;
+            if acked < self.wait_replicas {
+                return Err(StoreError::NotReplicated {
+                    wanted: self.wait_replicas,
+                    acked,
+                    within: wait,
+                });
+            }
+        }
         Ok(if new == 1 {
             Enqueued::New(id)
         } else {

@@ -14,6 +14,17 @@ pub enum StoreError {
     /// entry stays pending and is retried (and eventually dead-lettered).
     #[error("redis: {}", describe(.0))]
     Redis(#[from] redis::RedisError),
+    /// Fewer replicas than `SHEPHERD_REDIS_WAIT_REPLICAS` confirmed a write in time
+    /// (`WAIT`). Transient: the write is on the primary and may still replicate.
+    #[error("only {acked} of {wanted} Redis replicas confirmed the write within {within:?}")]
+    NotReplicated {
+        /// Replicas required.
+        wanted: u32,
+        /// Replicas that confirmed.
+        acked: u32,
+        /// How long `WAIT` waited.
+        within: Duration,
+    },
     /// A stored record does not decode (it was written by an incompatible version or
     /// by hand).
     #[error("corrupt record {key}: {reason}")]
@@ -53,7 +64,7 @@ impl StoreError {
     /// that will never decode).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Timeout(_) => true,
+            StoreError::Timeout(_) | StoreError::NotReplicated { .. } => true,
             StoreError::Redis(e) => e.is_io_error() || e.is_timeout() || e.is_connection_dropped(),
             StoreError::Corrupt { .. } | StoreError::Protocol { .. } => false,
         }
@@ -63,9 +74,10 @@ impl StoreError {
     pub fn is_missing_group(&self) -> bool {
         match self {
             StoreError::Redis(e) => e.code() == Some("NOGROUP"),
-            StoreError::Timeout(_) | StoreError::Corrupt { .. } | StoreError::Protocol { .. } => {
-                false
-            }
+            StoreError::Timeout(_)
+            | StoreError::NotReplicated { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::Protocol { .. } => false,
         }
     }
 }

@@ -82,8 +82,7 @@ pub async fn lookup(conn: &mut Conn, keys: &Keys, work_id: &str) -> Result<WorkL
             pipe.hget(keys.work_index(shard), work_id);
             pipe.get(keys.work_ended(shard, work_id));
             async move {
-                let pair: (Option<String>, Option<String>) =
-                    pipe.query_async(&mut conn).await?;
+                let pair: (Option<String>, Option<String>) = pipe.query_async(&mut conn).await?;
                 Ok::<_, StoreError>(pair)
             }
         }))

@@ -17,12 +17,13 @@ use shepherd::app::send::ForgejoRequest;
 
 use crate::support::fake_forgejo::FakeForgejo;
 use crate::support::poll_until_named;
-use crate::support::redis::{Aof, RedisServer, stream_entries};
+use crate::support::redis::{Aof, Backend, RedisServer, TestConn, stream_entries};
 use crate::support::shepherd::Shepherd;
 use crate::support::webhook::{post, signed};
 use crate::worker::scale::{
-    CONCURRENCY, Planned, Pr, REPO, assert_exactly_once, assert_no_duplicate_side_effects, by_pr, prs_of,
-    fast_poll_policy, prepare, start_worker, wait_committed, wait_settled,
+    CONCURRENCY, Planned, Pr, REPO, assert_exactly_once, assert_no_duplicate_side_effects, by_pr,
+    fast_poll_policy, is_cluster, prepare, prepare_spread, prs_of, shards, start_worker,
+    wait_committed, wait_settled,
 };
 
 /// A delivery's answer: (PR, delivery id, HTTP status).
@@ -184,20 +185,34 @@ async fn redis_killed_during_ingest_loses_nothing_acknowledged() {
 /// processed: every delivery is committed exactly once, no effect is duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_killed_ten_times_commit_everything_exactly_once() {
+    let redis = RedisServer::start();
+    let conn = redis.conn().await;
+    worker_kill_drill(&redis, conn, 1).await;
+}
+
+/// The worker-kill drill (7.2) against `redis` (one server, or a cluster where
+/// `SHEPHERD_SHARDS` is 6), the PRs spread over `repos` repositories.
+pub(crate) async fn worker_kill_drill(
+    redis: &(impl Backend + ?Sized),
+    mut conn: TestConn,
+    repos: usize,
+) {
     const PRS: u64 = 200;
     const KILLS: usize = 10;
     let started = Instant::now();
-    let redis = RedisServer::start();
     let fake = FakeForgejo::start().await;
     let policy = fast_poll_policy();
     let policy_path = policy.path().display().to_string();
-    let serve = Shepherd::serve(&redis).await;
+    let serve = Shepherd::builder(redis)
+        .env("SHEPHERD_SHARDS", shards(is_cluster(redis)).to_string())
+        .start()
+        .await;
     let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
     let mut workers = [
-        start_worker(&redis, &prefix, &fake, &policy_path).await,
-        start_worker(&redis, &prefix, &fake, &policy_path).await,
+        start_worker(redis, &prefix, &fake, &policy_path).await,
+        start_worker(redis, &prefix, &fake, &policy_path).await,
     ];
-    let plan = prepare(&fake, PRS, 10);
+    let plan = prepare_spread(&fake, repos, PRS, 10);
     let expected = by_pr(plan.iter().map(|(n, d, _, _)| (*n, d)));
     let total = plan.len();
     let done = Arc::new(AtomicUsize::new(0));
@@ -220,7 +235,7 @@ async fn workers_killed_ten_times_commit_everything_exactly_once() {
         wait_count(&done, point).await;
         kills.push((done.load(Ordering::Relaxed), victim));
         workers[victim].kill();
-        workers[victim] = start_worker(&redis, &prefix, &fake, &policy_path).await;
+        workers[victim] = start_worker(redis, &prefix, &fake, &policy_path).await;
     }
     let answers = posting.await.expect("posting task");
     assert!(
@@ -228,14 +243,14 @@ async fn workers_killed_ten_times_commit_everything_exactly_once() {
         "every delivery is accepted"
     );
     let sent_at = started.elapsed();
-    let mut conn = redis.conn().await;
     wait_committed(&conn, &keys, &expected, Duration::from_secs(50)).await;
     assert_exactly_once(&mut conn, &keys, &expected, total).await;
     wait_settled(&mut conn, &keys, PRS).await;
     assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs_of(&expected)).await;
     eprintln!(
-        "drill 2: {total} deliveries over {PRS} PRs, {KILLS} SIGKILLs at (answered, worker) \
+        "drill 2 ({}): {total} deliveries over {PRS} PRs, {KILLS} SIGKILLs at (answered, worker) \
          {kills:?}; posted in {sent_at:?}; all committed exactly once and settled after {:?}",
+        redis.url(),
         started.elapsed()
     );
 }

@@ -7,7 +7,7 @@ mod app;
 mod bench_lag;
 mod core_purity;
 mod deploy;
-mod drills;
+pub(crate) mod drills;
 mod fake_forgejo;
 mod forgejo_client;
 mod hostile;

@@ -79,7 +79,11 @@ impl RedisServer {
 
     /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
@@ -95,11 +99,6 @@ impl RedisServer {
             .iter()
             .map(|ca| ("SHEPHERD_REDIS_CA_FILE".to_owned(), ca.ca_path()))
             .collect()
-    }
-
-    /// Whether the process is running.
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
     }
 
     /// Kills the server (SIGKILL: a crash, not a clean shutdown) and waits for it.
@@ -429,12 +428,31 @@ impl TestCa {
             );
         };
         openssl(&[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-            "/CN=Shepherd test CA", "-keyout", &path("ca.key"), "-out", &path("ca.crt"),
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=Shepherd test CA",
+            "-keyout",
+            &path("ca.key"),
+            "-out",
+            &path("ca.crt"),
         ]);
         openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
-            &path("server.key"), "-out", &path("server.csr"),
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &path("server.key"),
+            "-out",
+            &path("server.csr"),
         ]);
         std::fs::write(
             path("ext.cnf"),
@@ -443,9 +461,21 @@ impl TestCa {
         )
         .expect("write the extension file");
         openssl(&[
-            "x509", "-req", "-in", &path("server.csr"), "-CA", &path("ca.crt"), "-CAkey",
-            &path("ca.key"), "-CAcreateserial", "-days", "1", "-extfile", &path("ext.cnf"),
-            "-out", &path("server.crt"),
+            "x509",
+            "-req",
+            "-in",
+            &path("server.csr"),
+            "-CA",
+            &path("ca.crt"),
+            "-CAkey",
+            &path("ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &path("ext.cnf"),
+            "-out",
+            &path("server.crt"),
         ]);
         Arc::new(Self { dir })
     }
@@ -473,7 +503,7 @@ impl TestCa {
 /// The name the sentinels monitor.
 pub const SENTINEL_SERVICE: &str = "mymaster";
 
-/// A primary, one replica and three sentinels (quorum 2, `down-after` 1 s), all
+/// A primary, two replicas and three sentinels (quorum 2, `down-after` 1 s), all
 /// processes of their own on free ports.
 pub struct SentinelSet {
     /// The servers; index 0 starts as the primary.
@@ -487,15 +517,22 @@ pub struct SentinelSet {
 }
 
 impl SentinelSet {
-    /// Starts the set with AOF `appendfsync always` on both servers and waits until the
-    /// replica is in sync and the sentinels agree (`SENTINEL CKQUORUM`).
+    /// Starts the set with AOF `appendfsync always` on every server and waits until
+    /// the replicas are in sync and the sentinels agree (`SENTINEL CKQUORUM`).
     pub fn start() -> Self {
         let primary = RedisServer::start_with(Aof::Always);
-        let replica = RedisServer::start_custom(
-            Aof::Always,
-            None,
-            vec!["--replicaof".into(), "127.0.0.1".into(), primary.port.to_string()],
-        );
+        let replica = || {
+            RedisServer::start_custom(
+                Aof::Always,
+                None,
+                vec![
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    primary.port.to_string(),
+                ],
+            )
+        };
+        let (replica1, replica2) = (replica(), replica());
         let dir = tempfile::tempdir().expect("sentinel directory");
         let mut sentinel_ports = Vec::new();
         let mut sentinels = Vec::new();
@@ -525,28 +562,41 @@ impl SentinelSet {
             sentinels.push(child);
         }
         let set = Self {
-            servers: vec![primary, replica],
+            servers: vec![primary, replica1, replica2],
             sentinel_ports,
             sentinels,
             _dir: dir,
         };
-        set.wait(Duration::from_secs(30), "the sentinels agree and the replica is in sync", |s| {
-            s.sentinel_ports.iter().all(|p| {
-                cli_port(*p, &["SENTINEL", "CKQUORUM", SENTINEL_SERVICE])
-                    .is_ok_and(|t| t.starts_with("OK"))
-                    && cli_port(*p, &["SENTINEL", "REPLICAS", SENTINEL_SERVICE])
-                        .is_ok_and(|t| t.contains(&s.servers[1].port.to_string()))
-            }) && s.servers[1]
-                .cli(&["INFO", "replication"])
-                .is_ok_and(|t| t.contains("master_link_status:up"))
-        });
+        set.wait(
+            Duration::from_secs(30),
+            "the sentinels agree and the replicas are in sync",
+            |s| {
+                s.sentinel_ports.iter().all(|p| {
+                    cli_port(*p, &["SENTINEL", "CKQUORUM", SENTINEL_SERVICE])
+                        .is_ok_and(|t| t.starts_with("OK"))
+                        && cli_port(*p, &["SENTINEL", "REPLICAS", SENTINEL_SERVICE]).is_ok_and(
+                            |t| {
+                                s.servers[1..]
+                                    .iter()
+                                    .all(|r| t.contains(&r.port.to_string()))
+                            },
+                        )
+                }) && s.servers[1..].iter().all(|r| {
+                    r.cli(&["INFO", "replication"])
+                        .is_ok_and(|t| t.contains("master_link_status:up"))
+                })
+            },
+        );
         set
     }
 
     fn wait(&self, deadline: Duration, what: &str, cond: impl Fn(&Self) -> bool) {
         let end = Instant::now() + deadline;
         while !cond(self) {
-            assert!(Instant::now() < end, "timed out after {deadline:?} waiting until {what}");
+            assert!(
+                Instant::now() < end,
+                "timed out after {deadline:?} waiting until {what}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -564,7 +614,11 @@ impl SentinelSet {
     /// The port the first answering sentinel names as the primary.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinel_ports.iter().find_map(|p| {
-            let out = cli_port(*p, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE]).ok()?;
+            let out = cli_port(
+                *p,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_SERVICE],
+            )
+            .ok()?;
             out.lines().nth(1)?.trim().parse().ok()
         })
     }
@@ -661,7 +715,10 @@ impl RedisCluster {
                 )
             })
             .collect();
-        let addrs: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -685,13 +742,17 @@ impl RedisCluster {
         let end = Instant::now() + deadline;
         loop {
             let ok = self.nodes.iter().all(|n| {
-                n.cli(&["CLUSTER", "INFO"])
-                    .is_ok_and(|t| t.contains("cluster_state:ok") && t.contains("cluster_slots_ok:16384"))
+                n.cli(&["CLUSTER", "INFO"]).is_ok_and(|t| {
+                    t.contains("cluster_state:ok") && t.contains("cluster_slots_ok:16384")
+                })
             });
             if ok {
                 return;
             }
-            assert!(Instant::now() < end, "the cluster is not ok after {deadline:?}");
+            assert!(
+                Instant::now() < end,
+                "the cluster is not ok after {deadline:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -708,13 +769,22 @@ impl RedisCluster {
 
     /// A cluster connection for assertions.
     pub async fn conn(&self) -> TestConn {
-        let seeds: Vec<String> = self.nodes.iter().map(|s| format!("redis://127.0.0.1:{}", s.port)).collect();
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect();
         let client = redis::cluster::ClusterClientBuilder::new(seeds)
             .connection_timeout(Duration::from_secs(5))
             .response_timeout(Duration::from_secs(30))
             .build()
             .expect("cluster client");
-        TestConn::Cluster(client.get_async_connection().await.expect("connect to the test cluster"))
+        TestConn::Cluster(
+            client
+                .get_async_connection()
+                .await
+                .expect("connect to the test cluster"),
+        )
     }
 
     /// The node id of node `i` (`CLUSTER MYID`).
@@ -735,7 +805,9 @@ impl RedisCluster {
             .parse::<u16>()
             .expect("a slot number");
         // `CLUSTER NODES` lines: id addr@cport flags master - ping pong epoch state slots…
-        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]).expect("CLUSTER NODES");
+        let nodes = self.nodes[0]
+            .cli(&["CLUSTER", "NODES"])
+            .expect("CLUSTER NODES");
         for line in nodes.lines() {
             let parts: Vec<&str> = line.split_whitespace().collect();
             if parts.len() < 9 {
@@ -770,7 +842,11 @@ impl RedisCluster {
     /// `redis-cli --cluster reshard` (MIGRATE, ASK redirections while it runs).
     pub fn reshard(&self, from: usize, to: usize, slots: usize) {
         let out = Command::new("redis-cli")
-            .args(["--cluster", "reshard", &format!("127.0.0.1:{}", self.nodes[0].port)])
+            .args([
+                "--cluster",
+                "reshard",
+                &format!("127.0.0.1:{}", self.nodes[0].port),
+            ])
             .args(["--cluster-from", &self.node_id(from)])
             .args(["--cluster-to", &self.node_id(to)])
             .args(["--cluster-slots", &slots.to_string()])
