@@ -1072,3 +1072,71 @@ fn commands_in_the_operations_guide_are_real() {
         assert_runs_with_help(&args, "docs/operations.md");
     }
 }
+
+/// The Sentinel variant (`compose.sentinel.yaml` over `compose.yaml`): two replicas
+/// follow `redis`, three sentinels monitor it under the name the Shepherd URL asks
+/// for, every sentinel named in the URL is a service, and the URL is one Shepherd
+/// parses as a Sentinel target; the WAIT setting asks no more replicas than exist.
+#[test]
+fn compose_sentinel_variant_matches_its_sentinels_and_replicas() {
+    use shepherd::config::{RedisTarget, Topology};
+    let base = &yaml_documents(&root().join("docker/compose.yaml"))[0];
+    let variant = &yaml_documents(&root().join("docker/compose.sentinel.yaml"))[0];
+    let services = variant["services"].as_mapping().expect("services");
+    let conf = read("docker/sentinel.conf");
+    let monitor: Vec<&str> = conf
+        .lines()
+        .find(|l| l.starts_with("sentinel monitor "))
+        .expect("sentinel.conf monitors a primary")
+        .split_whitespace()
+        .collect();
+    let (name, host, port) = (monitor[2], monitor[3], monitor[4]);
+    assert!(
+        base["services"].get(host).is_some(),
+        "the monitored primary {host} is a service of compose.yaml"
+    );
+    let mut replicas = 0;
+    let mut sentinels = BTreeSet::new();
+    for (service, spec) in services {
+        let service = service.as_str().expect("service name");
+        let command = string_list(&spec["command"]).unwrap_or_default();
+        let text = format!("{:?}", spec);
+        if service.starts_with("redis-replica") {
+            let at = command
+                .iter()
+                .position(|a| a == "--replicaof")
+                .expect("a replica has --replicaof");
+            assert_eq!((&*command[at + 1], &*command[at + 2]), (host, port));
+            replicas += 1;
+        } else if service.starts_with("sentinel-") {
+            assert!(text.contains("--sentinel"), "{service} runs a sentinel");
+            assert!(text.contains("./sentinel.conf:"), "{service} mounts sentinel.conf");
+            sentinels.insert(service.to_owned());
+        }
+    }
+    assert_eq!((replicas, sentinels.len()), (2, 3));
+    for role in ["serve", "work"] {
+        let url = services[role]["environment"]["SHEPHERD_REDIS_URL"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{role} gets a Sentinel URL"));
+        let target = RedisTarget::parse(url).expect("a URL Shepherd accepts");
+        let Topology::Sentinel {
+            sentinels: named,
+            service,
+        } = &target.topology
+        else {
+            panic!("{role}: {url} is not a Sentinel URL");
+        };
+        assert_eq!(service, name, "{role} asks for the monitored name");
+        for (h, p) in named {
+            assert!(sentinels.contains(h), "{role} names {h}, not a sentinel service");
+            assert_eq!(*p, 26379);
+        }
+    }
+    let wait: u32 = services["serve"]["environment"]["SHEPHERD_REDIS_WAIT_REPLICAS"]
+        .as_str()
+        .expect("serve waits for replicas")
+        .parse()
+        .expect("a number");
+    assert!(wait >= 1 && wait <= replicas, "WAIT {wait} of {replicas} replicas");
+}
