@@ -165,8 +165,13 @@ fn secrets(config: &Config, agents: &AgentsConfig) -> Vec<String> {
         .chain(&agents.forgejo_token)
         .map(|s| s.expose_secret().to_owned())
         .collect();
-    if let Some(password) = redis_password(&config.redis_url) {
-        out.push(password);
+    // The password as the URL spells it and as it is sent (percent-decoded), for every
+    // URL form (`redis+sentinel://`, `rediss+cluster://`…).
+    out.extend(redis_password(&config.redis_url));
+    if let Some(decoded) = config.redis.password()
+        && !out.iter().any(|s| s == decoded)
+    {
+        out.push(decoded.to_owned());
     }
     out
 }

@@ -1110,7 +1110,10 @@ fn compose_sentinel_variant_matches_its_sentinels_and_replicas() {
             replicas += 1;
         } else if service.starts_with("sentinel-") {
             assert!(text.contains("--sentinel"), "{service} runs a sentinel");
-            assert!(text.contains("./sentinel.conf:"), "{service} mounts sentinel.conf");
+            assert!(
+                text.contains("./sentinel.conf:"),
+                "{service} mounts sentinel.conf"
+            );
             sentinels.insert(service.to_owned());
         }
     }
@@ -1129,7 +1132,10 @@ fn compose_sentinel_variant_matches_its_sentinels_and_replicas() {
         };
         assert_eq!(service, name, "{role} asks for the monitored name");
         for (h, p) in named {
-            assert!(sentinels.contains(h), "{role} names {h}, not a sentinel service");
+            assert!(
+                sentinels.contains(h),
+                "{role} names {h}, not a sentinel service"
+            );
             assert_eq!(*p, 26379);
         }
     }
@@ -1138,5 +1144,8 @@ fn compose_sentinel_variant_matches_its_sentinels_and_replicas() {
         .expect("serve waits for replicas")
         .parse()
         .expect("a number");
-    assert!(wait >= 1 && wait <= replicas, "WAIT {wait} of {replicas} replicas");
+    assert!(
+        wait >= 1 && wait <= replicas,
+        "WAIT {wait} of {replicas} replicas"
+    );
 }
