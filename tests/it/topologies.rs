@@ -403,3 +403,79 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
         started.elapsed()
     );
 }
+
+/// A cluster node failover under load: three primaries with one replica each (AOF
+/// `always`), `SHEPHERD_REDIS_WAIT_REPLICAS=1` (`WAIT` routed to each delivery's
+/// slot primary), deliveries over six repositories at 100 per second; after 300
+/// answers the primary that owns shard 0 is SIGKILLed and its replica takes over.
+/// Every 202 is in a stream and committed exactly once, the rest were 503, and no
+/// process was restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
+    const PRS: u64 = 120;
+    let started = Instant::now();
+    let mut cluster = RedisCluster::start_replicated(3, 1);
+    let fake = FakeForgejo::start().await;
+    let policy = fast_poll_policy();
+    let policy_path = policy.path().display().to_string();
+    let mut serve = Shepherd::builder(&cluster)
+        .env("SHEPHERD_SHARDS", "6")
+        .env("SHEPHERD_REDIS_WAIT_REPLICAS", "1")
+        .start()
+        .await;
+    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let mut workers = [
+        start_worker(&cluster, &prefix, &fake, &policy_path).await,
+        start_worker(&cluster, &prefix, &fake, &policy_path).await,
+    ];
+    let plan = prepare_spread(&fake, 6, PRS, 10);
+    let done = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let posting = post_paced(serve.webhook_url(), plan, 100, done.clone(), t0);
+    poll_until_named(Duration::from_secs(60), "300 answers", || async {
+        done.load(Ordering::Relaxed) >= 300
+    })
+    .await;
+    let victim = cluster.owner_port(&keys.events(0));
+    let killed_at = t0.elapsed();
+    cluster.kill_node(victim);
+    tokio::task::block_in_place(|| {
+        let end = Instant::now() + Duration::from_secs(30);
+        while cluster
+            .try_owner_port(&keys.events(0))
+            .is_none_or(|p| p == victim)
+        {
+            assert!(Instant::now() < end, "no replica took over shard 0's slot");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster.wait_ok(Duration::from_secs(30));
+    });
+    let promoted_at = t0.elapsed();
+    let answers = posting.await.expect("posting task");
+    let mut conn = cluster.conn().await;
+    let figures = account(&answers, &mut conn, &keys).await;
+    assert!(
+        figures.lost.is_empty(),
+        "accepted but lost: {:?}",
+        figures.lost
+    );
+    assert!(
+        answers.iter().any(|a| a.2 == 202 && a.3 > promoted_at),
+        "deliveries are accepted again after the failover"
+    );
+    wait_committed(&conn, &keys, &figures.accepted, Duration::from_secs(60)).await;
+    assert_exactly_once(&mut conn, &keys, &figures.accepted, figures.total_accepted).await;
+    assert!(serve.is_running(), "serve followed the failover");
+    for w in &mut workers {
+        assert!(w.is_running(), "every worker followed the failover");
+    }
+    eprintln!(
+        "cluster failover drill (WAIT 1): {} deliveries, {} accepted, {} refused (503), 0 \
+         lost; primary :{victim} killed at {killed_at:?}, its replica serving at \
+         {promoted_at:?}; all committed exactly once after {:?}",
+        answers.len(),
+        figures.total_accepted,
+        figures.refused,
+        started.elapsed()
+    );
+}

@@ -699,10 +699,17 @@ impl RedisCluster {
     /// Starts `n` nodes, creates the cluster (the 16,384 slots spread evenly) and waits
     /// until every node reports `cluster_state:ok`.
     pub fn start(n: usize) -> Self {
-        let nodes: Vec<RedisServer> = (0..n)
+        Self::start_replicated(n, 0)
+    }
+
+    /// Starts `primaries × (1 + replicas)` nodes (AOF `appendfsync always`) and creates
+    /// a cluster with `replicas` replicas per primary.
+    pub fn start_replicated(primaries: usize, replicas: usize) -> Self {
+        let aof = if replicas > 0 { Aof::Always } else { Aof::Off };
+        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
             .map(|_| {
                 RedisServer::start_custom(
-                    Aof::Off,
+                    aof,
                     None,
                     vec![
                         "--cluster-enabled".into(),
@@ -723,7 +730,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli --cluster create");
         assert!(
@@ -737,11 +744,11 @@ impl RedisCluster {
         cluster
     }
 
-    /// Waits until every node says `cluster_state:ok` and agrees on the slots.
+    /// Waits until every running node says `cluster_state:ok` and agrees on the slots.
     pub fn wait_ok(&self, deadline: Duration) {
         let end = Instant::now() + deadline;
         loop {
-            let ok = self.nodes.iter().all(|n| {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
                 n.cli(&["CLUSTER", "INFO"]).is_ok_and(|t| {
                     t.contains("cluster_state:ok") && t.contains("cluster_slots_ok:16384")
                 })
@@ -798,7 +805,17 @@ impl RedisCluster {
 
     /// The port of the node that owns `key`'s slot.
     pub fn owner_port(&self, key: &str) -> u16 {
-        let slot = self.nodes[0]
+        self.try_owner_port(key)
+            .unwrap_or_else(|| panic!("no live node owns the slot of {key}"))
+    }
+
+    /// The port of the live node that owns `key`'s slot, if one does.
+    pub fn try_owner_port(&self, key: &str) -> Option<u16> {
+        let slot = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a running node")
             .cli(&["CLUSTER", "KEYSLOT", key])
             .expect("CLUSTER KEYSLOT")
             .trim()
@@ -819,6 +836,9 @@ impl RedisCluster {
                 .and_then(|a| a.rsplit(':').next())
                 .and_then(|p| p.parse().ok())
                 .expect("a node address");
+            if parts[2].contains("fail") {
+                continue;
+            }
             for range in &parts[8..] {
                 if range.starts_with('[') {
                     continue;
@@ -831,11 +851,20 @@ impl RedisCluster {
                     }
                 };
                 if (lo..=hi).contains(&slot) {
-                    return port;
+                    return Some(port);
                 }
             }
         }
-        panic!("no node owns slot {slot}");
+        None
+    }
+
+    /// SIGKILLs the node listening on `port`.
+    pub fn kill_node(&mut self, port: u16) {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of the cluster")
+            .stop();
     }
 
     /// Moves `slots` slots (with their keys) from node `from` to node `to` with
