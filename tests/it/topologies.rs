@@ -17,7 +17,7 @@ use crate::scenarios::merge::bot_pr_from_red_ci_to_merged;
 use crate::support::fake_forgejo::FakeForgejo;
 use crate::support::poll_until_named;
 use crate::support::redis::{
-    RedisCluster, RedisServer, SentinelSet, TestCa, TestConn, stream_entries,
+    Backend, RedisCluster, RedisServer, SentinelSet, TestCa, TestConn, stream_entries,
 };
 use crate::support::scenario::Scenario;
 use crate::support::shepherd::Shepherd;
@@ -26,6 +26,59 @@ use crate::worker::scale::{
     CONCURRENCY, Planned, Pr, assert_exactly_once, assert_no_duplicate_side_effects,
     fast_poll_policy, prepare, prepare_spread, start_worker, wait_committed, wait_settled,
 };
+
+/// `shepherd inspect REPO#n --json`, an operator command of its own, reads PR `n` as
+/// merged through the scenario's Redis.
+fn assert_inspect_says_merged(s: &Scenario, n: u64) {
+    let out = s.cli(&["inspect", &format!("{REPO}#{n}"), "--json"]);
+    assert!(
+        out.status.success(),
+        "inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    assert_eq!(report["summary"]["phase"], "merged", "{report}");
+}
+
+/// `shepherd serve` (with `env`) and two `shepherd work` processes against `redis`,
+/// on one fake Forgejo with the fast CI-poll policy.
+struct Fleet {
+    fake: FakeForgejo,
+    serve: Shepherd,
+    workers: [Shepherd; 2],
+    keys: Keys,
+    _policy: tempfile::NamedTempFile,
+}
+
+impl Fleet {
+    async fn start(redis: &(impl Backend + ?Sized), env: &[(&str, &str)]) -> Self {
+        let fake = FakeForgejo::start().await;
+        let policy = fast_poll_policy();
+        let policy_path = policy.path().display().to_string();
+        let serve = env
+            .iter()
+            .fold(Shepherd::builder(redis), |b, (k, v)| b.env(k, *v))
+            .start()
+            .await;
+        let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+        let workers = [
+            start_worker(redis, &prefix, &fake, &policy_path).await,
+            start_worker(redis, &prefix, &fake, &policy_path).await,
+        ];
+        Self {
+            fake,
+            serve,
+            workers,
+            keys,
+            _policy: policy,
+        }
+    }
+
+    /// Whether serve and every worker are the processes started (none exited).
+    fn all_running(&mut self) -> bool {
+        self.serve.is_running() && self.workers.iter_mut().all(Shepherd::is_running)
+    }
+}
 
 /// Over `rediss://` with the test's CA: the webhook path, `shepherd serve` and
 /// `shepherd work` take a bot PR from red CI to merged, and an operator command reads
@@ -40,14 +93,7 @@ async fn tls_serves_works_and_operates_over_rediss_and_refuses_a_wrong_ca() {
     let s = Scenario::start_on(Box::new(redis), conn, "merge_style = \"rebase\"\n", &[]).await;
     let n = bot_pr_from_red_ci_to_merged(&s).await;
 
-    let out = s.cli(&["inspect", &format!("{REPO}#{n}"), "--json"]);
-    assert!(
-        out.status.success(),
-        "inspect over TLS: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
-    assert_eq!(report["summary"]["phase"], "merged", "{report}");
+    assert_inspect_says_merged(&s, n);
 
     let other = TestCa::generate();
     let refused = s.cli_with(
@@ -78,14 +124,7 @@ async fn cluster_runs_the_end_to_end_scenario() {
     )
     .await;
     let n = bot_pr_from_red_ci_to_merged(&s).await;
-    let out = s.cli(&["inspect", &format!("{REPO}#{n}"), "--json"]);
-    assert!(
-        out.status.success(),
-        "inspect on the cluster: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
-    assert_eq!(report["summary"]["phase"], "merged", "{report}");
+    assert_inspect_says_merged(&s, n);
     eprintln!("cluster scenario: merged after {:?}", started.elapsed());
 }
 
@@ -214,22 +253,13 @@ async fn sentinel_failover_drill(wait_replicas: u32) -> (LoadFigures, Duration) 
     const PRS: u64 = 100;
     let started = Instant::now();
     let mut set = SentinelSet::start();
-    let fake = FakeForgejo::start().await;
-    let policy = fast_poll_policy();
-    let policy_path = policy.path().display().to_string();
-    let mut serve = Shepherd::builder(&set)
-        .env("SHEPHERD_REDIS_WAIT_REPLICAS", wait_replicas.to_string())
-        .start()
-        .await;
-    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
-    let mut workers = [
-        start_worker(&set, &prefix, &fake, &policy_path).await,
-        start_worker(&set, &prefix, &fake, &policy_path).await,
-    ];
-    let plan = prepare(&fake, PRS, 10);
+    let wait = wait_replicas.to_string();
+    let mut fleet = Fleet::start(&set, &[("SHEPHERD_REDIS_WAIT_REPLICAS", &wait)]).await;
+    let keys = fleet.keys.clone();
+    let plan = prepare(&fleet.fake, PRS, 10);
     let done = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let posting = post_paced(serve.webhook_url(), plan, 100, done.clone(), t0);
+    let posting = post_paced(fleet.serve.webhook_url(), plan, 100, done.clone(), t0);
     poll_until_named(Duration::from_secs(60), "300 answers", || async {
         done.load(Ordering::Relaxed) >= 300
     })
@@ -276,10 +306,10 @@ async fn sentinel_failover_drill(wait_replicas: u32) -> (LoadFigures, Duration) 
     let kept_total = kept.values().map(HashSet::len).sum();
     wait_committed(&conn, &keys, &kept, Duration::from_secs(60)).await;
     assert_exactly_once(&mut conn, &keys, &kept, kept_total).await;
-    assert!(serve.is_running(), "serve followed the new primary");
-    for w in &mut workers {
-        assert!(w.is_running(), "every worker followed the new primary");
-    }
+    assert!(
+        fleet.all_running(),
+        "every process followed the new primary"
+    );
     let lost_at: Vec<u128> = answers
         .iter()
         .filter(|a| figures.lost.contains(&a.1))
@@ -344,14 +374,8 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
     const PRS: u64 = 120;
     let started = Instant::now();
     let cluster = RedisCluster::start(3);
-    let fake = FakeForgejo::start().await;
-    let policy = fast_poll_policy();
-    let policy_path = policy.path().display().to_string();
-    let serve = Shepherd::builder(&cluster)
-        .env("SHEPHERD_SHARDS", "6")
-        .start()
-        .await;
-    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let fleet = Fleet::start(&cluster, &[("SHEPHERD_SHARDS", "6")]).await;
+    let keys = fleet.keys.clone();
     let owners: HashSet<u16> = (0..keys.shards())
         .map(|s| cluster.owner_port(&keys.events(s)))
         .collect();
@@ -359,15 +383,11 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
         owners.len() >= 2,
         "six shards land on different nodes: {owners:?}"
     );
-    let _workers = [
-        start_worker(&cluster, &prefix, &fake, &policy_path).await,
-        start_worker(&cluster, &prefix, &fake, &policy_path).await,
-    ];
-    let plan = prepare_spread(&fake, 6, PRS, 10);
+    let plan = prepare_spread(&fleet.fake, 6, PRS, 10);
     let total = plan.len();
     let done = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let posting = post_paced(serve.webhook_url(), plan, 150, done.clone(), t0);
+    let posting = post_paced(fleet.serve.webhook_url(), plan, 150, done.clone(), t0);
     poll_until_named(Duration::from_secs(60), "200 answers", || async {
         done.load(Ordering::Relaxed) >= 200
     })
@@ -392,7 +412,7 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
     assert_exactly_once(&mut conn, &keys, &figures.accepted, figures.total_accepted).await;
     let prs: Vec<Pr> = figures.accepted.keys().copied().collect();
     wait_settled(&mut conn, &keys, prs.len() as u64).await;
-    assert_no_duplicate_side_effects(&mut conn, &keys, &fake, &prs).await;
+    assert_no_duplicate_side_effects(&mut conn, &keys, &fleet.fake, &prs).await;
     eprintln!(
         "cluster resharding drill: {total} deliveries over {PRS} PRs in 6 repositories, \
          {} accepted, {} refused (503), 0 lost; {moving} of 6 shards moved with 5,461 slots \
@@ -415,23 +435,16 @@ async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
     const PRS: u64 = 120;
     let started = Instant::now();
     let mut cluster = RedisCluster::start_replicated(3, 1);
-    let fake = FakeForgejo::start().await;
-    let policy = fast_poll_policy();
-    let policy_path = policy.path().display().to_string();
-    let mut serve = Shepherd::builder(&cluster)
-        .env("SHEPHERD_SHARDS", "6")
-        .env("SHEPHERD_REDIS_WAIT_REPLICAS", "1")
-        .start()
-        .await;
-    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
-    let mut workers = [
-        start_worker(&cluster, &prefix, &fake, &policy_path).await,
-        start_worker(&cluster, &prefix, &fake, &policy_path).await,
+    let env = [
+        ("SHEPHERD_SHARDS", "6"),
+        ("SHEPHERD_REDIS_WAIT_REPLICAS", "1"),
     ];
-    let plan = prepare_spread(&fake, 6, PRS, 10);
+    let mut fleet = Fleet::start(&cluster, &env).await;
+    let keys = fleet.keys.clone();
+    let plan = prepare_spread(&fleet.fake, 6, PRS, 10);
     let done = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let posting = post_paced(serve.webhook_url(), plan, 100, done.clone(), t0);
+    let posting = post_paced(fleet.serve.webhook_url(), plan, 100, done.clone(), t0);
     poll_until_named(Duration::from_secs(60), "300 answers", || async {
         done.load(Ordering::Relaxed) >= 300
     })
@@ -465,10 +478,7 @@ async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
     );
     wait_committed(&conn, &keys, &figures.accepted, Duration::from_secs(60)).await;
     assert_exactly_once(&mut conn, &keys, &figures.accepted, figures.total_accepted).await;
-    assert!(serve.is_running(), "serve followed the failover");
-    for w in &mut workers {
-        assert!(w.is_running(), "every worker followed the failover");
-    }
+    assert!(fleet.all_running(), "every process followed the failover");
     eprintln!(
         "cluster failover drill (WAIT 1): {} deliveries, {} accepted, {} refused (503), 0 \
          lost; primary :{victim} killed at {killed_at:?}, its replica serving at \
