@@ -74,6 +74,29 @@ impl Fleet {
         }
     }
 
+    /// Starts posting `plan` at `rate` per second to serve and returns once `first`
+    /// deliveries are answered: the posting task, the clock its answer times are
+    /// measured from, and the running count of answers.
+    async fn load_until(
+        &self,
+        plan: Vec<Planned>,
+        rate: u32,
+        first: usize,
+    ) -> (
+        tokio::task::JoinHandle<Vec<Answered>>,
+        Instant,
+        Arc<AtomicUsize>,
+    ) {
+        let done = Arc::new(AtomicUsize::new(0));
+        let t0 = Instant::now();
+        let posting = post_paced(self.serve.webhook_url(), plan, rate, done.clone(), t0);
+        poll_until_named(Duration::from_secs(60), "the first answers", || async {
+            done.load(Ordering::Relaxed) >= first
+        })
+        .await;
+        (posting, t0, done)
+    }
+
     /// Whether serve and every worker are the processes started (none exited).
     fn all_running(&mut self) -> bool {
         self.serve.is_running() && self.workers.iter_mut().all(Shepherd::is_running)
@@ -257,13 +280,7 @@ async fn sentinel_failover_drill(wait_replicas: u32) -> (LoadFigures, Duration) 
     let mut fleet = Fleet::start(&set, &[("SHEPHERD_REDIS_WAIT_REPLICAS", &wait)]).await;
     let keys = fleet.keys.clone();
     let plan = prepare(&fleet.fake, PRS, 10);
-    let done = Arc::new(AtomicUsize::new(0));
-    let t0 = Instant::now();
-    let posting = post_paced(fleet.serve.webhook_url(), plan, 100, done.clone(), t0);
-    poll_until_named(Duration::from_secs(60), "300 answers", || async {
-        done.load(Ordering::Relaxed) >= 300
-    })
-    .await;
+    let (posting, t0, _) = fleet.load_until(plan, 100, 300).await;
     let killed_at = t0.elapsed();
     let old = tokio::task::block_in_place(|| set.kill_primary());
     tokio::task::block_in_place(|| set.wait_failover(old, Duration::from_secs(30)));
@@ -385,13 +402,7 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
     );
     let plan = prepare_spread(&fleet.fake, 6, PRS, 10);
     let total = plan.len();
-    let done = Arc::new(AtomicUsize::new(0));
-    let t0 = Instant::now();
-    let posting = post_paced(fleet.serve.webhook_url(), plan, 150, done.clone(), t0);
-    poll_until_named(Duration::from_secs(60), "200 answers", || async {
-        done.load(Ordering::Relaxed) >= 200
-    })
-    .await;
+    let (posting, t0, done) = fleet.load_until(plan, 150, 200).await;
     let moving = (0..keys.shards())
         .filter(|s| cluster.owner_port(&keys.events(*s)) == cluster.nodes[0].port())
         .count();
@@ -442,13 +453,7 @@ async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
     let mut fleet = Fleet::start(&cluster, &env).await;
     let keys = fleet.keys.clone();
     let plan = prepare_spread(&fleet.fake, 6, PRS, 10);
-    let done = Arc::new(AtomicUsize::new(0));
-    let t0 = Instant::now();
-    let posting = post_paced(fleet.serve.webhook_url(), plan, 100, done.clone(), t0);
-    poll_until_named(Duration::from_secs(60), "300 answers", || async {
-        done.load(Ordering::Relaxed) >= 300
-    })
-    .await;
+    let (posting, t0, _) = fleet.load_until(plan, 100, 300).await;
     let victim = cluster.owner_port(&keys.events(0));
     let killed_at = t0.elapsed();
     cluster.kill_node(victim);

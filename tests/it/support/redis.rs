@@ -822,8 +822,11 @@ impl RedisCluster {
             .parse::<u16>()
             .expect("a slot number");
         // `CLUSTER NODES` lines: id addr@cport flags master - ping pong epoch state slots…
-        let nodes = self.nodes[0]
-            .cli(&["CLUSTER", "NODES"])
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .find_map(|n| n.cli(&["CLUSTER", "NODES"]).ok())
             .expect("CLUSTER NODES");
         for line in nodes.lines() {
             let parts: Vec<&str> = line.split_whitespace().collect();
