@@ -471,3 +471,133 @@ fn contexts(c: CombinedStatus) -> Vec<crate::core::event::CiContext> {
 fn reviews(rs: Vec<payload::PullReview>) -> Vec<crate::core::event::ReviewFact> {
     rs.iter().filter_map(normalize::review).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::observation::{CiContext, PrState};
+    use crate::core::record::{ReviewFacts, ShaCi};
+
+    const T: i64 = 1_700_000_000_000;
+
+    fn listed(head: &str, updated_ms: i64) -> PrSnapshot {
+        PrSnapshot {
+            repo: "o/r".parse().unwrap(),
+            number: 7,
+            state: PrState::Open,
+            draft: false,
+            title: "Add x".into(),
+            body: String::new(),
+            author: None,
+            head_sha: Some(head.parse().unwrap()),
+            head_ref: "feature-7".into(),
+            base_ref: "main".into(),
+            labels: BTreeSet::new(),
+            mergeable: Some(true),
+            updated_ms,
+        }
+    }
+
+    /// A record that saw `listed("aaaa", T)`, read its reviews at `T + 5 s` and holds CI
+    /// `state` on the head.
+    fn record(state: CiState) -> PrRecord {
+        let mut r = PrRecord::new("o/r".parse().unwrap(), 7);
+        r.pr = Some(listed("aaaa", T));
+        r.reviews = Some(ReviewFacts {
+            at_ms: T + 5_000,
+            latest: BTreeMap::new(),
+        });
+        let ctx = CiContext {
+            context: "ci/test".into(),
+            state,
+            description: String::new(),
+            target_url: String::new(),
+            updated_ms: T,
+        };
+        let ci = ShaCi {
+            contexts: [("ci/test".to_owned(), ctx)].into(),
+            observed_ms: T + 5_000,
+        };
+        r.ci.insert("aaaa".parse().unwrap(), ci);
+        r
+    }
+
+    #[test]
+    fn an_unchanged_settled_pr_is_skipped() {
+        let r = record(CiState::Success);
+        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Skip);
+        let failed = record(CiState::Failure);
+        assert_eq!(decide(Some(&failed), &listed("aaaa", T)), Decision::Skip);
+    }
+
+    #[test]
+    fn each_kind_of_change_is_read() {
+        let r = record(CiState::Success);
+        assert_eq!(decide(None, &listed("aaaa", T)), Decision::Unknown);
+        assert_eq!(
+            decide(
+                Some(&PrRecord::new("o/r".parse().unwrap(), 7)),
+                &listed("aaaa", T)
+            ),
+            Decision::Unknown
+        );
+        assert_eq!(decide(Some(&r), &listed("bbbb", T)), Decision::NewHead);
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T + 1_000)),
+            Decision::Updated
+        );
+        let mut labelled = listed("aaaa", T);
+        labelled.labels.insert("auto/claimed-implementer".into());
+        assert_eq!(decide(Some(&r), &labelled), Decision::Differs);
+        let mut conflicted = listed("aaaa", T);
+        conflicted.mergeable = Some(false);
+        assert_eq!(decide(Some(&r), &conflicted), Decision::Differs);
+        let mut wip = listed("aaaa", T);
+        wip.draft = true;
+        assert_eq!(decide(Some(&r), &wip), Decision::Differs);
+        let pending = record(CiState::Pending);
+        assert_eq!(
+            decide(Some(&pending), &listed("aaaa", T)),
+            Decision::CiUnsettled
+        );
+        let mut none = record(CiState::Success);
+        none.ci.clear();
+        assert_eq!(
+            decide(Some(&none), &listed("aaaa", T)),
+            Decision::CiUnsettled
+        );
+        let mut merging = record(CiState::Success);
+        merging.merge = MergeState::InFlight {
+            sha: "aaaa".parse().unwrap(),
+            since_ms: T,
+        };
+        assert_eq!(
+            decide(Some(&merging), &listed("aaaa", T)),
+            Decision::Merging
+        );
+    }
+
+    #[test]
+    fn a_read_within_the_second_of_updated_at_is_not_trusted() {
+        // `updated_at` has one-second resolution: a review submitted later in the
+        // same second as the last read leaves it unchanged.
+        let mut r = record(CiState::Success);
+        r.reviews.as_mut().unwrap().at_ms = T + 400;
+        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Updated);
+        r.reviews.as_mut().unwrap().at_ms = T + 1_000;
+        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Skip);
+        r.reviews = None;
+        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Updated);
+    }
+
+    #[test]
+    fn the_full_sweep_comes_once_per_interval() {
+        let day = Duration::from_secs(86_400);
+        let d = 86_400_000;
+        assert!(full_due(None, 5, day), "no pass before: full");
+        assert!(!full_due(Some(3 * d + 10), 3 * d + 600_000, day));
+        assert!(full_due(Some(3 * d - 10), 3 * d + 590_000, day));
+        assert!(full_due(Some(3 * d), 5 * d, day));
+        assert!(full_due(Some(3 * d + 10), 3 * d + 20, Duration::ZERO));
+    }
+}

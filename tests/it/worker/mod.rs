@@ -6,6 +6,7 @@
 mod bounds;
 mod consume;
 mod consumer_loop;
+mod economy;
 mod entry_layout;
 mod results;
 mod run;
