@@ -350,3 +350,55 @@ async fn economy_status_comment_id_is_cached_and_recovers_when_deleted() {
         patches.iter().map(|c| c.status).collect::<Vec<_>>()
     );
 }
+
+/// Once a Forgejo Actions event arrives for a head, its CI-poll backoff reads stop:
+/// the poll's timer fires without a read and is not scheduled again while CI is still
+/// pending, and the next Actions event triggers the read that settles it.
+#[tokio::test(flavor = "multi_thread")]
+async fn economy_actions_events_stop_the_ci_poll_of_their_head() {
+    let env = [("SHEPHERD_RESYNC_INTERVAL_SECS", "0")];
+    let s = Scenario::start_with_env("", &env).await;
+    let n = open_bot_pr(&s, "Actions CI", "pending").await;
+    let sha = s.fake.head_sha(REPO, n);
+    let status_path = format!("/repos/{REPO}/commits/{sha}/status");
+    s.wait_fake("a first backoff read", |f| {
+        !f.calls("GET", &status_path).is_empty()
+    })
+    .await;
+    s.send(&s.fake.action_run(REPO, &sha, "success", Some(n)))
+        .await;
+    poll_until_named(
+        DEADLINE,
+        "the poll of the head handed to events",
+        || async { record(&s, n).await["ci_poll"]["events"] == true },
+    )
+    .await;
+    let timers = s.shepherd.keys().timers(0);
+    let conn = s.redis_conn();
+    poll_until_named(DEADLINE, "no CI-poll timer left", || {
+        let (timers, mut conn) = (timers.clone(), conn.clone());
+        async move {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&timers)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            !members.iter().any(|m| m.contains("ci-poll"))
+        }
+    })
+    .await;
+    s.wait_idle().await;
+    let reads = s.fake.calls("GET", &status_path).len();
+    assert!(
+        record(&s, n).await["ci"].to_string().contains("pending"),
+        "CI still pending: no settle hid the stop"
+    );
+    // The run finishes: its event triggers the one read that settles CI.
+    s.fake.set_status(REPO, &sha, "ci/test", "success", "green");
+    s.send(&s.fake.action_run(REPO, &sha, "success", Some(n)))
+        .await;
+    s.wait_phase(REPO, n, "awaiting-review").await;
+    assert_eq!(s.fake.calls("GET", &status_path).len(), reads + 1);
+}
