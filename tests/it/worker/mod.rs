@@ -7,6 +7,7 @@ mod bounds;
 mod consume;
 mod consumer_loop;
 mod economy;
+mod economy_bench;
 mod entry_layout;
 mod results;
 mod run;
