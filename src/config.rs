@@ -176,6 +176,16 @@ pub struct Settings {
     )]
     pub resync_interval_secs: u64,
 
+    /// Seconds between full resync sweeps, which re-read every open PR's combined status
+    /// and reviews even when nothing the PR list shows has changed (0 = every pass).
+    #[arg(
+        long,
+        env = "SHEPHERD_RESYNC_FULL_INTERVAL_SECS",
+        default_value_t = 86400,
+        global = true
+    )]
+    pub resync_full_interval_secs: u64,
+
     /// Idle time after which a pending entry of a dead consumer is reclaimed, in seconds.
     #[arg(
         long,
@@ -493,6 +503,8 @@ pub struct Config {
     pub shards: u16,
     /// Periodic resync interval; `None` when off.
     pub resync_interval: Option<Duration>,
+    /// Interval of the full resync sweep (`Duration::ZERO`: every pass is full).
+    pub resync_full_interval: Duration,
     /// Reclaim idle time for pending entries of dead consumers.
     pub reclaim_idle: Duration,
     /// Deliveries before dead-lettering.
@@ -642,6 +654,7 @@ impl Settings {
             shards: self.shards,
             resync_interval: (self.resync_interval_secs > 0)
                 .then(|| Duration::from_secs(self.resync_interval_secs)),
+            resync_full_interval: Duration::from_secs(self.resync_full_interval_secs),
             reclaim_idle: Duration::from_secs(self.reclaim_idle_secs),
             max_deliveries: self.max_deliveries,
             forgejo_timeout: Duration::from_millis(self.forgejo_timeout_ms),

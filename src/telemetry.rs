@@ -59,6 +59,13 @@ pub struct Metrics {
     pub queue_gauges: IntGaugeVec,
     /// 1 while the circuit breaker for a Forgejo host is open.
     pub circuit_open: IntGaugeVec,
+    /// Forgejo API requests sent, by endpoint template and cause (`forgejo::Cause`).
+    pub forgejo_calls: IntCounterVec,
+    /// PRs the resync looked at, by what it did (`read` with the reason, or `skipped`).
+    pub resync_prs: IntCounterVec,
+    /// Combined-status reads of one head by the CI poll's backoff, observed when the
+    /// poll of that head ends (settled, a new head, or an Actions event took over).
+    pub ci_poll_reads: prometheus::Histogram,
     /// The agent runner's families (`shepherd agents`).
     pub agents: AgentMetrics,
 }
@@ -210,6 +217,30 @@ impl Metrics {
             &["host"],
         )
         .expect("valid metric");
+        let forgejo_calls = IntCounterVec::new(
+            Opts::new(
+                "forgejo_api_calls_total",
+                "Forgejo API requests by endpoint and cause",
+            ),
+            &["endpoint", "cause"],
+        )
+        .expect("valid metric");
+        let resync_prs = IntCounterVec::new(
+            Opts::new(
+                "resync_prs_total",
+                "Open PRs the resync looked at, by decision (read reason or skipped)",
+            ),
+            &["decision"],
+        )
+        .expect("valid metric");
+        let ci_poll_reads = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "ci_poll_reads_per_head",
+                "Backoff reads of one head's combined status before its poll ended",
+            )
+            .buckets(vec![0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0]),
+        )
+        .expect("valid metric");
         let agents = AgentMetrics::new();
         for c in [
             Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
@@ -222,6 +253,9 @@ impl Metrics {
             Box::new(lag.clone()),
             Box::new(queue_gauges.clone()),
             Box::new(circuit_open.clone()),
+            Box::new(forgejo_calls.clone()),
+            Box::new(resync_prs.clone()),
+            Box::new(ci_poll_reads.clone()),
         ]
         .into_iter()
         .chain(agents.collectors())
@@ -242,6 +276,9 @@ impl Metrics {
             lag,
             queue_gauges,
             circuit_open,
+            forgejo_calls,
+            resync_prs,
+            ci_poll_reads,
             agents,
         }
     }

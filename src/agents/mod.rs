@@ -83,7 +83,8 @@ pub async fn run(
         )
     })?;
     let forgejo = ForgejoClient::from_config(&config, Some(metrics.clone()))
-        .context("shepherd agents reads each work item's context from Forgejo")?;
+        .context("shepherd agents reads each work item's context from Forgejo")?
+        .with_cause(crate::forgejo::Cause::Agent);
     let policy = Arc::new(crate::config::load_policy(&config)?);
     let templates = prompt::Templates::load(&policy)?;
     warn_short_claims(&policy, &agents);

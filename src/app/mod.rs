@@ -189,6 +189,7 @@ pub async fn worker_tasks(
             keys: ctx.store.keys().clone(),
         },
         ctx.consumer.clone(),
+        Some(ctx.metrics.clone()),
         shutdown.clone(),
     ));
     tasks.spawn(consumer::gauge_loop(ctx.clone(), shutdown.clone()));

@@ -308,6 +308,11 @@ pub struct CiPoll {
     pub n: u32,
     /// When the next poll is due (unix ms).
     pub due_ms: i64,
+    /// A Forgejo Actions event named this head: from then on its finished runs say
+    /// when to read, so the backoff reads stop (issue 17). Pending contexts of an
+    /// external CI on the same head are still read by the resync (CI not settled).
+    #[serde(default)]
+    pub events: bool,
 }
 
 /// A commenter's observed permission.

@@ -15,6 +15,7 @@ use tracing::instrument;
 
 use super::ForgejoError;
 use super::breaker::{BreakerConfig, CircuitBreaker};
+use super::calls::Cause;
 use super::error::parse_retry_after;
 use super::labels::LabelCache;
 use crate::config::Config;
@@ -37,7 +38,7 @@ pub struct ClientOptions {
     pub timeout: Option<Duration>,
     /// Circuit-breaker tuning.
     pub breaker: BreakerConfig,
-    /// Metrics handle for the `circuit_open{host}` gauge.
+    /// Metrics handle for the `circuit_open{host}` gauge and the API call counter.
     pub metrics: Option<Metrics>,
 }
 
@@ -47,6 +48,8 @@ pub struct ClientOptions {
 pub struct ForgejoClient {
     /// Shared state.
     pub(super) inner: Arc<Inner>,
+    /// What this clone's calls are for (`shepherd_forgejo_api_calls_total{cause}`).
+    cause: Cause,
 }
 
 /// State shared by the clones of a client.
@@ -61,6 +64,8 @@ pub(super) struct Inner {
     pub(super) breaker: CircuitBreaker,
     /// Label caches by repository (`owner/name`).
     pub(super) labels: Mutex<HashMap<String, Arc<LabelCache>>>,
+    /// `shepherd_forgejo_api_calls_total{endpoint, cause}`, when metrics are on.
+    calls: Option<prometheus::IntCounterVec>,
 }
 
 /// A successful answer: status, `X-Total-Count`, and the body.
@@ -114,7 +119,9 @@ impl ForgejoClient {
                 token,
                 breaker: CircuitBreaker::new(host, options.breaker, gauge),
                 labels: Mutex::new(HashMap::new()),
+                calls: options.metrics.as_ref().map(|m| m.forgejo_calls.clone()),
             }),
+            cause: Cause::Other,
         })
     }
 
@@ -139,6 +146,29 @@ impl ForgejoClient {
             .unwrap_or(&self.inner.api)
     }
 
+    /// A clone whose calls are counted under `cause` (same pool, breaker and caches).
+    pub fn with_cause(&self, cause: Cause) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            cause,
+        }
+    }
+
+    /// What this clone's calls are counted under.
+    pub fn cause(&self) -> Cause {
+        self.cause
+    }
+
+    /// Counts one request that is about to be sent.
+    fn count(&self, method: &Method, path: &str) {
+        if let Some(calls) = &self.inner.calls {
+            let endpoint = super::calls::endpoint(method.as_str(), path);
+            calls
+                .with_label_values(&[endpoint.as_str(), self.cause.as_str()])
+                .inc();
+        }
+    }
+
     /// The circuit breaker of this client's host.
     pub fn breaker(&self) -> &CircuitBreaker {
         &self.inner.breaker
@@ -155,6 +185,7 @@ impl ForgejoClient {
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, ForgejoError> {
         self.inner.breaker.acquire()?;
+        self.count(&method, path);
         let result = self.send_once(&method, path, query, body).await;
         self.inner.breaker.record(&result);
         if let Err(e) = &result {
@@ -233,6 +264,7 @@ impl ForgejoClient {
         cap: usize,
     ) -> Result<(String, bool), ForgejoError> {
         self.inner.breaker.acquire()?;
+        self.count(&Method::GET, path);
         let result = self.get_text_once(path, cap).await;
         self.inner.breaker.record(&result);
         if let Err(e) = &result {

@@ -8,6 +8,7 @@
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
+//! calls.rs      why a call was made (Cause) and its endpoint template, for the call metrics
 //! error.rs      ForgejoError: is_retryable(), retry_after()
 //! types.rs      the response fields Shepherd reads; the merge request body
 //! ```
@@ -17,6 +18,7 @@
 //! the key `status`, merge body keys `Do` / `head_commit_id`, never `force_merge`).
 
 mod breaker;
+mod calls;
 mod client;
 mod context;
 mod convert;
@@ -27,6 +29,7 @@ mod merge;
 mod types;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use calls::{Cause, endpoint};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};
 pub use context::{CappedDiff, FileList};
 pub use endpoints::{CommentWrite, combine_states};

@@ -2,6 +2,10 @@
 //! repositories now, by the worker's own mechanism (`crate::worker::resync`, which
 //! the periodic resync runs too).
 //!
+//! An operator's resync is always a full pass (every open PR's status and reviews
+//! read): it is what one runs after an outage. The periodic resync reads only what may
+//! have changed between its full passes (`crate::worker::resync::decide`).
+//!
 //! What it does, per repository: every open PR (`state=open`, all pages) with its head's combined
 //! status and its reviews becomes one internal `ResyncObserved` event; every PR that
 //! Shepherd still holds open but the API no longer lists (closed or merged during an
@@ -17,7 +21,7 @@ use super::{Ops, OpsError, parse_repo};
 use crate::core::ids::RepoName;
 use crate::forgejo::ForgejoClient;
 pub use crate::worker::resync::{RepoResync, ResyncReport};
-use crate::worker::resync::{Resync, known_repos, resync_repos};
+use crate::worker::resync::{Resync, Sweep, known_repos, resync_repos};
 
 /// What to resync.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -44,7 +48,7 @@ pub async fn resync(ops: &Ops, req: &ResyncRequest) -> Result<ResyncReport, OpsE
             ));
         }
     };
-    Ok(resync_repos(&handle, &client, &repos).await?)
+    Ok(resync_repos(&handle, &client, &repos, Sweep::Full, None).await?)
 }
 
 /// The worker's resync mechanism on the tools' connection.

@@ -221,6 +221,17 @@ impl Keys {
         )
     }
 
+    /// Where a PR's sticky status comment is (its id, and the effect and body digest
+    /// of the last write), so the executor edits it without listing the PR's comments
+    /// first (issue 17). Carries the PR's shard tag, like its record.
+    pub fn status_comment(&self, repo: &str, number: u64) -> String {
+        format!(
+            "{}:status-comment:{}#{number}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase()
+        )
+    }
+
     /// Lock held by the worker doing the periodic resync.
     pub fn resync_lock(&self) -> String {
         format!("{}:lock:resync", self.prefix)

@@ -45,6 +45,7 @@ pub mod event_entry;
 pub mod lock;
 pub mod markers;
 pub mod repos;
+pub mod status_comment;
 pub mod streams;
 pub mod timers;
 pub mod work;

@@ -168,6 +168,7 @@ fn apply_pr(
     let now = streams::now_ms() as i64;
     let t = step(old, &job.event, now, policy);
     log_refusals(repo, n, &t.effects);
+    observe_ci_poll_end(ctx, old, &t.record);
     let links = route::linked_issues(old, &t.record);
     let changed = !t.is_noop();
     let phase = name_of(&decide(&t.record, policy, now).phase);
@@ -189,6 +190,23 @@ fn apply_pr(
     let owner = WorkOwner::encode(false, repo.as_str(), n);
     track_work(plan, old_work, &t.record.work, &t.effects, &owner);
     links
+}
+
+/// `shepherd_ci_poll_reads_per_head`: when the CI poll of a head ends in this step
+/// (its CI settled, a new head, the PR closed, or an Actions event took the reads
+/// over), how many backoff reads it made. A step recomputed after a version conflict
+/// can count one poll twice (rare; the figure is for operators, not for decisions).
+fn observe_ci_poll_end(ctx: &Context, old: &PrRecord, new: &PrRecord) {
+    let Some(poll) = old.ci_poll.as_ref().filter(|p| !p.events) else {
+        return;
+    };
+    let same = new
+        .ci_poll
+        .as_ref()
+        .is_some_and(|p| p.sha == poll.sha && !p.events);
+    if !same {
+        ctx.metrics.ci_poll_reads.observe(f64::from(poll.n));
+    }
 }
 
 /// Steps issue record `old` and adds it to the plan.

@@ -207,6 +207,10 @@ fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
             if !for_us || !open || head.as_ref() != Some(sha) {
                 return false;
             }
+            // The event triggers the read; the backoff reads of this head stop.
+            if let Some(poll) = r.ci_poll.as_mut().filter(|p| p.sha == *sha) {
+                poll.events = true;
+            }
             fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {
                 sha: sha.clone(),
             }));
@@ -510,6 +514,10 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
                 p.sha == *sha && p.due_ms == timer.due_ms && r.head_sha() == Some(sha)
             });
             if !current || !r.is_open() {
+                return false;
+            }
+            // Actions events arrive for this head: they trigger the reads now.
+            if r.ci_poll.as_ref().is_some_and(|p| p.events) {
                 return false;
             }
             fx.push(EffectKind::Observe(ObserveWhat::CombinedStatus {

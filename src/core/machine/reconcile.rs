@@ -136,6 +136,7 @@ fn ci_poll(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
                 sha: head.clone(),
                 n: 0,
                 due_ms,
+                events: false,
             });
             fx.push(EffectKind::Schedule(Timer {
                 due_ms,

@@ -2,8 +2,9 @@
 //!
 //! - labels by name (added through the label cache, which creates a missing label
 //!   once; removed by id) — adding or removing twice changes nothing;
-//! - the sticky status comment, found again by its `SHEPHERD-STATE` block and edited
-//!   in place (created when absent);
+//! - the sticky status comment, edited in place by the id cached once it was found
+//!   (`store::status_comment`), else found again by its `SHEPHERD-STATE` block (created
+//!   when absent, found again when the cached one was deleted);
 //! - a comment, found by the hidden marker of its effect id before it is posted;
 //! - observations, read from the API and returned as events for the machine;
 //! - dispatches, appended once per effect id (see [`crate::worker::dispatch`]);
@@ -14,8 +15,8 @@ use std::time::Duration;
 use crate::core::effect::{Effect, EffectKind, ObserveWhat};
 use crate::core::event::{Event, Permission};
 use crate::core::texts;
-use crate::forgejo::ForgejoError;
-use crate::store::lock;
+use crate::forgejo::{Cause, ForgejoError};
+use crate::store::{lock, status_comment};
 use crate::worker::dispatch::{CancelNotice, SinkError};
 
 use super::Executor;
@@ -79,20 +80,27 @@ impl From<SinkError> for Failure {
 impl Executor {
     /// Runs `effect`, queued at `queued_ms` (its stream entry's time); returns the
     /// events it produced for the machine.
-    pub(super) async fn act(&self, effect: &Effect, queued_ms: u64) -> Result<Vec<Event>, Failure> {
+    /// `reads` is what an `Observe` is counted under (`shepherd_forgejo_api_calls_total`).
+    pub(super) async fn act(
+        &self,
+        effect: &Effect,
+        queued_ms: u64,
+        reads: Cause,
+    ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let n = effect.number;
+        let writes = self.forgejo.with_cause(Cause::Effect);
         match &effect.kind {
             EffectKind::AddLabels { labels } => {
                 let names: Vec<&str> = labels.iter().map(String::as_str).collect();
                 if !names.is_empty() {
-                    self.forgejo.add_labels(repo, n, &names).await?;
+                    writes.add_labels(repo, n, &names).await?;
                 }
                 Ok(Vec::new())
             }
             EffectKind::RemoveLabels { labels } => {
                 for name in labels {
-                    self.forgejo.remove_label(repo, n, name).await?;
+                    writes.remove_label(repo, n, name).await?;
                 }
                 Ok(Vec::new())
             }
@@ -104,7 +112,7 @@ impl Executor {
                 self.comment_once(effect, *number, body).await?;
                 Ok(Vec::new())
             }
-            EffectKind::Observe(what) => self.observe(effect, what, queued_ms).await,
+            EffectKind::Observe(what) => self.observe(effect, what, queued_ms, reads).await,
             EffectKind::Dispatch(item) => {
                 let mut conn = self.ctx.store.conn();
                 self.sinks
@@ -168,39 +176,65 @@ impl Executor {
         if let Err(e) = lock::unlock(&mut conn, &key, &token).await {
             tracing::warn!(error = %e, "releasing the status lock failed; it expires");
         }
-        Ok(result?)
+        result
     }
 
     /// Edits the sticky status comment in place, or creates it when there is none.
     /// The comment carries the effect id that wrote it, so an older effect (a
     /// redelivery reclaimed after newer ones ran) never puts back a stale status.
-    async fn upsert_status(&self, effect: &Effect, body: &str) -> Result<(), ForgejoError> {
+    /// Where the comment is comes from the cache (`store::status_comment`) when it
+    /// can: one `PATCH`, or nothing when the body is already there; a cached comment
+    /// that was deleted (404) is found again or created.
+    async fn upsert_status(&self, effect: &Effect, body: &str) -> Result<(), Failure> {
         let (repo, n) = (effect.repo.as_str(), effect.number);
+        let forgejo = self.forgejo.with_cause(Cause::Effect);
+        let key = self.ctx.store.keys().status_comment(repo, n);
+        let mut conn = self.ctx.store.conn();
+        let stamped = stamp(body, &effect.id);
+        let written = |id: i64| status_comment::StatusComment {
+            id,
+            effect: effect.id.to_string(),
+            digest: digest(body),
+        };
+        if let Some(cached) = status_comment::get(&mut conn, &key).await? {
+            if effect_order(&cached.effect) > effect_order(effect.id.as_str()) {
+                tracing::info!("the status comment is newer than this effect; left alone");
+                return Ok(());
+            }
+            if cached.digest == digest(body) {
+                return Ok(());
+            }
+            match forgejo.edit_comment(repo, cached.id, &stamped).await {
+                Ok(_) => {
+                    return Ok(status_comment::set(&mut conn, &key, &written(cached.id)).await?);
+                }
+                Err(e) if e.status() == Some(404) => {
+                    tracing::info!(
+                        id = cached.id,
+                        "the cached status comment is gone; looking again"
+                    );
+                    status_comment::clear(&mut conn, &key).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let bot = self.ctx.config.bot_login.as_deref();
-        let existing = self
-            .forgejo
+        let existing = forgejo
             .find_comment_with_marker(repo, n, texts::STATE_MARKER, bot)
             .await?;
-        let stamped = stamp(body, &effect.id);
         let Some(existing) = existing else {
-            return self
-                .forgejo
-                .create_comment(repo, n, &stamped)
-                .await
-                .map(drop);
+            let created = forgejo.create_comment(repo, n, &stamped).await?;
+            return Ok(status_comment::set(&mut conn, &key, &written(created.id)).await?);
         };
         let written_by = texts::find_effect_marker(&existing.body).and_then(effect_order);
         if written_by.is_some_and(|w| Some(w) > effect_order(effect.id.as_str())) {
             tracing::info!("the status comment is newer than this effect; left alone");
             return Ok(());
         }
-        if existing.body == stamped || unstamp(&existing.body) == body {
-            return Ok(());
+        if existing.body != stamped && unstamp(&existing.body) != body {
+            forgejo.edit_comment(repo, existing.id, &stamped).await?;
         }
-        self.forgejo
-            .edit_comment(repo, existing.id, &stamped)
-            .await
-            .map(drop)
+        Ok(status_comment::set(&mut conn, &key, &written(existing.id)).await?)
     }
 
     /// Posts a comment unless one carrying this effect's marker exists already (a try
@@ -219,6 +253,7 @@ impl Executor {
         let bot = self.ctx.config.bot_login.as_deref();
         let (_, write) = self
             .forgejo
+            .with_cause(Cause::Effect)
             .comment_once(effect.repo.as_str(), number, &marker, &body, bot)
             .await?;
         tracing::debug!(number, ?write, "comment");
@@ -234,35 +269,31 @@ impl Executor {
         effect: &Effect,
         what: &ObserveWhat,
         queued_ms: u64,
+        cause: Cause,
     ) -> Result<Vec<Event>, Failure> {
+        let forgejo = self.forgejo.with_cause(cause);
         let repo = effect.repo.as_str();
         let n = effect.number;
         let at = || read_time(queued_ms);
         let event = match what {
             ObserveWhat::Pr => Event::ObservedPr {
-                pr: observe::pr_snapshot(&effect.repo, &self.forgejo.get_pull(repo, n).await?),
+                pr: observe::pr_snapshot(&effect.repo, &forgejo.get_pull(repo, n).await?),
             },
             ObserveWhat::Reviews => Event::ObservedReviews {
                 repo: effect.repo.clone(),
                 number: n,
-                reviews: observe::reviews(&self.forgejo.list_reviews(repo, n).await?),
+                reviews: observe::reviews(&forgejo.list_reviews(repo, n).await?),
                 at_ms: at(),
             },
             ObserveWhat::CombinedStatus { sha } => Event::ObservedStatus {
                 repo: effect.repo.clone(),
                 number: n,
                 sha: sha.clone(),
-                contexts: observe::contexts(
-                    &self.forgejo.combined_status(repo, sha.as_str()).await?,
-                ),
+                contexts: observe::contexts(&forgejo.combined_status(repo, sha.as_str()).await?),
                 at_ms: at(),
             },
             ObserveWhat::Permission { login } => {
-                let permission = match self
-                    .forgejo
-                    .collaborator_permission(repo, login.as_str())
-                    .await
-                {
+                let permission = match forgejo.collaborator_permission(repo, login.as_str()).await {
                     Ok(p) => observe::permission(&p.permission),
                     // Not a collaborator (or not even a user): no write access.
                     Err(e) if matches!(e.status(), Some(403 | 404)) => Permission::Read,
@@ -286,6 +317,13 @@ impl Executor {
 pub(super) fn read_time(queued_ms: u64) -> i64 {
     let now = crate::store::streams::now_ms().max(queued_ms + 1);
     i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+/// A digest of a status body (hex SHA-256), to tell whether the cached comment holds
+/// it already.
+fn digest(body: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(body.as_bytes()))
 }
 
 /// The status body with the hidden marker of the effect writing it, right after the

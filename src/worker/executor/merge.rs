@@ -24,7 +24,7 @@ use crate::core::ids::Sha;
 use crate::core::machine::{merge_blockers, step};
 use crate::core::policy::MergeStyle;
 use crate::core::record::PrRecord;
-use crate::forgejo::{self, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
+use crate::forgejo::{self, Cause, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
 use crate::store::{commit, lock, streams};
 
 use super::Executor;
@@ -58,7 +58,11 @@ impl Executor {
         ask: MergeAsk<'_>,
     ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
-        let pr = self.forgejo.get_pull(repo, effect.number).await?;
+        let pr = self
+            .forgejo
+            .with_cause(Cause::MergeCheck)
+            .get_pull(repo, effect.number)
+            .await?;
         if let Some(outcome) = settled(&pr, ask.head_sha) {
             return Ok(vec![outcome_event(effect, outcome)]);
         }
@@ -85,8 +89,16 @@ impl Executor {
     ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let head = ask.head_sha.as_str();
-        let status = self.forgejo.combined_status(repo, head).await?;
-        let reviews = self.forgejo.list_reviews(repo, effect.number).await?;
+        let status = self
+            .forgejo
+            .with_cause(Cause::MergeCheck)
+            .combined_status(repo, head)
+            .await?;
+        let reviews = self
+            .forgejo
+            .with_cause(Cause::MergeCheck)
+            .list_reviews(repo, effect.number)
+            .await?;
         let observed = Event::ResyncObserved {
             pr: observe::pr_snapshot(&effect.repo, pr),
             contexts: observe::contexts(&status),
@@ -109,7 +121,11 @@ impl Executor {
             title: ask.title.clone(),
             message: ask.message.clone(),
         };
-        let answer = self.forgejo.merge(repo, effect.number, &request).await?;
+        let answer = self
+            .forgejo
+            .with_cause(Cause::Effect)
+            .merge(repo, effect.number, &request)
+            .await?;
         tracing::info!(?answer, "merge answered");
         let outcome = match answer {
             forgejo::MergeOutcome::Merged => MergeOutcome::Merged,
@@ -157,6 +173,7 @@ impl Executor {
     ) -> Result<MergeOutcome, Failure> {
         let pr = self
             .forgejo
+            .with_cause(Cause::MergeCheck)
             .get_pull(effect.repo.as_str(), effect.number)
             .await?;
         Ok(settled(&pr, head).unwrap_or(otherwise))

@@ -42,7 +42,7 @@ use super::dispatch::Sinks;
 use crate::core::effect::{Effect, EffectKind};
 use crate::core::event::{EffectOutcome, Event, MergeOutcome};
 use crate::forgejo::BreakerState;
-use crate::forgejo::ForgejoClient;
+use crate::forgejo::{Cause, ForgejoClient};
 use crate::store::commit::effect_fields;
 use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::effects::{self, FIRST_TRY, InternalEvent};
@@ -293,7 +293,8 @@ impl Executor {
         let first_try = entry.text(FIRST_TRY).parse().unwrap_or(now);
         let tries = entry.text(effects::ATTEMPT).parse::<u32>().unwrap_or(0) + 1;
         let queued_ms = entry_ms(&entry.id).unwrap_or(now);
-        let (events, label) = match self.act(&effect, queued_ms).await {
+        let reads = self.read_cause(shard, entry, &effect).await;
+        let (events, label) = match self.act(&effect, queued_ms, reads).await {
             Ok(events) => (events, "done"),
             Err(Failure::Store(e)) => return Err(e),
             Err(Failure::Permanent(message)) => {
@@ -348,6 +349,26 @@ impl Executor {
             .with_label_values(&["executed"])
             .observe(lag as f64 / 1000.0);
         Ok(Step::Done(label))
+    }
+}
+
+impl Executor {
+    /// Why the reads of an `Observe` effect are made, from the entry that caused it:
+    /// a CI-poll timer, the resync, or (anything else) a webhook and what followed it.
+    /// Other effects are writes ([`Cause::Effect`]); no lookup for them.
+    async fn read_cause(&self, shard: u16, entry: &Entry, effect: &Effect) -> Cause {
+        if !matches!(effect.kind, crate::core::effect::EffectKind::Observe(_)) {
+            return Cause::Effect;
+        }
+        let cause = entry.text(effect_fields::CAUSE);
+        let stream = self.ctx.store.keys().events(shard);
+        let mut conn = self.ctx.store.conn();
+        let event = streams::entry_field(&mut conn, &stream, &cause, "event").await;
+        match event.ok().flatten().as_deref() {
+            Some("timer/ci-poll") => Cause::CiPoll,
+            Some("resync") => Cause::Resync,
+            _ => Cause::Webhook,
+        }
     }
 }
 

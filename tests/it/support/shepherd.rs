@@ -96,7 +96,10 @@ impl Builder {
             .clone()
             .unwrap_or_else(|| format!("it{}-{n}", std::process::id()));
         let port = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        // `BENCH_SHEPHERD_BIN` runs another build (a benchmark's "before" binary).
+        let bin = std::env::var("BENCH_SHEPHERD_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_shepherd").to_owned());
+        let mut cmd = Command::new(bin);
         // Settings from the developer's shell must not leak into a test.
         for (key, _) in std::env::vars() {
             if key.starts_with("SHEPHERD_") {

@@ -6,6 +6,8 @@
 mod bounds;
 mod consume;
 mod consumer_loop;
+mod economy;
+mod economy_bench;
 mod entry_layout;
 mod results;
 mod run;

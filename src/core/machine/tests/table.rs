@@ -97,6 +97,42 @@ fn action_run_reads_the_status_of_the_head_only() {
 }
 
 #[test]
+fn an_actions_event_for_the_head_stops_its_backoff_reads() {
+    let mut h = H::opened();
+    assert_eq!(
+        h.fire_ci_poll(),
+        lines(&["observe status aaa", "timer ci-poll +10s"])
+    );
+    let run = Event::ActionRun {
+        repo: repo(),
+        sha: sha('a'),
+        pr_number: None,
+        outcome: crate::core::event::RunOutcome::Success,
+        sender: Some(login("alice")),
+    };
+    // The event triggers the read; the timer already scheduled then reads nothing.
+    assert_eq!(h.step(run.clone()), lines(&["observe status aaa"]));
+    assert!(h.r.ci_poll.as_ref().is_some_and(|p| p.events));
+    let poll = h.r.ci_poll.clone().expect("the poll stays, stopped");
+    h.now = h.now.max(poll.due_ms);
+    let due = timer(TimerKind::CiPoll { sha: sha('a') }, poll.due_ms);
+    assert!(step(&h.r, &due, h.now, &h.p).is_noop(), "no backoff read");
+    // Every later Actions event still triggers its read.
+    assert_eq!(h.step(run), lines(&["observe status aaa"]));
+    // A new head polls again from the start.
+    h.step(pr_event(
+        PrAction::Synchronized,
+        snap('b', T0 + 60_000),
+        "alice",
+    ));
+    assert!(
+        h.r.ci_poll
+            .as_ref()
+            .is_some_and(|p| p.sha == sha('b') && !p.events)
+    );
+}
+
+#[test]
 fn failing_ci_dispatches_a_claimed_ci_fix() {
     let mut h = H::opened();
     h.later(5);

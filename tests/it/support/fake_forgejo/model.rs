@@ -548,6 +548,10 @@ impl Model {
             dismissed: false,
             submitted_at: now(),
         });
+        // Forgejo stores a submitted review as a comment of type `review`, and creating
+        // any comment sets the issue's `updated_unix` (models/issues/comment.go,
+        // `updateCommentInfos`).
+        self.touch(repo, number);
         id
     }
 
@@ -627,7 +631,8 @@ impl Model {
     }
 
     /// Marks issue or PR `number` as just changed (`updated_at`), as Forgejo does on
-    /// label, title and comment changes.
+    /// label, title and comment changes and submitted reviews (each creates a comment);
+    /// not on comment edits, commit statuses or a review changed in place.
     pub fn touch(&mut self, repo: &str, number: u64) {
         if let Some(issue) = self.repo_mut(repo).issues.get_mut(&number) {
             issue.updated_at = now();
