@@ -183,7 +183,14 @@ fn post_paced(
         })
         .collect();
     tokio::spawn(async move {
-        let client = reqwest::Client::new();
+        // Paced, most pooled connections sit idle between requests; actix closes an idle
+        // keep-alive connection after 5 s, and a request sent on it at that moment fails
+        // in the client (hyper's IncompleteMessage) without the server having read it.
+        // Dropping idle connections after 2 s keeps the client out of that race.
+        let client = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build()
+            .expect("HTTP client");
         let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
         let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
         let mut tasks = Vec::new();
