@@ -7,12 +7,9 @@
 //! the label values are bounded by the endpoints Shepherd calls, never by PR numbers,
 //! shas or comment ids.
 
-use serde::{Deserialize, Serialize};
-
 /// Why Shepherd called Forgejo. A client carries one ([`super::ForgejoClient::with_cause`]);
 /// every request it sends is counted under it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Cause {
     /// A read the machine asked for in answer to a webhook (or to an observation that
     /// followed one): the PR, its reviews, a head's combined status, a permission.

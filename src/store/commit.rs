@@ -47,6 +47,10 @@ pub mod effect_fields {
     pub const VERSION: &str = "version";
     /// Events-stream id of the entry that caused the transition.
     pub const CAUSE: &str = "cause";
+    /// Name of the event of that entry (`timer/ci-poll`, `resync`, `pull_request/…`),
+    /// so the executor knows what an observation's reads are for without reading the
+    /// entry back.
+    pub const CAUSE_EVENT: &str = "cause_event";
     /// Receive time (unix ms) of that entry, for the end-to-end lag metric.
     pub const RECEIVED: &str = "received";
 }

@@ -523,23 +523,3 @@ pub async fn read_after(
         })
         .unwrap_or_default())
 }
-
-/// The value of `field` in entry `id` of `stream`, when the entry is still there
-/// (the executor reads the `event` of the entry that caused an effect, to count the
-/// Forgejo call it makes under the right cause).
-pub async fn entry_field(
-    conn: &mut Conn,
-    stream: &str,
-    id: &str,
-    field: &str,
-) -> Result<Option<String>, StoreError> {
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg(id)
-        .arg(id)
-        .arg("COUNT")
-        .arg(1)
-        .query_async(conn)
-        .await?;
-    Ok(reply.ids.into_iter().next().and_then(|e| e.get(field)))
-}

@@ -423,6 +423,7 @@ fn add_effect(job: &Job, plan: &mut CommitPlan, record_key: &str, version: u64, 
         (effect_fields::NUMBER.to_owned(), effect.number.to_string()),
         (effect_fields::VERSION.to_owned(), version.to_string()),
         (effect_fields::CAUSE.to_owned(), job.entry.id.clone()),
+        (effect_fields::CAUSE_EVENT.to_owned(), job.name.clone()),
         (
             effect_fields::RECEIVED.to_owned(),
             job.received_ms.to_string(),

@@ -218,7 +218,7 @@ pub async fn run_periodic_resync(
         return Ok(());
     };
     let client = match ForgejoClient::from_config(&config, metrics.clone()) {
-        Ok(c) => c.with_cause(Cause::Resync),
+        Ok(c) => c,
         Err(e) => {
             tracing::info!(error = %e, "periodic resync off: no Forgejo API configured");
             return Ok(());
@@ -334,10 +334,10 @@ async fn resync_repo(
         }
     };
     repos::remember(&mut r.conn.clone(), &r.keys, repo.as_str()).await?;
-    let records = match sweep {
-        Sweep::Full => BTreeMap::new(),
-        Sweep::Changed => stored(r, repo, &pulls).await?,
-    };
+    // One load serves both the change detection and the search for PRs closed behind
+    // Shepherd's back: the records the repository index holds (the open ones; a listed
+    // PR without one is read as unknown).
+    let records = held(r, repo).await?;
     for pr in &pulls {
         out.open_prs.push(pr.number);
         let decision = match sweep {
@@ -360,10 +360,12 @@ async fn resync_repo(
             Err(e) => out.errors.push(format!("#{}: {e}", pr.number)),
         }
     }
-    for n in held_open(r, repo).await? {
-        if out.open_prs.contains(&n) {
-            continue;
-        }
+    let vanished = records
+        .values()
+        .filter(|rec| rec.is_open() && !out.open_prs.contains(&rec.number))
+        .map(|rec| rec.number)
+        .collect::<Vec<u64>>();
+    for n in vanished {
         out.no_longer_open.push(n);
         match client.get_pull(repo.as_str(), n).await {
             Ok(pr) => {
@@ -409,40 +411,21 @@ async fn observe_open(
     })
 }
 
-/// The stored records of the listed PRs, by number (missing or undecodable: absent).
-async fn stored(
-    r: &Resync,
-    repo: &RepoName,
-    pulls: &[PullRequest],
-) -> Result<BTreeMap<u64, PrRecord>, StoreError> {
-    let keys: Vec<String> = pulls
-        .iter()
-        .map(|p| r.keys.pr_record(repo.as_str(), p.number))
-        .collect();
-    let loaded = commit::load_many(&mut r.conn.clone(), &keys).await?;
-    Ok(loaded
-        .into_iter()
-        .flatten()
-        .filter_map(|s| PrRecord::from_json(&s.data).ok())
-        .map(|rec| (rec.number, rec))
-        .collect())
-}
-
-/// PR numbers whose records Shepherd holds open in `repo`.
-async fn held_open(r: &Resync, repo: &RepoName) -> Result<Vec<u64>, StoreError> {
+/// The PR records the index of `repo` holds (open, or not yet seen), by number
+/// (undecodable ones are left out).
+async fn held(r: &Resync, repo: &RepoName) -> Result<BTreeMap<u64, PrRecord>, StoreError> {
     let mut conn = r.conn.clone();
     let keys: Vec<String> = commit::index_members(&mut conn, &r.keys.repo_index(repo.as_str()))
         .await?
         .into_iter()
         .filter(|k| k.contains(":pr:"))
         .collect();
-    let stored = commit::load_many(&mut conn, &keys).await?;
-    Ok(stored
+    let loaded = commit::load_many(&mut conn, &keys).await?;
+    Ok(loaded
         .into_iter()
         .flatten()
         .filter_map(|s| PrRecord::from_json(&s.data).ok())
-        .filter(|r| r.is_open())
-        .map(|r| r.number)
+        .map(|rec| (rec.number, rec))
         .collect())
 }
 

@@ -18,6 +18,7 @@ use crate::support::fake_forgejo::FakeForgejo;
 use crate::support::poll_until_named;
 use crate::support::redis::{
     Backend, RedisCluster, RedisServer, SentinelSet, TestCa, TestConn, stream_entries,
+    wait_blocking,
 };
 use crate::support::scenario::Scenario;
 use crate::support::shepherd::Shepherd;
@@ -234,12 +235,22 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 }
 
 /// Figures of a drill under load: what was answered how, and which accepted
-/// deliveries are missing from the streams.
+/// deliveries are in the streams (`kept`) or missing from them (`lost`).
 struct LoadFigures {
     accepted: HashMap<Pr, HashSet<String>>,
     total_accepted: usize,
     refused: usize,
+    kept: HashMap<Pr, HashSet<String>>,
     lost: Vec<String>,
+}
+
+impl LoadFigures {
+    /// Waits until every kept delivery is in its PR's history, exactly once.
+    async fn assert_kept_committed_once(&self, conn: &mut TestConn, keys: &Keys) {
+        let total = self.kept.values().map(HashSet::len).sum();
+        wait_committed(conn, keys, &self.kept, Duration::from_secs(60)).await;
+        assert_exactly_once(conn, keys, &self.kept, total).await;
+    }
 }
 
 /// Sorts `answers` into accepted (202) and refused (503; anything else fails the
@@ -267,10 +278,15 @@ async fn account(answers: &[Answered], conn: &mut TestConn, keys: &Keys) -> Load
         .filter(|d| !present.contains(*d))
         .cloned()
         .collect();
+    let kept = accepted
+        .iter()
+        .map(|(pr, ds)| (*pr, ds.intersection(&present).cloned().collect()))
+        .collect();
     LoadFigures {
         accepted,
         total_accepted,
         refused,
+        kept,
         lost,
     }
 }
@@ -313,23 +329,7 @@ async fn sentinel_failover_drill(wait_replicas: u32) -> (LoadFigures, Duration) 
     let figures = account(&answers, &mut conn, &keys).await;
     // Whatever reached the new primary is committed exactly once, by workers that
     // were never restarted.
-    let present = delivered(&mut conn, &keys).await;
-    let kept: HashMap<Pr, HashSet<String>> = figures
-        .accepted
-        .iter()
-        .map(|(pr, ds)| {
-            (
-                *pr,
-                ds.iter()
-                    .filter(|d| present.contains(*d))
-                    .cloned()
-                    .collect(),
-            )
-        })
-        .collect();
-    let kept_total = kept.values().map(HashSet::len).sum();
-    wait_committed(&conn, &keys, &kept, Duration::from_secs(60)).await;
-    assert_exactly_once(&mut conn, &keys, &kept, kept_total).await;
+    figures.assert_kept_committed_once(&mut conn, &keys).await;
     assert!(
         fleet.all_running(),
         "every process followed the new primary"
@@ -426,8 +426,7 @@ async fn cluster_resharding_under_load_loses_and_doubles_nothing() {
         "accepted but lost: {:?}",
         figures.lost
     );
-    wait_committed(&conn, &keys, &figures.accepted, Duration::from_secs(60)).await;
-    assert_exactly_once(&mut conn, &keys, &figures.accepted, figures.total_accepted).await;
+    figures.assert_kept_committed_once(&mut conn, &keys).await;
     let prs: Vec<Pr> = figures.accepted.keys().copied().collect();
     wait_settled(&mut conn, &keys, prs.len() as u64).await;
     assert_no_duplicate_side_effects(&mut conn, &keys, &fleet.fake, &prs).await;
@@ -465,14 +464,15 @@ async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
     let killed_at = t0.elapsed();
     cluster.kill_node(victim);
     tokio::task::block_in_place(|| {
-        let end = Instant::now() + Duration::from_secs(30);
-        while cluster
-            .try_owner_port(&keys.events(0))
-            .is_none_or(|p| p == victim)
-        {
-            assert!(Instant::now() < end, "no replica took over shard 0's slot");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_blocking(
+            Duration::from_secs(30),
+            "a replica takes over shard 0's slot",
+            || {
+                cluster
+                    .try_owner_port(&keys.events(0))
+                    .is_some_and(|p| p != victim)
+            },
+        );
         cluster.wait_ok(Duration::from_secs(30));
     });
     let promoted_at = t0.elapsed();
@@ -488,8 +488,7 @@ async fn cluster_primary_failover_under_load_loses_no_acknowledged_delivery() {
         answers.iter().any(|a| a.2 == 202 && a.3 > promoted_at),
         "deliveries are accepted again after the failover"
     );
-    wait_committed(&conn, &keys, &figures.accepted, Duration::from_secs(60)).await;
-    assert_exactly_once(&mut conn, &keys, &figures.accepted, figures.total_accepted).await;
+    figures.assert_kept_committed_once(&mut conn, &keys).await;
     assert!(fleet.all_running(), "every process followed the failover");
     eprintln!(
         "cluster failover drill (WAIT 1): {} deliveries, {} accepted, {} refused (503), 0 \

@@ -293,7 +293,7 @@ impl Executor {
         let first_try = entry.text(FIRST_TRY).parse().unwrap_or(now);
         let tries = entry.text(effects::ATTEMPT).parse::<u32>().unwrap_or(0) + 1;
         let queued_ms = entry_ms(&entry.id).unwrap_or(now);
-        let reads = self.read_cause(shard, entry, &effect).await;
+        let reads = read_cause(entry, &effect);
         let (events, label) = match self.act(&effect, queued_ms, reads).await {
             Ok(events) => (events, "done"),
             Err(Failure::Store(e)) => return Err(e),
@@ -352,23 +352,17 @@ impl Executor {
     }
 }
 
-impl Executor {
-    /// Why the reads of an `Observe` effect are made, from the entry that caused it:
-    /// a CI-poll timer, the resync, or (anything else) a webhook and what followed it.
-    /// Other effects are writes ([`Cause::Effect`]); no lookup for them.
-    async fn read_cause(&self, shard: u16, entry: &Entry, effect: &Effect) -> Cause {
-        if !matches!(effect.kind, crate::core::effect::EffectKind::Observe(_)) {
-            return Cause::Effect;
-        }
-        let cause = entry.text(effect_fields::CAUSE);
-        let stream = self.ctx.store.keys().events(shard);
-        let mut conn = self.ctx.store.conn();
-        let event = streams::entry_field(&mut conn, &stream, &cause, "event").await;
-        match event.ok().flatten().as_deref() {
-            Some("timer/ci-poll") => Cause::CiPoll,
-            Some("resync") => Cause::Resync,
-            _ => Cause::Webhook,
-        }
+/// Why the reads of an `Observe` effect are made, from the event that caused it (named
+/// in the entry at commit time): a CI-poll timer, the resync, or (anything else) a
+/// webhook and what followed it. Other effects are writes ([`Cause::Effect`]).
+fn read_cause(entry: &Entry, effect: &Effect) -> Cause {
+    if !matches!(effect.kind, EffectKind::Observe(_)) {
+        return Cause::Effect;
+    }
+    match entry.text(effect_fields::CAUSE_EVENT).as_str() {
+        "timer/ci-poll" => Cause::CiPoll,
+        "resync" => Cause::Resync,
+        _ => Cause::Webhook,
     }
 }
 

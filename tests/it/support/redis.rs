@@ -591,24 +591,13 @@ impl SentinelSet {
     }
 
     fn wait(&self, deadline: Duration, what: &str, cond: impl Fn(&Self) -> bool) {
-        let end = Instant::now() + deadline;
-        while !cond(self) {
-            assert!(
-                Instant::now() < end,
-                "timed out after {deadline:?} waiting until {what}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_blocking(deadline, what, || cond(self));
     }
 
     /// `redis+sentinel://127.0.0.1:<s1>,…/mymaster`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinel_ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("redis+sentinel://{}/{SENTINEL_SERVICE}", hosts.join(","))
+        let hosts = loopback_hosts(self.sentinel_ports.iter().copied());
+        format!("redis+sentinel://{hosts}/{SENTINEL_SERVICE}")
     }
 
     /// The port the first answering sentinel names as the primary.
@@ -672,6 +661,27 @@ impl Drop for SentinelSet {
             let _ = child.wait();
         }
     }
+}
+
+/// Polls `cond` (blocking the thread) until it holds; panics after `deadline`, naming
+/// `what`.
+pub fn wait_blocking(deadline: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !cond() {
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `redis://`-style host list `127.0.0.1:<p1>,127.0.0.1:<p2>,…`.
+fn loopback_hosts(ports: impl Iterator<Item = u16>) -> String {
+    ports
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `redis-cli -p <port> args…` on 127.0.0.1 without TLS.
@@ -746,32 +756,21 @@ impl RedisCluster {
 
     /// Waits until every running node says `cluster_state:ok` and agrees on the slots.
     pub fn wait_ok(&self, deadline: Duration) {
-        let end = Instant::now() + deadline;
-        loop {
-            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+        wait_blocking(deadline, "the cluster is ok", || {
+            self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
                 n.cli(&["CLUSTER", "INFO"]).is_ok_and(|t| {
                     t.contains("cluster_state:ok") && t.contains("cluster_slots_ok:16384")
                 })
-            });
-            if ok {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "the cluster is not ok after {deadline:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            })
+        });
     }
 
     /// `redis+cluster://127.0.0.1:<p1>,…`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        format!(
+            "redis+cluster://{}",
+            loopback_hosts(self.nodes.iter().map(|s| s.port))
+        )
     }
 
     /// A cluster connection for assertions.
