@@ -111,8 +111,15 @@ pub enum MergeOutcome {
     Conflict,
     /// The head moved past the pinned sha.
     HeadMoved,
-    /// "Please try again later" (conflict check running) or the merge lock was busy.
+    /// "Please try again later" (conflict check running), or not ready on re-check.
     TryAgain,
+    /// Another executor holds the target branch's merge lease (or this one lost it
+    /// before the merge call): no merge was attempted; try again in `retry_ms`, when
+    /// the holder's lease will have run out if it died.
+    LockBusy {
+        /// How long to wait, in milliseconds.
+        retry_ms: u64,
+    },
     /// Anything else (protection refused, not allowed, …): a human must look.
     FailedPermanent {
         /// Forgejo's message.

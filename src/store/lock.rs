@@ -49,3 +49,109 @@ pub async fn unlock(conn: &mut Conn, key: &str, token: &str) -> Result<(), Store
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
+
+/// Extends the lease only while it still holds the caller's token: `1` when extended,
+/// `0` when it expired or someone else holds it now (the caller lost it).
+static RENEW_IF_HELD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+         redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 else return 0 end",
+    )
+});
+
+/// A short lease on one key: taken with `SET NX PX`, kept alive by its holder with
+/// [`Lease::renew`] (compare-and-`PEXPIRE`), and lost by itself within its time to
+/// live when the holder dies. The token is unique to this taking (the holder's name
+/// and a random part), so a second executor running the same effect after a reclaim
+/// never mistakes the dead holder's lease for its own. Every write the lease protects
+/// is fenced by [`Lease::extend`]: it succeeds only while this taking still holds the
+/// key, and covers the write's whole time, so a holder that lost the lease (its renewals
+/// stopped, it paused past the lifetime) learns it before writing, never after.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    key: String,
+    token: String,
+    ttl: Duration,
+}
+
+/// What [`Lease::try_take`] found.
+#[derive(Debug)]
+pub enum Taken {
+    /// The lease is the caller's.
+    Held(Lease),
+    /// Someone holds it: `holder` (their token) for about `remaining` more.
+    Busy {
+        /// The holder's token (`name:random`), for logs.
+        holder: Option<String>,
+        /// Its remaining time to live (zero when unknown).
+        remaining: Duration,
+    },
+}
+
+impl Lease {
+    /// Takes the lease `key` for `ttl` in the name of `holder` (a process or consumer
+    /// name, kept in the token for operators and drills).
+    pub async fn try_take(
+        conn: &mut Conn,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Taken, StoreError> {
+        let token = format!("{holder}:{}", uuid::Uuid::new_v4().simple());
+        if try_lock(conn, key, &token, ttl).await? {
+            return Ok(Taken::Held(Lease {
+                key: key.to_owned(),
+                token,
+                ttl,
+            }));
+        }
+        let (holder, pttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query_async(conn)
+            .await?;
+        Ok(Taken::Busy {
+            holder,
+            remaining: Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
+        })
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The token of this taking.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Its lifetime after each renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Renews the lease for its lifetime; false when it was lost.
+    pub async fn renew(&self, conn: &mut Conn) -> Result<bool, StoreError> {
+        self.extend(conn, self.ttl).await
+    }
+
+    /// The fence: extends the lease to `cover` from now, only while this taking still
+    /// holds it. False when it was lost: the protected write must not be made.
+    pub async fn extend(&self, conn: &mut Conn, cover: Duration) -> Result<bool, StoreError> {
+        let held: i64 = RENEW_IF_HELD
+            .key(&self.key)
+            .arg(&self.token)
+            .arg(millis(cover))
+            .invoke_async(conn)
+            .await?;
+        Ok(held == 1)
+    }
+
+    /// Releases the lease if this taking still holds it.
+    pub async fn release(&self, conn: &mut Conn) -> Result<(), StoreError> {
+        unlock(conn, &self.key, &self.token).await
+    }
+}

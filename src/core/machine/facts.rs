@@ -595,6 +595,11 @@ fn on_outcome(
             fx.push(EffectKind::Observe(ObserveWhat::Pr));
             true
         }
+        EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {
+            let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
+            back_off_merge(r, now.saturating_add(delay), fx);
+            true
+        }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {
             let delay = i64::try_from(policy.merge_retry_secs.saturating_mul(1000)).unwrap_or(0);
             back_off_merge(r, now.saturating_add(delay), fx);

@@ -2,7 +2,11 @@
 //!
 //! 1. Re-read the PR: already merged → `Merged` (a redelivered merge effect never
 //!    merges twice); closed or the head moved past the pinned sha → `HeadMoved`.
-//! 2. Take the merge lock of the target branch (`SET NX PX`); busy → `TryAgain`.
+//! 2. Take the merge lease of the target branch (`store::lock::Lease`: `SET NX PX`
+//!    with a few seconds of life, renewed every second while this executor works);
+//!    busy → `LockBusy`, retried when the holder's lease runs out. A SIGKILLed holder
+//!    blocks the branch for at most [`LEASE_TTL`] (or, when it died during the merge
+//!    call itself, that call's timeout).
 //! 3. Re-check readiness against the API: the combined status of the head and the
 //!    reviews are read and folded, with the PR, into a fresh record by the core's own
 //!    `step`, and the core's `merge_blockers` must be empty. Otherwise the fresh reads
@@ -10,8 +14,11 @@
 //!    record also takes the stored record's hold and active work, which no API read
 //!    shows: a `/shepherd pause` (or needs-human) that arrived while this effect was
 //!    queued or parked for retry wins over it.
-//! 4. `POST …/merge` with `Do`, `head_commit_id` and `delete_branch_after_merge` —
-//!    never `force_merge`.
+//! 4. The fence: the renewals stop and the lease is extended to cover the merge call
+//!    (the Forgejo timeout and a margin) only if this taking still holds it; a holder
+//!    that lost its lease (renewals failed, a pause longer than its life) stops here
+//!    with `LockBusy` and never calls merge. Then `POST …/merge` with `Do`,
+//!    `head_commit_id` and `delete_branch_after_merge` — never `force_merge`.
 //! 5. A 403/405/409/404 or an ambiguous answer (timeout, 5xx) is never retried
 //!    blindly: the PR is re-read; merged means `Merged`, anything else is reported as
 //!    the outcome (`Conflict`, `HeadMoved`, `TryAgain`, `FailedPermanent`). A 403 is
@@ -25,14 +32,28 @@ use crate::core::machine::{merge_blockers, step};
 use crate::core::policy::MergeStyle;
 use crate::core::record::PrRecord;
 use crate::forgejo::{self, Cause, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
-use crate::store::{commit, lock, streams};
+use crate::store::lock::{Lease, Taken};
+use crate::store::{Conn, commit, streams};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::Executor;
 use super::act::Failure;
 use super::observe;
 
-/// How long a merge lock is held at most (a crashed executor's lock expires).
-const LOCK_TTL: std::time::Duration = std::time::Duration::from_secs(120);
+/// The merge lease's life: how long a branch stays blocked after its holder died
+/// (it is renewed every [`RENEW_EVERY`] while the holder lives).
+pub const LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// How often a living holder renews its merge lease.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+/// Added to the Forgejo timeout when the fence extends the lease over the merge call.
+const CALL_MARGIN: Duration = Duration::from_secs(2);
+
+/// The shortest and longest wait before a merge retries a busy lease.
+const BUSY_RETRY_MIN: Duration = Duration::from_millis(200);
 
 /// The parameters of a `Merge` effect.
 pub(super) struct MergeAsk<'a> {
@@ -67,25 +88,32 @@ impl Executor {
             return Ok(vec![outcome_event(effect, outcome)]);
         }
         let lock_key = self.ctx.store.keys().merge_lock(repo, &pr.base.ref_name);
-        let token = effect.id.to_string();
         let mut conn = self.ctx.store.conn();
-        if !lock::try_lock(&mut conn, &lock_key, &token, LOCK_TTL).await? {
-            tracing::info!(branch = %pr.base.ref_name, "merge lock busy");
-            return Ok(vec![outcome_event(effect, MergeOutcome::TryAgain)]);
-        }
-        let result = self.merge_locked(effect, &ask, &pr).await;
-        if let Err(e) = lock::unlock(&mut conn, &lock_key, &token).await {
-            tracing::warn!(error = %e, "releasing the merge lock failed; it expires");
+        let lease = match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL)
+            .await?
+        {
+            Taken::Held(lease) => lease,
+            Taken::Busy { holder, remaining } => {
+                tracing::info!(branch = %pr.base.ref_name, ?holder, ?remaining, "merge lease busy");
+                return Ok(vec![outcome_event(effect, busy(remaining))]);
+            }
+        };
+        let keeper = Keeper::start(lease.clone(), self.ctx.store.conn());
+        let result = self.merge_locked(effect, &ask, &pr, &keeper).await;
+        keeper.stop();
+        if let Err(e) = lease.release(&mut conn).await {
+            tracing::warn!(error = %e, "releasing the merge lease failed; it expires");
         }
         result
     }
 
-    /// Steps 3–5, under the lock.
+    /// Steps 3–5, under the lease.
     async fn merge_locked(
         &self,
         effect: &Effect,
         ask: &MergeAsk<'_>,
         pr: &PullRequest,
+        keeper: &Keeper,
     ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let head = ask.head_sha.as_str();
@@ -121,6 +149,11 @@ impl Executor {
             title: ask.title.clone(),
             message: ask.message.clone(),
         };
+        let cover = self.ctx.config.forgejo_timeout + CALL_MARGIN;
+        if !keeper.fence(cover).await? {
+            tracing::warn!(lease = keeper.lease.key(), "merge lease lost before the merge call; not merging");
+            return Ok(vec![outcome_event(effect, busy(Duration::ZERO))]);
+        }
         let answer = self
             .forgejo
             .with_cause(Cause::Effect)
@@ -223,6 +256,76 @@ impl Executor {
             Err(why) => return vec![why.clone()],
         }
         merge_blockers(&t.record, &policy, now)
+    }
+}
+
+/// The outcome of a busy (or lost) lease: retry when the holder's lease runs out.
+fn busy(remaining: Duration) -> MergeOutcome {
+    let wait = remaining.clamp(BUSY_RETRY_MIN, LEASE_TTL) + BUSY_RETRY_MIN;
+    MergeOutcome::LockBusy {
+        retry_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// Renews a merge lease every [`RENEW_EVERY`] while its holder works, on a task of its
+/// own (a slow Forgejo read does not delay the renewal). A renewal that finds the lease
+/// gone marks it lost; [`Keeper::fence`] then refuses.
+struct Keeper {
+    lease: Lease,
+    conn: Conn,
+    lost: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Keeper {
+    fn start(lease: Lease, conn: Conn) -> Keeper {
+        let lost = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let (lease, mut conn, lost) = (lease.clone(), conn.clone(), lost.clone());
+            async move {
+                let mut tick = tokio::time::interval(RENEW_EVERY);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    match lease.renew(&mut conn).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(lease = lease.key(), "merge lease lost");
+                            lost.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        // Not known to be lost: the fence asks Redis again.
+                        Err(e) => tracing::warn!(error = %e, "renewing the merge lease failed"),
+                    }
+                }
+            }
+        });
+        Keeper {
+            lease,
+            conn,
+            lost,
+            task,
+        }
+    }
+
+    /// Stops the renewals and extends the lease to `cover` from now if this taking
+    /// still holds it: true means the protected call may be made.
+    async fn fence(&self, cover: Duration) -> Result<bool, Failure> {
+        self.task.abort();
+        if self.lost.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        Ok(self.lease.extend(&mut self.conn.clone(), cover).await?)
+    }
+
+    fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
