@@ -187,6 +187,7 @@ pub async fn worker_tasks(
         resync::Resync {
             conn: ctx.store.conn(),
             keys: ctx.store.keys().clone(),
+            policy: ctx.policy.clone(),
         },
         ctx.consumer.clone(),
         Some(ctx.metrics.clone()),

@@ -49,6 +49,12 @@ pub enum EffectKind {
     UpsertComment {
         /// Full body, with the state block and footer.
         body: String,
+        /// The PR has no status comment yet, as far as Forgejo's own count shows: the
+        /// record never asked for one and the newest PR snapshot counted no comments
+        /// at all. The executor may then create the comment without listing the PR's
+        /// comments first (issue 17); it still lists them on any retry.
+        #[serde(default)]
+        first: bool,
     },
     /// Post a comment on issue/PR `number` (the effect id marker and footer included).
     Comment {
@@ -169,6 +175,9 @@ pub enum TimerKind {
     MergeRetry,
     /// Check for inactivity (`stale-check`).
     StaleCheck,
+    /// A short-lived status has waited `status_settle_secs`: write it now unless a
+    /// newer one was written meanwhile.
+    StatusSettle,
 }
 
 impl TimerKind {
@@ -180,6 +189,7 @@ impl TimerKind {
             TimerKind::ClaimExpiry { .. } => "claim-expiry",
             TimerKind::MergeRetry => "merge-retry",
             TimerKind::StaleCheck => "stale-check",
+            TimerKind::StatusSettle => "status-settle",
         }
     }
 }

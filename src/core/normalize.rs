@@ -292,6 +292,7 @@ pub fn pr_snapshot(repo: &RepoName, pr: &payload::PullRequest) -> PrSnapshot {
         labels: label_names(pr.labels.as_ref()),
         mergeable: Some(pr.mergeable),
         updated_ms: time_ms(pr.updated_at.as_deref()),
+        comments: pr.comments,
     }
 }
 

@@ -36,6 +36,11 @@ pub struct PrSnapshot {
     pub mergeable: Option<bool>,
     /// Forgejo's `updated_at` in unix ms (orders snapshots of one PR); 0 if unknown.
     pub updated_ms: i64,
+    /// Forgejo's `comments`: the PR's conversation comments (the status comment is
+    /// one), `None` when the payload did not say. Zero proves there is no status
+    /// comment yet, so the first one is posted without listing the comments.
+    #[serde(default)]
+    pub comments: Option<u64>,
 }
 
 /// Whether a PR is open, closed or merged.

@@ -91,6 +91,9 @@ pub struct PullRequest {
     /// Last change, RFC 3339 (orders observations of the same PR).
     #[serde(default)]
     pub updated_at: Option<String>,
+    /// Conversation comments (Forgejo's `Issue.NumComments`).
+    #[serde(default)]
+    pub comments: Option<u64>,
 }
 
 /// Old value of an edited field.

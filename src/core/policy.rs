@@ -129,6 +129,13 @@ policy_settings! {
     mergeability_delay_secs: u64 = 10;
     /// Delay before retrying a merge Forgejo asked to try again later, in seconds.
     merge_retry_secs: u64 = 30;
+    /// How long a short-lived status (`ready-to-merge`, `merging`, or `awaiting-ci`
+    /// before the head's CI was read at all) waits before it is written to the status
+    /// comment, in seconds: a status decided sooner (usually `merged`, or what the
+    /// first CI read shows) replaces it, so a fast merge costs one edit instead of
+    /// three. Every other status, and the last one, is written at once; 0 writes
+    /// every status at once.
+    status_settle_secs: u64 = 10;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();

@@ -53,6 +53,21 @@ pub struct PrRecord {
     pub status_comment: Option<String>,
     /// Linked issues were told about the merge.
     pub merge_announced: bool,
+    /// Since when (unix ms) a short-lived status has been waiting to be written
+    /// (`status_settle_secs`); `None` when the comment holds what the machine wants.
+    #[serde(default)]
+    pub status_pending_since: Option<i64>,
+    /// A status comment was asked for at least once (never reset, unlike
+    /// `status_comment`, which a command clears to force a rewrite).
+    #[serde(default)]
+    pub status_posted: bool,
+    /// Approvals announced by review webhooks (reviewer → when) since the last full
+    /// reviews read. In merge mode `auto` they count towards the decision to try a
+    /// merge without a reviews read first: the executor's pre-merge re-check reads
+    /// the reviews anyway and alone decides whether the merge call is made. Cleared by
+    /// a later full read and by a new head.
+    #[serde(default)]
+    pub approval_hints: BTreeMap<Login, i64>,
 }
 
 /// Work bookkeeping shared by PR and issue records.
@@ -278,7 +293,10 @@ pub enum Hold {
 pub enum MergeState {
     /// Nothing in progress.
     Idle,
-    /// Reviews are being re-read before merging `sha`.
+    /// Reviews are being re-read before merging `sha`. Written by builds before
+    /// issue 17's whole-life economy (the executor's pre-merge re-check reads the
+    /// reviews, so the machine no longer reads them first); a stored record in this
+    /// state merges at its next step, or starts over when its timer comes.
     Verifying {
         /// The head to merge.
         sha: Sha,
@@ -382,6 +400,9 @@ impl PrRecord {
             stale_checked_at: None,
             status_comment: None,
             merge_announced: false,
+            status_pending_since: None,
+            status_posted: false,
+            approval_hints: BTreeMap::new(),
         }
     }
 

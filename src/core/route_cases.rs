@@ -116,6 +116,7 @@ fn snapshot(n: u64, state: PrState, body: &str, updated_ms: i64) -> PrSnapshot {
         labels: BTreeSet::new(),
         mergeable: Some(true),
         updated_ms,
+        comments: None,
     }
 }
 

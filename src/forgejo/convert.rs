@@ -57,6 +57,7 @@ impl From<PullRequest> for payload::PullRequest {
                 sha: p.head.sha,
             },
             updated_at: time(p.updated_at),
+            comments: p.comments,
         }
     }
 }

@@ -31,19 +31,40 @@ impl LabelCache {
         repo: &str,
         name: &str,
     ) -> Result<Label, ForgejoError> {
+        let mut all = self.get_or_create_all(client, repo, &[name]).await?;
+        Ok(all.remove(0))
+    }
+
+    /// The labels named `names`, in order, each created when the repository has none
+    /// by that name; one listing of the repository's labels serves every name that
+    /// was not cached (issue 17: two new labels cost one listing, not two).
+    pub async fn get_or_create_all(
+        &self,
+        client: &ForgejoClient,
+        repo: &str,
+        names: &[&str],
+    ) -> Result<Vec<Label>, ForgejoError> {
         let mut guard = self.labels.lock().await;
-        if guard.as_ref().is_none_or(|m| !m.contains_key(name)) {
+        if names
+            .iter()
+            .any(|n| guard.as_ref().is_none_or(|m| !m.contains_key(*n)))
+        {
             *guard = Some(load(client, repo).await?);
         }
         let map = guard.get_or_insert_with(HashMap::new);
-        if let Some(l) = map.get(name) {
-            return Ok(l.clone());
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if let Some(l) = map.get(*name) {
+                out.push(l.clone());
+                continue;
+            }
+            let created = client
+                .create_label(repo, name, default_color(name), "Managed by Shepherd")
+                .await?;
+            map.insert((*name).to_owned(), created.clone());
+            out.push(created);
         }
-        let created = client
-            .create_label(repo, name, default_color(name), "Managed by Shepherd")
-            .await?;
-        map.insert(name.to_owned(), created.clone());
-        Ok(created)
+        Ok(out)
     }
 
     /// The label named `name` if the repository has one (reloading once on a miss).
@@ -147,9 +168,9 @@ impl ForgejoClient {
         let path = format!("{}/issues/{number}/labels", repo_path(repo)?);
         let mut attempt = 0;
         loop {
-            for name in names {
-                self.ensure_label(repo, name).await?;
-            }
+            self.label_cache(repo)
+                .get_or_create_all(self, repo, names)
+                .await?;
             let after: Vec<Label> = self
                 .send_json(Method::POST, &path, &json!({ "labels": names }))
                 .await?;

@@ -91,6 +91,8 @@ pub struct PullRequest {
     pub base: BranchInfo,
     /// Last update.
     pub updated_at: Option<DateTime<FixedOffset>>,
+    /// Conversation comments (`None` when the answer did not carry the count).
+    pub comments: Option<u64>,
 }
 
 impl PullRequest {

@@ -56,6 +56,7 @@ fn handle(ops: &Ops) -> Resync {
     Resync {
         conn: ops.conn(),
         keys: ops.keys.clone(),
+        policy: ops.policy.clone(),
     }
 }
 

@@ -18,12 +18,30 @@ pub const TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// What is known of a PR's status comment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusComment {
-    /// Forgejo's comment id.
+    /// Forgejo's comment id; 0 while a create is being tried ([`StatusComment::creating`]),
+    /// which says nothing of where the comment is (it may exist if the answer was lost).
     pub id: i64,
     /// Id of the effect whose body the comment holds now.
     pub effect: String,
     /// Digest of the status body written (without the effect stamp).
     pub digest: String,
+}
+
+impl StatusComment {
+    /// The note left before creating a PR's first status comment without listing its
+    /// comments (by `effect`): a later try that finds it lists them instead.
+    pub fn creating(effect: &str) -> StatusComment {
+        StatusComment {
+            id: 0,
+            effect: effect.to_owned(),
+            digest: String::new(),
+        }
+    }
+
+    /// Whether this is a [`StatusComment::creating`] note rather than a known comment.
+    pub fn is_creating(&self) -> bool {
+        self.id == 0
+    }
 }
 
 /// The cached entry of `key`, if any (an undecodable one counts as none).

@@ -44,9 +44,10 @@ use tracing::instrument;
 use crate::config::Config;
 use crate::core::event::{Event, PrSnapshot};
 use crate::core::ids::RepoName;
+use crate::core::machine::{CiView, ci_view};
 use crate::core::normalize;
-use crate::core::observation::CiState;
 use crate::core::payload;
+use crate::core::policy::{Policy, PolicyFile};
 use crate::core::record::{MergeState, PrRecord};
 use crate::forgejo::{Cause, ForgejoClient};
 use crate::forgejo::{CombinedStatus, PullRequest};
@@ -62,6 +63,8 @@ pub struct Resync {
     pub conn: Conn,
     /// Redis key layout.
     pub keys: Keys,
+    /// The policy file: which CI contexts are required, for the change detection.
+    pub policy: Arc<PolicyFile>,
 }
 
 /// Wall-clock unix ms (observation times).
@@ -127,7 +130,7 @@ pub enum Decision {
     /// A listed field (mergeable, labels, title, body, draft, state) differs from
     /// the record's snapshot.
     Differs,
-    /// The head's CI is pending or has no context yet.
+    /// The head's CI is pending, has no context yet, or lacks a required context.
     CiUnsettled,
     /// A merge is being verified or is in flight.
     Merging,
@@ -150,8 +153,9 @@ impl Decision {
 }
 
 /// Whether a changed-only pass must read the PR listed as `listed`, given its stored
-/// record (`None`: no record). Pure, so the rule is tested on its own.
-pub fn decide(record: Option<&PrRecord>, listed: &PrSnapshot) -> Decision {
+/// record (`None`: no record) and the repository's policy (its required contexts).
+/// Pure, so the rule is tested on its own.
+pub fn decide(record: Option<&PrRecord>, listed: &PrSnapshot, policy: &Policy) -> Decision {
     let Some(record) = record else {
         return Decision::Unknown;
     };
@@ -180,17 +184,12 @@ pub fn decide(record: Option<&PrRecord>, listed: &PrSnapshot) -> Decision {
     if !matches!(record.merge, MergeState::Idle | MergeState::Backoff { .. }) {
         return Decision::Merging;
     }
-    let settled = listed
-        .head_sha
-        .as_ref()
-        .and_then(|head| record.ci.get(head))
-        .is_some_and(|ci| {
-            !ci.contexts.is_empty() && ci.contexts.values().all(|c| c.state != CiState::Pending)
-        });
-    if !settled {
-        return Decision::CiUnsettled;
+    // The machine's own view of the head's CI (the heads are equal here): pending
+    // contexts, and required ones that have not reported yet, are not settled.
+    match ci_view(record, policy) {
+        CiView::Missing | CiView::Pending(_) => Decision::CiUnsettled,
+        CiView::Success | CiView::Failing(_) => Decision::Skip,
     }
-    Decision::Skip
 }
 
 /// Whether the periodic pass ending the wait after `last_ms` (the previous pass's end,
@@ -338,11 +337,12 @@ async fn resync_repo(
     // Shepherd's back: the records the repository index holds (the open ones; a listed
     // PR without one is read as unknown).
     let records = held(r, repo).await?;
+    let policy = r.policy.for_repo(repo);
     for pr in &pulls {
         out.open_prs.push(pr.number);
         let decision = match sweep {
             Sweep::Full => Decision::Full,
-            Sweep::Changed => decide(records.get(&pr.number), &snapshot(repo, pr)),
+            Sweep::Changed => decide(records.get(&pr.number), &snapshot(repo, pr), &policy),
         };
         if let Some(m) = metrics {
             m.resync_prs.with_label_values(&[decision.as_str()]).inc();
@@ -458,7 +458,7 @@ fn reviews(rs: Vec<payload::PullReview>) -> Vec<crate::core::event::ReviewFact> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::observation::{CiContext, PrState};
+    use crate::core::observation::{CiContext, CiState, PrState};
     use crate::core::record::{ReviewFacts, ShaCi};
 
     const T: i64 = 1_700_000_000_000;
@@ -478,6 +478,7 @@ mod tests {
             labels: BTreeSet::new(),
             mergeable: Some(true),
             updated_ms,
+            comments: None,
         }
     }
 
@@ -508,45 +509,67 @@ mod tests {
     #[test]
     fn an_unchanged_settled_pr_is_skipped() {
         let r = record(CiState::Success);
-        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Skip);
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &Policy::default()),
+            Decision::Skip
+        );
         let failed = record(CiState::Failure);
-        assert_eq!(decide(Some(&failed), &listed("aaaa", T)), Decision::Skip);
+        assert_eq!(
+            decide(Some(&failed), &listed("aaaa", T), &Policy::default()),
+            Decision::Skip
+        );
     }
 
     #[test]
     fn each_kind_of_change_is_read() {
         let r = record(CiState::Success);
-        assert_eq!(decide(None, &listed("aaaa", T)), Decision::Unknown);
+        assert_eq!(
+            decide(None, &listed("aaaa", T), &Policy::default()),
+            Decision::Unknown
+        );
         assert_eq!(
             decide(
                 Some(&PrRecord::new("o/r".parse().unwrap(), 7)),
-                &listed("aaaa", T)
+                &listed("aaaa", T),
+                &Policy::default()
             ),
             Decision::Unknown
         );
-        assert_eq!(decide(Some(&r), &listed("bbbb", T)), Decision::NewHead);
         assert_eq!(
-            decide(Some(&r), &listed("aaaa", T + 1_000)),
+            decide(Some(&r), &listed("bbbb", T), &Policy::default()),
+            Decision::NewHead
+        );
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T + 1_000), &Policy::default()),
             Decision::Updated
         );
         let mut labelled = listed("aaaa", T);
         labelled.labels.insert("auto/claimed-implementer".into());
-        assert_eq!(decide(Some(&r), &labelled), Decision::Differs);
+        assert_eq!(
+            decide(Some(&r), &labelled, &Policy::default()),
+            Decision::Differs
+        );
         let mut conflicted = listed("aaaa", T);
         conflicted.mergeable = Some(false);
-        assert_eq!(decide(Some(&r), &conflicted), Decision::Differs);
+        assert_eq!(
+            decide(Some(&r), &conflicted, &Policy::default()),
+            Decision::Differs
+        );
         let mut wip = listed("aaaa", T);
         wip.draft = true;
-        assert_eq!(decide(Some(&r), &wip), Decision::Differs);
+        assert_eq!(
+            decide(Some(&r), &wip, &Policy::default()),
+            Decision::Differs
+        );
         let pending = record(CiState::Pending);
         assert_eq!(
-            decide(Some(&pending), &listed("aaaa", T)),
+            decide(Some(&pending), &listed("aaaa", T), &Policy::default()),
             Decision::CiUnsettled
         );
         let mut none = record(CiState::Success);
         none.ci.clear();
         assert_eq!(
-            decide(Some(&none), &listed("aaaa", T)),
+            decide(Some(&none), &listed("aaaa", T), &Policy::default()),
             Decision::CiUnsettled
         );
         let mut merging = record(CiState::Success);
@@ -555,8 +578,31 @@ mod tests {
             since_ms: T,
         };
         assert_eq!(
-            decide(Some(&merging), &listed("aaaa", T)),
+            decide(Some(&merging), &listed("aaaa", T), &Policy::default()),
             Decision::Merging
+        );
+    }
+
+    #[test]
+    fn a_required_context_not_reported_yet_is_unsettled() {
+        // ci/test is green, but the policy also requires a `lint` context that has
+        // not reported on the head: the PR waits for CI, so the pass reads it.
+        let r = record(CiState::Success);
+        let policy = Policy {
+            required_contexts: vec!["ci/test".into(), "lint*".into()],
+            ..Policy::default()
+        };
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &policy),
+            Decision::CiUnsettled
+        );
+        let only_test = Policy {
+            required_contexts: vec!["ci/*".into()],
+            ..Policy::default()
+        };
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &only_test),
+            Decision::Skip
         );
     }
 
@@ -566,11 +612,20 @@ mod tests {
         // same second as the last read leaves it unchanged.
         let mut r = record(CiState::Success);
         r.reviews.as_mut().unwrap().at_ms = T + 400;
-        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Updated);
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &Policy::default()),
+            Decision::Updated
+        );
         r.reviews.as_mut().unwrap().at_ms = T + 1_000;
-        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Skip);
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &Policy::default()),
+            Decision::Skip
+        );
         r.reviews = None;
-        assert_eq!(decide(Some(&r), &listed("aaaa", T)), Decision::Updated);
+        assert_eq!(
+            decide(Some(&r), &listed("aaaa", T), &Policy::default()),
+            Decision::Updated
+        );
     }
 
     #[test]

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use super::super::effect::{EffectKind, EffectKindName, ObserveWhat, Timer, TimerKind};
 use super::super::event::{
     CiContext, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, ReviewFact,
-    ReviewState,
+    ReviewHint, ReviewState,
 };
 use super::super::ids::{Login, RepoName, Scope, Sha};
-use super::super::policy::Policy;
+use super::super::policy::{MergeMode, Policy};
 use super::super::record::{
     AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
 };
@@ -53,10 +53,15 @@ pub(crate) fn apply(
             );
             pr_webhook(r, pr, now, policy, human, code, fx)
         }
-        Event::Review { pr, .. } => {
+        Event::Review { hint, pr, sender } => {
             let mine = pr_webhook(r, pr, now, policy, human, false, fx);
             if mine {
-                fx.push(EffectKind::Observe(ObserveWhat::Reviews));
+                match approval_hint(r, *hint, sender.as_ref(), policy) {
+                    Some(reviewer) => {
+                        r.approval_hints.insert(reviewer, now);
+                    }
+                    None => fx.push(EffectKind::Observe(ObserveWhat::Reviews)),
+                }
             }
             mine
         }
@@ -126,6 +131,37 @@ pub(crate) fn apply(
             at_ms,
         } => observed(r, pr, Some((contexts, reviews, *at_ms)), now, policy, fx),
     }
+}
+
+/// The reviewer of an approval webhook that needs no reviews read (issue 17): in
+/// merge mode `auto`, an approval only matters to the decision to try a merge, and the
+/// executor's pre-merge re-check reads the reviews right before the merge call anyway
+/// (and alone decides). Every other review webhook is read at once: a change request
+/// or a comment (its id and body become work), dispatch mode (an agent merges without
+/// the executor's re-check), and an approval by someone whose known latest review is
+/// not an approval (it may end a change request, which stops or starts work).
+fn approval_hint(
+    r: &PrRecord,
+    hint: ReviewHint,
+    sender: Option<&Login>,
+    policy: &Policy,
+) -> Option<Login> {
+    let reviewer = sender?;
+    let known = r
+        .reviews
+        .as_ref()
+        .and_then(|v| v.latest.get(reviewer))
+        .map(|v| v.state);
+    let approval = match hint {
+        ReviewHint::Approved => true,
+        ReviewHint::Rejected | ReviewHint::Comment => false,
+    };
+    let auto = match policy.merge_mode {
+        MergeMode::Auto => true,
+        MergeMode::Dispatch => false,
+    };
+    let no_stance = known.is_none_or(|s| s == ReviewState::Approved);
+    (approval && auto && no_stance).then(|| reviewer.clone())
 }
 
 /// A PR or review webhook: its snapshot, and activity (any human event; new code
@@ -429,6 +465,8 @@ fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mu
             MergeState::Idle
         }
     };
+    // Approvals announced for the old head may be dismissed or stale now.
+    r.approval_hints.clear();
     // The agents push as the bot: their own push ends the claim without a cancel.
     work::end_active(&mut r.work, AttemptOutcome::Superseded, now, human, fx);
     if human && matches!(r.work.hold, Some(Hold::NeedsHuman { .. })) {
@@ -496,6 +534,8 @@ pub(crate) fn apply_reviews(r: &mut PrRecord, reviews: &[ReviewFact], at_ms: i64
         }
     }
     r.reviews = Some(ReviewFacts { at_ms, latest });
+    // The read shows every approval announced before it.
+    r.approval_hints.retain(|_, hinted| *hinted > at_ms);
 }
 
 /// The delay before CI poll number `n` (0-based): initial × 2^n, capped.
@@ -563,7 +603,25 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             | MergeState::InFlight { .. } => false,
         },
         TimerKind::StaleCheck => r.is_open(),
+        TimerKind::StatusSettle => match r.status_pending_since {
+            // Due: the step's reconcile writes the waiting status.
+            Some(since) if now >= since.saturating_add(settle_ms(policy)) => true,
+            // Not yet (the setting grew since the timer was set): wait again.
+            Some(since) => {
+                super::reconcile::schedule_status_settle(
+                    since.saturating_add(settle_ms(policy)),
+                    fx,
+                );
+                true
+            }
+            None => false,
+        },
     }
+}
+
+/// `status_settle_secs` in ms.
+pub(crate) fn settle_ms(policy: &Policy) -> i64 {
+    i64::try_from(policy.status_settle_secs.saturating_mul(1000)).unwrap_or(i64::MAX)
 }
 
 /// An effect's outcome.
@@ -591,8 +649,11 @@ fn on_outcome(
             true
         }
         EffectOutcome::Merge(MergeOutcome::HeadMoved) => {
-            r.merge = MergeState::Idle;
+            // Read the PR, and do not try the head the record still holds before the
+            // read is in: a new head resets the back-off (`on_new_head`).
             fx.push(EffectKind::Observe(ObserveWhat::Pr));
+            let delay = i64::try_from(policy.merge_retry_secs.saturating_mul(1000)).unwrap_or(0);
+            back_off_merge(r, now.saturating_add(delay), fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {

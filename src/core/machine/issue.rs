@@ -421,7 +421,8 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             | TimerKind::CiPoll { .. }
             | TimerKind::Mergeability
             | TimerKind::MergeRetry
-            | TimerKind::StaleCheck => false,
+            | TimerKind::StaleCheck
+            | TimerKind::StatusSettle => false,
         },
         Event::WorkResult {
             work_id,

@@ -293,8 +293,9 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         true => policy.approvals_bot,
         false => policy.approvals_human,
     };
-    if rv.approvals < need {
-        let more = need - rv.approvals;
+    let approvals = rv.approvals.saturating_add(hinted_approvals(r, policy));
+    if approvals < need {
+        let more = need - approvals;
         let s = if more == 1 { "" } else { "s" };
         out.push(format!("waiting for {more} more approval{s}"));
     }
@@ -304,6 +305,26 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         out.push("Forgejo asked to try the merge again later".into());
     }
     out
+}
+
+/// Approvals announced by review webhooks since the last reviews read, by reviewers
+/// the read does not already count (merge mode `auto` only). They may start a merge
+/// attempt; the executor's re-check, which reads the reviews, decides the merge.
+fn hinted_approvals(r: &PrRecord, policy: &Policy) -> u32 {
+    match policy.merge_mode {
+        MergeMode::Auto => {}
+        MergeMode::Dispatch => return 0,
+    }
+    let counted = |who: &super::super::ids::Login| {
+        r.reviews
+            .as_ref()
+            .and_then(|v| v.latest.get(who))
+            .is_some_and(|v| {
+                v.state == ReviewState::Approved && v.official && !v.stale && !v.dismissed
+            })
+    };
+    let n = r.approval_hints.keys().filter(|who| !counted(who)).count();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Context names, comma-separated.

@@ -8,9 +8,9 @@ use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, MergeState, PrRecord};
 use super::super::texts::{self, StatusState};
-use super::facts::{MERGE_TIMEOUT_MS, VERIFY_TIMEOUT_MS, ci_poll_delay_ms, schedule_merge_retry};
+use super::facts::{MERGE_TIMEOUT_MS, ci_poll_delay_ms, schedule_merge_retry};
 use super::plan::{self, CiView, Plan, Want};
-use super::{Fx, work};
+use super::{Fx, Phase, work};
 
 /// Emits what it takes to move from what is in flight to what `plan` wants.
 /// `allow_dispatch` is false for events the bot caused (they never start work).
@@ -77,29 +77,14 @@ fn wind_down(r: &mut PrRecord, now: i64, fx: &mut Fx) {
     }
 }
 
-/// Mode `auto`: re-read the reviews, then merge pinned to the head.
+/// Mode `auto`: merge pinned to the head. The reviews are not read first: the
+/// executor's pre-merge re-check reads the PR, the head's combined status and the
+/// reviews right before the merge call and refuses on any blocker (reporting what it
+/// read), so a read here would only repeat it (issue 17).
 fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Policy, fx: &mut Fx) {
-    let verified = match &r.merge {
-        MergeState::Verifying { sha: s, since_ms } if s == sha => {
-            // Only a read taken after the request verifies (a redelivered older read
-            // does not); a lost read is retried by the merge-retry watchdog.
-            let read = r.reviews.as_ref().map_or(i64::MIN, |v| v.at_ms);
-            if read <= *since_ms {
-                return;
-            }
-            true
-        }
+    match &r.merge {
         MergeState::InFlight { .. } => return,
-        MergeState::Verifying { .. } | MergeState::Idle | MergeState::Backoff { .. } => false,
-    };
-    if !verified {
-        r.merge = MergeState::Verifying {
-            sha: sha.clone(),
-            since_ms: now,
-        };
-        fx.push(EffectKind::Observe(ObserveWhat::Reviews));
-        schedule_merge_retry(now.saturating_add(VERIFY_TIMEOUT_MS), fx);
-        return;
+        MergeState::Verifying { .. } | MergeState::Idle | MergeState::Backoff { .. } => {}
     }
     fx.push(EffectKind::Merge {
         head_sha: sha.clone(),
@@ -190,10 +175,68 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {
+        r.status_pending_since = None;
         return;
     }
+    if settling(r, p.phase, now, policy, fx) {
+        return;
+    }
+    let first = !r.status_posted
+        && r.status_comment.is_none()
+        && r.pr.as_ref().is_some_and(|p| p.comments == Some(0));
     r.status_comment = Some(key);
+    r.status_pending_since = None;
+    r.status_posted = true;
     fx.push(EffectKind::UpsertComment {
         body: texts::status_comment(&state, &policy.comment_footer),
+        first,
     });
+}
+
+/// Whether a new status for `phase` waits instead of being written now: a
+/// short-lived one ([`short_lived`]) waits up to `status_settle_secs` from when the
+/// first of its kind was decided (a timer writes it then); anything else is written at
+/// once and takes the waiting one's place. Starting the wait schedules that timer.
+fn settling(r: &mut PrRecord, phase: Phase, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
+    let settle_ms = super::facts::settle_ms(policy);
+    if settle_ms == 0 || !short_lived(r, phase) {
+        return false;
+    }
+    let since = match r.status_pending_since {
+        Some(since) => since,
+        None => {
+            r.status_pending_since = Some(now);
+            schedule_status_settle(now.saturating_add(settle_ms), fx);
+            now
+        }
+    };
+    now < since.saturating_add(settle_ms)
+}
+
+/// Schedules the record's one status-settle timer (a new schedule replaces the last).
+pub(crate) fn schedule_status_settle(due_ms: i64, fx: &mut Fx) {
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms,
+        kind: TimerKind::StatusSettle,
+        id: "status-settle".into(),
+    }));
+}
+
+/// Phases that usually last seconds, not worth an edit of their own: ready to merge
+/// and merging (the merge re-check and call take a second or two, then `merged`), and
+/// waiting for CI before the head's CI was read at all (the first CI read, due within
+/// `ci_poll_initial_secs` or at the first Actions event, tells what to show).
+fn short_lived(r: &PrRecord, phase: Phase) -> bool {
+    match phase {
+        Phase::ReadyToMerge | Phase::Merging => true,
+        Phase::AwaitingCi => r.head_sha().is_none_or(|h| !r.ci.contains_key(h)),
+        Phase::CiFix
+        | Phase::ReviewFeedback
+        | Phase::MergeConflicts
+        | Phase::AwaitingReview
+        | Phase::Merged
+        | Phase::Closed
+        | Phase::NeedsHuman
+        | Phase::Paused => false,
+    }
 }

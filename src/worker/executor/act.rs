@@ -104,8 +104,8 @@ impl Executor {
                 }
                 Ok(Vec::new())
             }
-            EffectKind::UpsertComment { body } => {
-                self.upsert_status_locked(effect, body).await?;
+            EffectKind::UpsertComment { body, first } => {
+                self.upsert_status_locked(effect, body, *first).await?;
                 Ok(Vec::new())
             }
             EffectKind::Comment { number, body } => {
@@ -160,7 +160,12 @@ impl Executor {
     /// both find no status comment and both create one (found by fault drill 7.2).
     /// A busy lock is a transient failure, tried again shortly; a holder that died
     /// frees it when its TTL ends.
-    async fn upsert_status_locked(&self, effect: &Effect, body: &str) -> Result<(), Failure> {
+    async fn upsert_status_locked(
+        &self,
+        effect: &Effect,
+        body: &str,
+        first: bool,
+    ) -> Result<(), Failure> {
         let key = (self.ctx.store.keys()).status_lock(effect.repo.as_str(), effect.number);
         let token = effect.id.to_string();
         // Covers the look-up and the write, each bounded by the Forgejo timeout.
@@ -172,7 +177,7 @@ impl Executor {
                 retry_after: Some(STATUS_LOCK_RETRY),
             });
         }
-        let result = self.upsert_status(effect, body).await;
+        let result = self.upsert_status(effect, body, first).await;
         if let Err(e) = lock::unlock(&mut conn, &key, &token).await {
             tracing::warn!(error = %e, "releasing the status lock failed; it expires");
         }
@@ -184,8 +189,12 @@ impl Executor {
     /// redelivery reclaimed after newer ones ran) never puts back a stale status.
     /// Where the comment is comes from the cache (`store::status_comment`) when it
     /// can: one `PATCH`, or nothing when the body is already there; a cached comment
-    /// that was deleted (404) is found again or created.
-    async fn upsert_status(&self, effect: &Effect, body: &str) -> Result<(), Failure> {
+    /// that was deleted (404) is found again or created. A `first` status (the PR
+    /// showed no comments at all and none was ever asked for) is created without
+    /// listing the comments, after noting the attempt in the cache: any later try
+    /// finds that note and lists them, so a create whose answer was lost is found
+    /// instead of repeated.
+    async fn upsert_status(&self, effect: &Effect, body: &str, first: bool) -> Result<(), Failure> {
         let (repo, n) = (effect.repo.as_str(), effect.number);
         let forgejo = self.forgejo.with_cause(Cause::Effect);
         let key = self.ctx.store.keys().status_comment(repo, n);
@@ -196,7 +205,18 @@ impl Executor {
             effect: effect.id.to_string(),
             digest: digest(body),
         };
-        if let Some(cached) = status_comment::get(&mut conn, &key).await? {
+        let cached = status_comment::get(&mut conn, &key).await?;
+        if cached.is_none() && first {
+            status_comment::set(
+                &mut conn,
+                &key,
+                &status_comment::StatusComment::creating(effect.id.as_str()),
+            )
+            .await?;
+            let created = forgejo.create_comment(repo, n, &stamped).await?;
+            return Ok(status_comment::set(&mut conn, &key, &written(created.id)).await?);
+        }
+        if let Some(cached) = cached.filter(|c| !c.is_creating()) {
             if effect_order(&cached.effect) > effect_order(effect.id.as_str()) {
                 tracing::info!("the status comment is newer than this effect; left alone");
                 return Ok(());

@@ -208,6 +208,10 @@ async fn life(label: &str, bin: Option<&str>) -> usize {
     s.wait_idle().await;
     send_echoes(&s).await;
     s.wait_idle().await;
+    if std::env::var_os("BENCH_ECONOMY_TRACE").is_some() {
+        // Every record's history and every call in order: where the calls go.
+        s.dump().await;
+    }
     let calls = fake.all_calls();
     let causes = match bin {
         None => format!("{:?}", by_cause(&s.metrics().await)),
@@ -261,6 +265,28 @@ async fn bench_api_calls() {
     let prs = env_or("BENCH_ECONOMY_PRS", 40);
     let passes = env_or("BENCH_ECONOMY_PASSES", 20) as usize;
     let before = std::env::var("BENCH_SHEPHERD_BIN_BEFORE").ok();
+    let parts = std::env::var("BENCH_ECONOMY_PARTS").unwrap_or_else(|_| "idle,life,drill".into());
+    if parts.contains("idle") {
+        idle(prs, passes, before.as_deref()).await;
+    }
+    if parts.contains("life") {
+        let now_life = life("now", None).await;
+        if let Some(b) = &before {
+            let old_life = life("before (previous build)", Some(b)).await;
+            println!(
+                "BENCH life: {now_life} calls now, {old_life} before ({:.2} of before)",
+                now_life as f64 / old_life as f64
+            );
+        }
+    }
+    if parts.contains("drill") {
+        drill(env_or("BENCH_ECONOMY_DRILL_SECS", 5)).await;
+    }
+    with_binary(None);
+}
+
+/// Part 1: idle PRs, changed-only and full passes, and the previous build's.
+async fn idle(prs: u64, passes: usize, before: Option<&str>) {
     let changed = idle_run("changed-only passes", None, "315360000", prs, passes).await;
     let full = idle_run("every pass full", None, "0", prs, passes).await;
     // At the defaults: 6 passes an hour, one of the 144 passes of a day full.
@@ -270,7 +296,7 @@ async fn bench_api_calls() {
         "BENCH idle per PR-hour at the defaults (600 s, full sweep daily): {new_hour:.3} calls; polling {POLLING_PER_PR_HOUR}: {:.0}x fewer",
         POLLING_PER_PR_HOUR / new_hour
     );
-    if let Some(b) = &before {
+    if let Some(b) = before {
         let old = idle_run("before (previous build)", Some(b), "0", prs, passes).await;
         let old_hour = passes_per_hour * old;
         println!(
@@ -278,14 +304,4 @@ async fn bench_api_calls() {
             old_hour / new_hour
         );
     }
-    let now_life = life("now", None).await;
-    if let Some(b) = &before {
-        let old_life = life("before (previous build)", Some(b)).await;
-        println!(
-            "BENCH life: {now_life} calls now, {old_life} before ({:.2} of before)",
-            now_life as f64 / old_life as f64
-        );
-    }
-    drill(env_or("BENCH_ECONOMY_DRILL_SECS", 5)).await;
-    with_binary(None);
 }

@@ -3,6 +3,7 @@
 //! transitions, lifecycle walks and property tests.
 
 mod bounds;
+mod economy;
 mod hostile;
 mod issues;
 mod props;
@@ -45,11 +46,22 @@ pub(super) fn sha(c: char) -> Sha {
         .unwrap()
 }
 
-/// The default policy with the bot user `bot`.
+/// The default policy with the bot user `bot`, every status written at once
+/// (`status_settle_secs = 0`) so a test sees each phase's status effect; the settling
+/// of short-lived statuses has its own tests ([`settled_policy`]).
 pub(super) fn policy() -> Policy {
     Policy {
         bot_login: Some(login("bot")),
+        status_settle_secs: 0,
         ..Policy::default()
+    }
+}
+
+/// [`policy`] with the default `status_settle_secs` (short-lived statuses wait).
+pub(super) fn settled_policy() -> Policy {
+    Policy {
+        status_settle_secs: Policy::default().status_settle_secs,
+        ..policy()
     }
 }
 
@@ -69,6 +81,7 @@ pub(super) fn snap(head: char, updated: i64) -> PrSnapshot {
         labels: BTreeSet::new(),
         mergeable: Some(true),
         updated_ms: updated,
+        comments: None,
     }
 }
 
@@ -210,7 +223,7 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
         EffectKind::CancelWork { work_id } => format!("cancel {work_id}"),
         EffectKind::AddLabels { labels } => format!("+{}", labels.join(",")),
         EffectKind::RemoveLabels { labels } => format!("-{}", labels.join(",")),
-        EffectKind::UpsertComment { body } => {
+        EffectKind::UpsertComment { body, .. } => {
             let state = texts::parse_status_comment(body).expect("state block");
             format!("status {}", state.phase.as_str())
         }
@@ -249,7 +262,7 @@ pub(super) fn check_effects(t: &Transition, p: &Policy) {
             assert!(body.ends_with(&p.comment_footer), "{body}");
             assert_eq!(texts::find_effect_marker(body), Some(e.id.as_str()));
         }
-        if let EffectKind::UpsertComment { body } = &e.kind {
+        if let EffectKind::UpsertComment { body, .. } = &e.kind {
             assert!(body.ends_with(&p.comment_footer), "{body}");
             assert_eq!(texts::status_version(body), t.record.version, "{body}");
         }

@@ -318,7 +318,10 @@ fn facts(r: &PrRecord) -> (Option<PrSnapshot>, String, Option<String>) {
     )
 }
 
-/// Independent check of DESIGN §2.4 for a merge of `pinned` on record `r`.
+/// Independent check of DESIGN §2.4 for a merge of `pinned` on record `r`. The
+/// approvals counted are the last reviews read's plus, in merge mode `auto`, the
+/// approval webhooks since (issue 17): such a `Merge` is an attempt the executor's
+/// re-check confirms on fresh reads (PR, status, reviews) before any merge call.
 fn merge_is_safe(r: &PrRecord, p: &Policy, pinned: &Sha) -> Result<(), String> {
     let pr = r.pr.as_ref().ok_or("no PR")?;
     if pr.state != PrState::Open || pr.draft {
@@ -337,14 +340,25 @@ fn merge_is_safe(r: &PrRecord, p: &Policy, pinned: &Sha) -> Result<(), String> {
     if ci.contexts.is_empty() || ci.contexts.values().any(|c| c.state != CiState::Success) {
         return Err("CI not green".into());
     }
-    let reviews = r.reviews.as_ref().ok_or("no reviews read")?;
-    let approvals = reviews
-        .latest
-        .values()
-        .filter(|v| v.state == ReviewState::Approved && v.official && !v.stale && !v.dismissed)
-        .count();
-    let blocked = reviews
-        .latest
+    let latest = r
+        .reviews
+        .as_ref()
+        .map(|v| v.latest.clone())
+        .unwrap_or_default();
+    let counts = |v: &crate::core::event::ReviewFact| {
+        v.state == ReviewState::Approved && v.official && !v.stale && !v.dismissed
+    };
+    let read = latest.values().filter(|v| counts(v)).count();
+    let hinted = match p.merge_mode {
+        MergeMode::Auto => r
+            .approval_hints
+            .keys()
+            .filter(|who| !latest.get(*who).is_some_and(counts))
+            .count(),
+        MergeMode::Dispatch => 0,
+    };
+    let approvals = read + hinted;
+    let blocked = latest
         .values()
         .any(|v| v.state == ReviewState::RequestChanges && v.official && !v.dismissed);
     let bot = pr.author.as_ref().is_some_and(|a| p.is_bot_author(a))
@@ -474,6 +488,31 @@ proptest! {
     fn invariants_hold_on_random_sequences(ops in prop::collection::vec(op(), 1..60), dispatch_mode in prop::bool::weighted(0.2)) {
         let p = prop_policy(dispatch_mode);
         run(&ops, &p)?;
+    }
+
+    /// With short-lived statuses left to settle (issue 17), every invariant above still
+    /// holds, and the status comment ends with the phase the machine decides: once the
+    /// settle timer has fired, the last status asked for is the decided phase, so a
+    /// skipped edit never loses the final text.
+    #[test]
+    fn the_status_comment_ends_with_the_decided_phase(ops in prop::collection::vec(op(), 1..60), dispatch_mode in prop::bool::weighted(0.2)) {
+        let p = Policy { status_settle_secs: 10, ..prop_policy(dispatch_mode) };
+        let (mut r, trail) = run(&ops, &p)?;
+        let mut now = trail.last().map_or(T0, |s| s.now);
+        // The settle timer fires when due (it re-arms itself if it came early).
+        for _ in 0..2 {
+            if let Some(since) = r.status_pending_since {
+                let due = since + 10_000;
+                now = now.max(due);
+                let t = step(&r, &timer(TimerKind::StatusSettle, due), now, &p);
+                check_effects(&t, &p);
+                r = t.record;
+            }
+        }
+        prop_assert_eq!(r.status_pending_since, None);
+        let key: serde_json::Value = serde_json::from_str(r.status_comment.as_deref().unwrap_or("[null]")).unwrap();
+        let decided = crate::core::machine::decide(&r, &p, now).phase;
+        prop_assert_eq!(key[0].as_str(), Some(decided.as_str()), "{:#?}", r);
     }
 
     /// Each event delivered twice gives the same record; the whole sequence replayed

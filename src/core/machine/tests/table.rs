@@ -337,14 +337,6 @@ fn failure_signature_ignores_durations() {
 }
 
 #[test]
-fn review_hint_rereads_reviews() {
-    let mut h = H::opened();
-    h.later(30);
-    let fx = h.step(review_hint(snap('a', T0), "bob"));
-    assert_eq!(fx, lines(&["observe reviews"]));
-}
-
-#[test]
 fn active_change_request_dispatches_review_feedback() {
     let mut h = H::opened();
     h.later(5);
@@ -388,19 +380,10 @@ fn addressed_change_request_still_blocks_merging() {
 }
 
 #[test]
-fn ready_bot_pr_rereads_reviews_then_merges() {
+fn ready_bot_pr_merges_without_reading_the_reviews_again() {
+    // The executor's pre-merge re-check reads PR, status and reviews right before the
+    // merge call: the machine does not read the reviews first (issue 17).
     let mut h = ready_bot();
-    let fx = h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
-    assert_eq!(
-        fx,
-        lines(&[
-            "observe reviews",
-            "timer merge-retry +60s",
-            "status ready-to-merge"
-        ])
-    );
-    assert!(matches!(h.r.merge, MergeState::Verifying { .. }));
-    h.later(1);
     let fx = h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
     assert_eq!(
         fx,
@@ -414,28 +397,58 @@ fn ready_bot_pr_rereads_reviews_then_merges() {
 }
 
 #[test]
-fn dismissed_approval_found_at_verification_stops_the_merge() {
+fn a_record_stored_while_verifying_merges_at_its_next_step() {
+    // Records written by a build that read the reviews before merging.
     let mut h = ready_bot();
     h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
-    h.later(1);
-    let ev = match reviews(&[("carol", ReviewState::Approved, 'a')], h.now) {
-        Event::ObservedReviews {
-            repo,
-            number,
-            mut reviews,
-            at_ms,
-        } => {
-            reviews[0].dismissed = true;
-            Event::ObservedReviews {
-                repo,
-                number,
-                reviews,
-                at_ms,
-            }
-        }
-        other => other,
+    h.step(merged(MergeOutcome::TryAgain));
+    h.r.merge = MergeState::Verifying {
+        sha: sha('a'),
+        since_ms: h.now,
     };
-    let fx = h.step(ev);
+    h.later(60);
+    let due = h.now;
+    let fx = h.step(timer(TimerKind::MergeRetry, due));
+    assert_eq!(
+        fx,
+        lines(&[
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
+        ])
+    );
+}
+
+#[test]
+fn dismissed_approval_found_by_the_merge_recheck_stops_the_merge() {
+    let mut h = ready_bot();
+    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
+    assert!(matches!(h.r.merge, MergeState::InFlight { .. }));
+    h.later(1);
+    // What the executor reports when its re-check finds the approval dismissed.
+    let Event::ObservedReviews {
+        reviews: mut rs, ..
+    } = reviews(&[("carol", ReviewState::Approved, 'a')], h.now)
+    else {
+        unreachable!()
+    };
+    rs[0].dismissed = true;
+    h.step(Event::ResyncObserved {
+        pr: bot_snap('a', T0),
+        contexts: vec![CiContext {
+            context: PASS.0.into(),
+            state: PASS.1,
+            description: PASS.2.into(),
+            target_url: String::new(),
+            updated_ms: T0 + 5000,
+        }],
+        reviews: rs,
+        at_ms: h.now,
+    });
+    h.step(merged(MergeOutcome::TryAgain));
+    h.later(30);
+    let due = h.now;
+    let fx = h.step(timer(TimerKind::MergeRetry, due));
     assert_eq!(fx, lines(&["status awaiting-review"]));
     assert_eq!(h.r.merge, MergeState::Idle);
 }
@@ -459,9 +472,9 @@ fn human_pr_needs_two_approvals() {
     assert_eq!(
         fx,
         lines(&[
-            "observe reviews",
-            "timer merge-retry +60s",
-            "status ready-to-merge"
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
         ])
     );
 }
@@ -470,8 +483,6 @@ fn human_pr_needs_two_approvals() {
 fn merge_outcomes() {
     let in_flight = || {
         let mut h = ready_bot();
-        h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
-        h.later(1);
         h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
         assert!(matches!(h.r.merge, MergeState::InFlight { .. }));
         h
@@ -496,16 +507,24 @@ fn merge_outcomes() {
         ])
     );
 
+    // The head moved: read the PR; the stale head is not tried again meanwhile (the
+    // new head ends the back-off).
     let mut h = in_flight();
     assert_eq!(
         h.step(merged(MergeOutcome::HeadMoved)),
         lines(&[
             "observe pr",
-            "observe reviews",
-            "timer merge-retry +60s",
+            "timer merge-retry +30s",
             "status ready-to-merge"
         ])
     );
+    assert!(matches!(h.r.merge, MergeState::Backoff { .. }));
+    h.later(1);
+    h.step(Event::ObservedPr {
+        pr: bot_snap('b', h.now),
+    });
+    assert_eq!(h.r.merge, MergeState::Idle);
+    assert_eq!(h.phase(), Phase::AwaitingCi);
 
     let mut h = in_flight();
     assert_eq!(
@@ -517,7 +536,11 @@ fn merge_outcomes() {
     let due = h.now;
     assert_eq!(
         h.step(timer(TimerKind::MergeRetry, due)),
-        lines(&["observe reviews", "timer merge-retry +60s"])
+        lines(&[
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
+        ])
     );
 
     let mut h = in_flight();
@@ -965,9 +988,9 @@ fn pause_stops_dispatch_and_merge_until_resume() {
         fx,
         lines(&[
             "timer stale-check +86400s",
-            "observe reviews",
-            "timer merge-retry +60s",
-            "status ready-to-merge"
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
         ])
     );
 }
@@ -1024,9 +1047,9 @@ fn resync_of_an_unknown_pr_builds_the_whole_record() {
         fx,
         lines(&[
             "timer stale-check +86340s",
-            "observe reviews",
-            "timer merge-retry +60s",
-            "status ready-to-merge"
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
         ])
     );
 }
@@ -1079,25 +1102,12 @@ fn mergeability_timer_reads_the_pr() {
 }
 
 #[test]
-fn lost_verification_read_is_retried_by_the_watchdog() {
-    let mut h = ready_bot();
-    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
-    h.later(60);
-    let now = h.now;
-    assert_eq!(
-        h.step(timer(TimerKind::MergeRetry, now)),
-        lines(&["observe reviews", "timer merge-retry +60s"])
-    );
-}
-
-#[test]
 fn a_merge_whose_outcome_never_comes_is_given_up_after_the_watchdog() {
     let mut h = ready_bot();
     h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
-    h.later(1);
-    h.step(reviews(&[("carol", ReviewState::Approved, 'a')], h.now));
     assert!(matches!(h.r.merge, MergeState::InFlight { .. }));
-    // The verify timer, replaced by the watchdog, may still fire: nothing happens.
+    // An earlier merge-retry timer, replaced by the watchdog, may still fire: nothing
+    // happens.
     let early = h.now;
     assert!(step(&h.r, &timer(TimerKind::MergeRetry, early), early, &h.p).is_noop());
     // No outcome for 30 minutes (the effect was dead-lettered): read the PR, back off.
@@ -1120,12 +1130,16 @@ fn a_merge_whose_outcome_never_comes_is_given_up_after_the_watchdog() {
     );
     // ... and is ignored otherwise.
     assert!(step(&h.r, &merged(MergeOutcome::Conflict), h.now, &h.p).is_noop());
-    // Still open a minute later: verify again, then merge again.
+    // Still open a minute later: merge again (the executor re-checks first).
     h.later(60);
     let due = h.now;
     assert_eq!(
         h.step(timer(TimerKind::MergeRetry, due)),
-        lines(&["observe reviews", "timer merge-retry +60s"])
+        lines(&[
+            "merge aaa Squash delete=true",
+            "timer merge-retry +1800s",
+            "status merging"
+        ])
     );
 }
 
