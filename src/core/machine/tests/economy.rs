@@ -96,6 +96,50 @@ fn a_slow_merge_shows_merging_once_the_settle_time_is_over() {
     );
 }
 
+/// Merge retries (Forgejo says "try again later", or another holder has the branch's
+/// merge lease) flip the phase between ready-to-merge and merging; the comment is
+/// written once, when the first of them has lasted `status_settle_secs`, and not again
+/// on each flip: a flip back to what the comment already says cancels the wait.
+#[test]
+fn merge_retries_do_not_flip_the_status_comment() {
+    let mut h = ready_bot_settled();
+    h.step(review_hint(bot_snap('a', T0), "carol"));
+    let t0 = h.now;
+    h.later(2);
+    let fx = h.step(merged(MergeOutcome::TryAgain));
+    assert_eq!(fx, lines(&["timer merge-retry +30s"]), "still waiting");
+    h.now = t0 + 10_000;
+    let due = h.now;
+    let fx = h.step(timer(TimerKind::StatusSettle, due));
+    assert_eq!(fx, lines(&["status ready-to-merge"]), "it lasted: written");
+    let mut written = Vec::new();
+    for round in 0..5 {
+        h.now = t0 + 32_000 + round * 31_000;
+        let due = h.now;
+        let fx = h.step(timer(TimerKind::MergeRetry, due));
+        assert!(
+            fx.contains(&"merge aaa Squash delete=true".to_owned()),
+            "round {round}: {fx:?}"
+        );
+        written.extend(statuses(&h));
+        h.later(1);
+        let outcome = match round % 2 {
+            0 => MergeOutcome::TryAgain,
+            _ => MergeOutcome::LockBusy { retry_ms: 5_000 },
+        };
+        h.step(merged(outcome));
+        written.extend(statuses(&h));
+        assert_eq!(h.r.status_pending_since, None, "round {round}");
+        // The settle timer set when merging began finds nothing waiting.
+        h.later(9);
+        let due = h.now;
+        let t = step(&h.r, &timer(TimerKind::StatusSettle, due), due, &h.p);
+        assert!(t.effects.is_empty(), "round {round}: {:?}", t.effects);
+    }
+    assert_eq!(written, Vec::<(String, bool)>::new(), "no edit per retry");
+    assert_eq!(h.phase(), Phase::ReadyToMerge);
+}
+
 #[test]
 fn a_lasting_phase_is_written_at_once_and_replaces_a_waiting_one() {
     let mut h = ready_bot_settled();
