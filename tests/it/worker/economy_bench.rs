@@ -12,7 +12,7 @@
 //!    green → approved → merged, plus a human PR merged after two approvals, with
 //!    Forgejo Actions events announcing the runs and Forgejo's echoes of Shepherd's own
 //!    writes sent on; calls by endpoint (the fake's log) and by cause (Shepherd's
-//!    metrics), for each binary.
+//!    metrics), for each binary; each PR's one status comment must end at `merged`.
 //! 3. **Lost webhook**: an approval added without its webhook, the resync every
 //!    `BENCH_ECONOMY_DRILL_SECS` (5) seconds: the time until the PR is merged.
 
@@ -212,6 +212,10 @@ async fn life(label: &str, bin: Option<&str>) -> usize {
         // Every record's history and every call in order: where the calls go.
         s.dump().await;
     }
+    // The end state, not a figure: each PR has one status comment, and it says merged.
+    for pr in [n, h] {
+        assert_eq!(status_phases(&s, pr), ["merged"], "{label}: PR #{pr}");
+    }
     let calls = fake.all_calls();
     let causes = match bin {
         None => format!("{:?}", by_cause(&s.metrics().await)),
@@ -223,6 +227,16 @@ async fn life(label: &str, bin: Option<&str>) -> usize {
         by_endpoint(&calls)
     );
     calls.len()
+}
+
+/// The phases of PR `n`'s status comments (Shepherd keeps exactly one).
+fn status_phases(s: &Scenario, n: u64) -> Vec<String> {
+    s.fake
+        .comments_on(REPO, n)
+        .iter()
+        .filter_map(|c| shepherd::core::texts::parse_status_comment(&c.body))
+        .map(|state| state.phase.as_str().to_owned())
+        .collect()
 }
 
 /// An approval added without its webhook: seconds until the PR is merged.
