@@ -292,10 +292,17 @@ pub enum MergeState {
         /// Since when (unix ms).
         since_ms: i64,
     },
-    /// Forgejo said "try again later": not before `not_before_ms`.
+    /// Forgejo said "try again later", or the target branch's merge lease was busy:
+    /// not before `not_before_ms`.
     Backoff {
         /// Earliest next attempt (unix ms).
         not_before_ms: i64,
+        /// Waiting for the branch's merge lease: the executor that releases it wakes
+        /// this record's `merge-retry` timer early (`store::lock::wake_next_waiter`),
+        /// so the timer ends the back-off whenever it fires; `not_before_ms` is then
+        /// only the fallback for a holder that died.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lease_wait: bool,
     },
 }
 

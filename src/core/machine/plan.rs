@@ -298,10 +298,17 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         let s = if more == 1 { "" } else { "s" };
         out.push(format!("waiting for {more} more approval{s}"));
     }
-    if let MergeState::Backoff { not_before_ms } = r.merge
+    if let MergeState::Backoff {
+        not_before_ms,
+        lease_wait,
+    } = r.merge
         && now_ms < not_before_ms
     {
-        out.push("Forgejo asked to try the merge again later".into());
+        out.push(if lease_wait {
+            "waiting for the target branch's merge lease (another merge is in progress)".into()
+        } else {
+            "Forgejo asked to try the merge again later".into()
+        });
     }
     out
 }
