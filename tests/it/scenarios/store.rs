@@ -276,7 +276,7 @@ async fn a_released_merge_lease_wakes_the_oldest_waiter_with_a_timer() {
             s
         }
     };
-    let woken = lock::wake_next_waiter(&mut conn, &keys, &waiters, 1_000)
+    let woken = lock::wake_next_waiter(&mut conn, keys, &waiters, 1_000)
         .await
         .unwrap();
     assert_eq!(
@@ -292,13 +292,13 @@ async fn a_released_merge_lease_wakes_the_oldest_waiter_with_a_timer() {
         "no timer is created for a waiter whose timer is gone"
     );
     // A wake never moves a timer later.
-    let woken = lock::wake_next_waiter(&mut conn, &keys, &waiters, 70_000)
+    let woken = lock::wake_next_waiter(&mut conn, keys, &waiters, 70_000)
         .await
         .unwrap();
     assert_eq!(woken, None, "second's timer is due before 70 s: not moved");
     assert_eq!(score(second.timer_member.clone()).await, Some(60_000.0));
     assert_eq!(
-        lock::wake_next_waiter(&mut conn, &keys, &waiters, 1)
+        lock::wake_next_waiter(&mut conn, keys, &waiters, 1)
             .await
             .unwrap(),
         None,
@@ -311,7 +311,7 @@ async fn a_released_merge_lease_wakes_the_oldest_waiter_with_a_timer() {
         .await
         .unwrap();
     assert_eq!(
-        lock::wake_next_waiter(&mut conn, &keys, &waiters, 1)
+        lock::wake_next_waiter(&mut conn, keys, &waiters, 1)
             .await
             .unwrap(),
         None,
