@@ -267,7 +267,8 @@ pub async fn gather(
         | WorkKind::ReviewFeedback
         | WorkKind::MergeConflicts
         | WorkKind::StaleCheck
-        | WorkKind::ReadyToMerge => gather_pr(forgejo, item, &mut ctx).await?,
+        | WorkKind::ReadyToMerge
+        | WorkKind::Review => gather_pr(forgejo, item, &mut ctx).await?,
     }
     Ok(ctx)
 }

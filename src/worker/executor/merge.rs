@@ -151,7 +151,10 @@ impl Executor {
         };
         let cover = self.ctx.config.forgejo_timeout + CALL_MARGIN;
         if !keeper.fence(cover).await? {
-            tracing::warn!(lease = keeper.lease.key(), "merge lease lost before the merge call; not merging");
+            tracing::warn!(
+                lease = keeper.lease.key(),
+                "merge lease lost before the merge call; not merging"
+            );
             return Ok(vec![outcome_event(effect, busy(Duration::ZERO))]);
         }
         let answer = self
