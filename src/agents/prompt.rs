@@ -434,6 +434,17 @@ mod samples {
                 comments_unavailable: Some(text("HTTP 500")),
             }],
             change_requests_omitted: 1,
+            reviews: vec![crate::agents::review::EarlierReview {
+                id: 8,
+                reviewer: text("reviewer-agent"),
+                state: text("REQUEST_CHANGES"),
+                commit_id: text("89abcdef0123456789abcdef0123456789abcdef"),
+                submitted_at: text("2020-01-01T00:00:00+00:00"),
+                stale: true,
+                dismissed: false,
+                body: text("Handle the empty list."),
+            }],
+            reviews_omitted: 1,
             comments: vec![CommentContext {
                 id: 5,
                 author: text("someone"),

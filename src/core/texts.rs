@@ -14,6 +14,9 @@ use super::record::{Attempt, ReviewRound, ReviewVerdict};
 pub const STATE_MARKER: &str = "<!-- SHEPHERD-STATE: ";
 /// Opening of the hidden effect-id marker in posted comments.
 pub const EFFECT_MARKER: &str = "<!-- shepherd-effect: ";
+/// Opening of the hidden marker a reviewer agent's review carries (the work id): a
+/// runner that retries a work item finds the review it already posted.
+pub const REVIEW_MARKER: &str = "<!-- shepherd-review: ";
 /// Closing of both markers.
 const MARKER_END: &str = " -->";
 
@@ -63,6 +66,17 @@ pub struct ReviewStatus {
 /// The hidden marker carrying an effect id.
 pub fn effect_marker(id: &EffectId) -> String {
     format!("{EFFECT_MARKER}{id}{MARKER_END}")
+}
+
+/// The hidden marker of the review posted for work item `work_id`.
+pub fn review_marker(work_id: &str) -> String {
+    format!("{REVIEW_MARKER}{work_id}{MARKER_END}")
+}
+
+/// `body` without a review marker and what follows it (the marker is ours, not
+/// the reviewer's words).
+pub fn strip_review_marker(body: &str) -> &str {
+    body.find(REVIEW_MARKER).map_or(body, |i| &body[..i])
 }
 
 /// The effect id in a comment body's marker, if any.

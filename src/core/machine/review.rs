@@ -106,7 +106,7 @@ pub(crate) fn change_request_signature(
     if !policy.is_reviewer(reviewer) {
         return format!("{reviewer}#{review_id}");
     }
-    let words: Vec<&str> = body
+    let words: Vec<&str> = super::super::texts::strip_review_marker(body)
         .split_whitespace()
         .map(|w| match w.chars().any(|c| c.is_ascii_digit()) {
             true => "#",
