@@ -6,12 +6,15 @@
 //!   priority, deadline, two runners, a missing program.
 //! - `e2e`: the whole loop through `shepherd run` and the scenario harness: cancel by
 //!   a human push, the agent's own push then its result, a runner crash, escalation.
+//! - `review_e2e`: reviewer agents (issue 15): change request → feedback → push →
+//!   approval → merge, and three rounds of the same change request → needs-human.
 
 mod bench;
 mod context;
 mod e2e;
 mod opencode;
 mod opencode_loop;
+mod review_e2e;
 mod runner;
 
 use std::path::PathBuf;
