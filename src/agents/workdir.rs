@@ -30,6 +30,10 @@ pub const AGENT_VARS: &[&str] = &[
     "SHEPHERD_FORGEJO_URL",
 ];
 
+/// The variable naming the file where a reviewer agent writes its verdict (`review`
+/// work only; [`super::review`]).
+pub const REVIEW_FILE_VAR: &str = "SHEPHERD_REVIEW_FILE";
+
 /// The files of one run.
 pub struct Files {
     /// The prompt.
@@ -81,7 +85,7 @@ pub fn invocation(
     let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
     env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
     if item.kind == crate::core::effect::WorkKind::Review {
-        env.push(("SHEPHERD_REVIEW_FILE".into(), path(&files.review).into()));
+        env.push((REVIEW_FILE_VAR.into(), path(&files.review).into()));
     }
     if shared.agents.credentials
         && let Some(token) = &shared.agents.forgejo_token

@@ -454,6 +454,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             }
         },
     };
+    let mut reason = first.clone();
     match review::wanted(r, pr, policy) {
         ReviewWant::Nothing => {}
         ReviewWant::Dispatch {
@@ -489,7 +490,8 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
                 want: Want::ReviewRoundsExhausted { reason },
             };
         }
-        ReviewWant::WaitingForHuman { reason } => return Plan::idle(phase, reason),
+        // Still a stale check in a lull, but the reason says who must act.
+        ReviewWant::WaitingForHuman { reason: why } => reason = why,
     }
     let stale_ms = i64::try_from(policy.stale_after_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     let lull = r.last_activity_ms > 0 && now.saturating_sub(r.last_activity_ms) >= stale_ms;
@@ -507,7 +509,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             &why,
         );
     }
-    Plan::idle(phase, first.clone())
+    Plan::idle(phase, reason)
 }
 
 /// A failing context for a work item.
