@@ -403,8 +403,13 @@ async fn conclude(
     }
     let mut report = result.report;
     // A reviewer agent's verdict is posted now, as its own user; what that came to is
-    // the result (the agent's own result file only adds its figures to the metrics).
-    if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish) {
+    // the result (the agent's own result file only adds its figures to the metrics). An
+    // agent that failed without writing a verdict keeps its own failure (exit status).
+    let wrote = files.review.exists();
+    let failed = report.outcome == crate::core::event::WorkOutcome::Failed;
+    if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish)
+        && (wrote || !failed)
+    {
         report = super::review::post(reviewer, item, &files.review).await;
     }
     report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));

@@ -162,7 +162,7 @@ fn reviewer_clients(
         if !out.keys().any(|l| l.as_str().eq_ignore_ascii_case(login)) {
             tracing::warn!(
                 reviewer = %login,
-                "a reviewer login of the policy has no token in SHEPHERD_REVIEWER_TOKENS:                  its review work fails"
+                "a reviewer login of the policy has no token in SHEPHERD_REVIEWER_TOKENS (its review work fails)"
             );
         }
     }
