@@ -53,6 +53,68 @@ pub struct PrRecord {
     pub status_comment: Option<String>,
     /// Linked issues were told about the merge.
     pub merge_announced: bool,
+    /// Reviewer agents' rounds on this PR (`review` work).
+    #[serde(default, skip_serializing_if = "AgentReview::is_empty")]
+    pub agent_review: AgentReview,
+}
+
+/// Reviewer-agent rounds of one PR: one per `review` dispatch, so at most one per
+/// head sha ever, and at most `max_review_rounds` (validated ≤ 20) in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentReview {
+    /// Every review dispatch, oldest first.
+    #[serde(default)]
+    pub rounds: Vec<ReviewRound>,
+    /// The rounds ran out and the PR was handed to a human (once: after a resume the
+    /// PR waits for a human review instead of going back to `needs-human`).
+    #[serde(default)]
+    pub exhausted: bool,
+}
+
+impl AgentReview {
+    /// Nothing recorded (records that never had a review keep their JSON as before).
+    pub fn is_empty(&self) -> bool {
+        self.rounds.is_empty() && !self.exhausted
+    }
+}
+
+/// One review dispatch and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewRound {
+    /// The head the review was dispatched for.
+    pub head_sha: Sha,
+    /// The work item.
+    pub work_id: WorkId,
+    /// The reviewer agent's user named in the work item.
+    pub reviewer: Login,
+    /// Dispatch time (unix ms).
+    pub dispatched_ms: i64,
+    /// The verdict of a reviewer agent's formal review on `head_sha`, once read.
+    #[serde(default)]
+    pub verdict: Option<ReviewVerdict>,
+    /// That review's id.
+    #[serde(default)]
+    pub review_id: Option<i64>,
+}
+
+/// A reviewer agent's verdict on one head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReviewVerdict {
+    /// `APPROVED`.
+    Approved,
+    /// `REQUEST_CHANGES`.
+    ChangesRequested,
+}
+
+impl ReviewVerdict {
+    /// The verdict's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReviewVerdict::Approved => "approved",
+            ReviewVerdict::ChangesRequested => "changes-requested",
+        }
+    }
 }
 
 /// Work bookkeeping shared by PR and issue records.
@@ -389,6 +451,7 @@ impl PrRecord {
             stale_checked_at: None,
             status_comment: None,
             merge_announced: false,
+            agent_review: AgentReview::default(),
         }
     }
 

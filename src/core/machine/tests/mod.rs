@@ -6,6 +6,7 @@ mod bounds;
 mod hostile;
 mod issues;
 mod props;
+mod review;
 mod table;
 mod walks;
 
