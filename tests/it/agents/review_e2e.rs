@@ -45,7 +45,7 @@ esac"#;
 
 /// Delivers the webhooks the fake queued (reviews by the reviewer, the bot's label
 /// and comment echoes, the merge) until `cond` holds.
-async fn deliver_until<F, Fut>(s: &Scenario, what: &str, mut cond: F)
+pub(super) async fn deliver_until<F, Fut>(s: &Scenario, what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
