@@ -210,6 +210,9 @@ pub enum WorkKind {
     IssueImpl,
     /// Merge a ready PR (merge mode `dispatch` only).
     ReadyToMerge,
+    /// Review the PR's head as a reviewer agent (at most once per head sha; claim label
+    /// `auto/claimed-reviewer`).
+    Review,
 }
 
 impl WorkKind {
@@ -220,6 +223,7 @@ impl WorkKind {
             WorkKind::MergeConflicts => 50,
             WorkKind::CiFix => 40,
             WorkKind::ReviewFeedback => 30,
+            WorkKind::Review => 25,
             WorkKind::StaleCheck => 20,
             WorkKind::IssueImpl => 10,
         }
@@ -234,6 +238,7 @@ impl WorkKind {
             WorkKind::StaleCheck => "stale-check",
             WorkKind::IssueImpl => "issue-impl",
             WorkKind::ReadyToMerge => "ready-to-merge",
+            WorkKind::Review => "review",
         }
     }
 }
@@ -275,6 +280,21 @@ pub struct WorkContext {
     pub change_requests: Vec<ChangeRequest>,
     /// Earlier attempts on this record, oldest first.
     pub attempts: Vec<AttemptSummary>,
+    /// Who reviews and which round it is (for `review` only; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewRequest>,
+}
+
+/// The `context.review` object of a `review` work item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewRequest {
+    /// The reviewer agent's Forgejo user (one of the policy's `reviewer_logins`, never
+    /// the PR's author): the runner posts the review with this user's token.
+    pub reviewer: super::ids::Login,
+    /// 1-based review round on this PR.
+    pub round: u32,
+    /// The policy's `max_review_rounds`.
+    pub max_rounds: u32,
 }
 
 /// One failing CI context.

@@ -139,7 +139,8 @@ pub(crate) fn apply(
 /// (and alone decides). Every other review webhook is read at once: a change request
 /// or a comment (its id and body become work), dispatch mode (an agent merges without
 /// the executor's re-check), and an approval by someone whose known latest review is
-/// not an approval (it may end a change request, which stops or starts work).
+/// not an approval (it may end a change request, which stops or starts work), and
+/// any review by a reviewer agent (its verdict is a fact of its review round).
 fn approval_hint(
     r: &PrRecord,
     hint: ReviewHint,
@@ -147,6 +148,10 @@ fn approval_hint(
     policy: &Policy,
 ) -> Option<Login> {
     let reviewer = sender?;
+    // A reviewer agent's verdict is a fact of its review round: always read.
+    if policy.is_reviewer(reviewer) {
+        return None;
+    }
     let known = r
         .reviews
         .as_ref()
@@ -402,8 +407,21 @@ pub(crate) fn schedule_merge_retry(due_ms: i64, fx: &mut Fx) {
 
 /// No merge before `not_before_ms`; the timer then lets the record try again.
 fn back_off_merge(r: &mut PrRecord, not_before_ms: i64, fx: &mut Fx) {
-    r.merge = MergeState::Backoff { not_before_ms };
+    r.merge = MergeState::Backoff {
+        not_before_ms,
+        lease_wait: false,
+    };
     schedule_merge_retry(not_before_ms, fx);
+}
+
+/// The merge lease was busy: try again when its holder releases it (the releaser wakes
+/// the timer early) or, should the holder have died, at `fallback_ms`.
+fn wait_for_lease(r: &mut PrRecord, fallback_ms: i64, fx: &mut Fx) {
+    r.merge = MergeState::Backoff {
+        not_before_ms: fallback_ms,
+        lease_wait: true,
+    };
+    schedule_merge_retry(fallback_ms, fx);
 }
 
 /// A PR snapshot, unless an equally new or newer one is already known.
@@ -582,7 +600,12 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         }
         TimerKind::ClaimExpiry { work_id } => work::on_expiry(&mut r.work, work_id, now, fx),
         TimerKind::MergeRetry => match &r.merge {
-            MergeState::Backoff { not_before_ms } if now >= *not_before_ms => {
+            // A lease wait ends whenever its timer fires: early means woken by the
+            // lease's releaser.
+            MergeState::Backoff {
+                not_before_ms,
+                lease_wait,
+            } if *lease_wait || now >= *not_before_ms => {
                 r.merge = MergeState::Idle;
                 true
             }
@@ -658,7 +681,7 @@ fn on_outcome(
         }
         EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {
             let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
-            back_off_merge(r, now.saturating_add(delay), fx);
+            wait_for_lease(r, now.saturating_add(delay), fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {

@@ -133,3 +133,108 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
     );
     assert!(!env.contains("SHEPHERD_FORGEJO_TOKEN"), "{env}");
 }
+
+/// A reviewer agent run by the real opencode CLI (issue 15): a green bot PR gets one
+/// `review` work item; `shepherd agents` renders the review prompt and runs opencode
+/// under the reviewer's model; the stub model's one `bash` tool call writes the
+/// verdict file; the runner posts it as the reviewer's own formal review (with the
+/// reviewer's token, which neither the model nor the agent ever sees); Forgejo's review
+/// webhook comes back, the reviewer's approval counts for a bot PR and the PR merges.
+#[tokio::test(flavor = "multi_thread")]
+async fn opencode_reviews_a_bot_pr_as_its_own_user_and_its_approval_merges_it() {
+    const REVIEWER: &str = "rev-agent";
+    const REVIEWER_TOKEN: &str = "rev-agent-token-0c9d8e7f";
+    let s =
+        Scenario::start("models = { haiku = \"stub-haiku\" }\nreviewer_logins = [\"rev-agent\"]\n")
+            .await;
+    let fake = &s.fake;
+    fake.add_user_token(REVIEWER, REVIEWER_TOKEN);
+    let marks = tempfile::tempdir().unwrap();
+    let agent_env = marks.path().join("agent-env");
+    let stub = ModelStub::start(&format!(
+        "env > {env}; \
+         printf '{{\"event\":\"APPROVED\",\"body\":\"Reviewed the diff: parse() handles every case.\"}}' \
+         > \"$SHEPHERD_REVIEW_FILE\"",
+        env = agent_env.display(),
+    ))
+    .await;
+    let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
+    let _runner = s
+        .agents(&project.command_line())
+        .env(
+            "SHEPHERD_REVIEWER_TOKENS",
+            format!("{REVIEWER}={REVIEWER_TOKEN}"),
+        )
+        .start()
+        .await;
+
+    let n = fake.open_pr(
+        REPO,
+        NewPr::new("agent-bot", "Add parse()").body("Adds parse()."),
+    );
+    let sha = fake.head_sha(REPO, n);
+    fake.set_status(REPO, &sha, "ci/test", "success", "all green");
+    s.send(&fake.pr_opened(REPO, n)).await;
+    let item = s.wait_work_items(1).await.remove(0);
+    assert_eq!(item["kind"], "review");
+    assert_eq!(item["head_sha"], sha.as_str());
+    assert_eq!(item["context"]["review"]["reviewer"], REVIEWER);
+
+    // The review posted by the runner comes back as Forgejo's webhook; the approval
+    // counts and the PR merges.
+    super::review_e2e::deliver_until(&s, "the PR is merged", || async {
+        !fake.merges().is_empty()
+    })
+    .await;
+    s.wait_phase(REPO, n, "merged").await;
+    let reviews: Vec<(String, String, String)> = fake.with_model(|m| {
+        m.repo_mut(REPO)
+            .reviews
+            .iter()
+            .filter(|r| r.number == n)
+            .map(|r| (r.user.clone(), r.state.clone(), r.commit_id.clone()))
+            .collect()
+    });
+    assert_eq!(
+        reviews,
+        [(REVIEWER.to_owned(), "APPROVED".to_owned(), sha.clone())],
+        "one formal review, by the reviewer, on the reviewed head"
+    );
+    assert_eq!(fake.merges()[0].merged_sha, sha);
+    let items = s.work_items().await;
+    assert_eq!(items.len(), 1, "one dispatch in all: {items:?}");
+
+    // What the model saw: the review prompt, and no token of any kind.
+    let turns = stub.agent_turns();
+    assert!(!turns.is_empty(), "opencode asked the model");
+    for r in stub.requests() {
+        let text = r.body.to_string();
+        assert!(
+            !text.contains(REVIEWER_TOKEN),
+            "the reviewer's token reached the model"
+        );
+        assert!(
+            !text.contains(fake.token()),
+            "the bot's token reached the model"
+        );
+    }
+    let prompt = turns[0].user_texts().join("\n");
+    let lines: Vec<&str> = prompt.lines().collect();
+    for line in [
+        "work_type: pr_review".to_owned(),
+        format!("work_number: {n}"),
+        "## Full diff".to_owned(),
+    ] {
+        assert!(
+            lines.contains(&line.as_str()),
+            "the model saw no line {line:?}:\n{prompt}"
+        );
+    }
+    let env = std::fs::read_to_string(&agent_env).expect("the tool call ran");
+    assert!(env.contains("SHEPHERD_REVIEW_FILE="), "{env}");
+    assert!(
+        !env.contains(REVIEWER_TOKEN),
+        "the reviewer's token in the agent's environment"
+    );
+    assert!(!env.contains("SHEPHERD_REVIEWER_TOKENS"), "{env}");
+}

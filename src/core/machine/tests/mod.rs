@@ -7,6 +7,7 @@ mod economy;
 mod hostile;
 mod issues;
 mod props;
+mod review;
 mod table;
 mod walks;
 
