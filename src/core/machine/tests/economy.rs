@@ -6,6 +6,7 @@
 //! count proves it has none.
 
 use super::*;
+use crate::core::machine::merge_blockers;
 use crate::core::policy::MergeMode;
 
 /// `ci / test` passing.
@@ -313,4 +314,45 @@ fn a_new_head_drops_the_approvals_announced_for_the_old_one() {
         "bot",
     ));
     assert!(h.r.approval_hints.is_empty());
+}
+
+/// The executor's re-check builds a fresh record from what it read (one
+/// `ResyncObserved`) and asks `merge_blockers`: an approval hint only starts the
+/// attempt, it never counts there, so a hinted approval the read does not show blocks
+/// the merge call.
+#[test]
+fn the_merge_recheck_counts_only_the_approvals_it_read() {
+    let mut h = ready_bot();
+    h.step(review_hint(bot_snap('a', T0), "carol"));
+    assert!(
+        merge_blockers(&h.r, &h.p, h.now).is_empty(),
+        "the hint starts it"
+    );
+    let read = |reviews: Vec<ReviewFact>| Event::ResyncObserved {
+        pr: bot_snap('a', T0),
+        contexts: vec![CiContext {
+            context: PASS.0.into(),
+            state: PASS.1,
+            description: PASS.2.into(),
+            target_url: String::new(),
+            updated_ms: T0 + 5000,
+        }],
+        reviews,
+        at_ms: h.now,
+    };
+    let fresh = PrRecord::new(h.r.repo.clone(), h.r.number);
+    let t = step(&fresh, &read(Vec::new()), h.now, &h.p);
+    assert!(t.record.approval_hints.is_empty());
+    assert_eq!(
+        merge_blockers(&t.record, &h.p, h.now),
+        ["waiting for 1 more approval"],
+        "the approval was not read: no merge call"
+    );
+    let Event::ObservedReviews { reviews: rs, .. } =
+        reviews(&[("carol", ReviewState::Approved, 'a')], h.now)
+    else {
+        unreachable!()
+    };
+    let t = step(&fresh, &read(rs), h.now, &h.p);
+    assert!(merge_blockers(&t.record, &h.p, h.now).is_empty());
 }
