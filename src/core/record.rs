@@ -56,7 +56,7 @@ pub struct PrRecord {
     /// Since when (unix ms) a short-lived status has been waiting to be written
     /// (`status_settle_secs`); `None` when the comment holds what the machine wants.
     #[serde(default)]
-    pub status_pending_since: Option<i64>,
+    pub status_pending_since_ms: Option<i64>,
     /// A status comment was asked for at least once (never reset, unlike
     /// `status_comment`, which a command clears to force a rewrite).
     #[serde(default)]
@@ -67,10 +67,17 @@ pub struct PrRecord {
     /// the reviews anyway and alone decides whether the merge call is made. Cleared by
     /// a later full read and by a new head.
     #[serde(default)]
-    pub approval_hints: BTreeMap<Login, i64>,
+    pub approval_hints: BTreeMap<Login, ApprovalHint>,
     /// Reviewer agents' rounds on this PR (`review` work).
     #[serde(default, skip_serializing_if = "AgentReview::is_empty")]
     pub agent_review: AgentReview,
+}
+
+/// An approval announced by a review webhook and not read yet (`approval_hints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalHint {
+    /// When the webhook was stepped (unix ms); a reviews read taken later drops it.
+    pub at_ms: i64,
 }
 
 /// Reviewer-agent rounds of one PR: one per `review` dispatch, so at most one per
@@ -469,7 +476,7 @@ impl PrRecord {
             stale_checked_at: None,
             status_comment: None,
             merge_announced: false,
-            status_pending_since: None,
+            status_pending_since_ms: None,
             status_posted: false,
             approval_hints: BTreeMap::new(),
             agent_review: AgentReview::default(),

@@ -16,7 +16,7 @@ use super::super::event::{
 use super::super::ids::{Login, RepoName, Scope, Sha};
 use super::super::policy::{MergeMode, Policy};
 use super::super::record::{
-    AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
+    ApprovalHint, AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
 };
 use super::{Fx, commands, work};
 
@@ -58,7 +58,8 @@ pub(crate) fn apply(
             if mine {
                 match approval_hint(r, *hint, sender.as_ref(), policy) {
                     Some(reviewer) => {
-                        r.approval_hints.insert(reviewer, now);
+                        r.approval_hints
+                            .insert(reviewer, ApprovalHint { at_ms: now });
                     }
                     None => fx.push(EffectKind::Observe(ObserveWhat::Reviews)),
                 }
@@ -553,7 +554,7 @@ pub(crate) fn apply_reviews(r: &mut PrRecord, reviews: &[ReviewFact], at_ms: i64
     }
     r.reviews = Some(ReviewFacts { at_ms, latest });
     // The read shows every approval announced before it.
-    r.approval_hints.retain(|_, hinted| *hinted > at_ms);
+    r.approval_hints.retain(|_, hint| hint.at_ms > at_ms);
 }
 
 /// The delay before CI poll number `n` (0-based): initial × 2^n, capped.
@@ -626,7 +627,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             | MergeState::InFlight { .. } => false,
         },
         TimerKind::StaleCheck => r.is_open(),
-        TimerKind::StatusSettle => match r.status_pending_since {
+        TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(settle_ms(policy)) => true,
             // Not yet (the setting grew since the timer was set): wait again.

@@ -200,7 +200,7 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {
-        r.status_pending_since = None;
+        r.status_pending_since_ms = None;
         return;
     }
     if settling(r, p.phase, now, policy, fx) {
@@ -210,7 +210,7 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && r.status_comment.is_none()
         && r.pr.as_ref().is_some_and(|p| p.comments == Some(0));
     r.status_comment = Some(key);
-    r.status_pending_since = None;
+    r.status_pending_since_ms = None;
     r.status_posted = true;
     fx.push(EffectKind::UpsertComment {
         body: texts::status_comment(&state, &policy.comment_footer),
@@ -227,10 +227,10 @@ fn settling(r: &mut PrRecord, phase: Phase, now: i64, policy: &Policy, fx: &mut 
     if settle_ms == 0 || !short_lived(r, phase) {
         return false;
     }
-    let since = match r.status_pending_since {
+    let since = match r.status_pending_since_ms {
         Some(since) => since,
         None => {
-            r.status_pending_since = Some(now);
+            r.status_pending_since_ms = Some(now);
             schedule_status_settle(now.saturating_add(settle_ms), fx);
             now
         }

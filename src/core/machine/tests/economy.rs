@@ -59,7 +59,7 @@ fn a_fast_merge_writes_merged_once_instead_of_ready_merging_merged() {
         ]),
         "merging waits"
     );
-    assert_eq!(h.r.status_pending_since, Some(h.now));
+    assert_eq!(h.r.status_pending_since_ms, Some(h.now));
     h.later(2);
     let fx = h.step(merged(MergeOutcome::Merged));
     assert_eq!(
@@ -67,7 +67,7 @@ fn a_fast_merge_writes_merged_once_instead_of_ready_merging_merged() {
         lines(&["comment #9", "status merged"]),
         "merged at once"
     );
-    assert_eq!(h.r.status_pending_since, None);
+    assert_eq!(h.r.status_pending_since_ms, None);
     // The settle timer still comes: nothing to write.
     h.later(8);
     let due = h.now;
@@ -130,7 +130,7 @@ fn merge_retries_do_not_flip_the_status_comment() {
         };
         h.step(merged(outcome));
         written.extend(statuses(&h));
-        assert_eq!(h.r.status_pending_since, None, "round {round}");
+        assert_eq!(h.r.status_pending_since_ms, None, "round {round}");
         // The settle timer set when merging began finds nothing waiting.
         h.later(9);
         let due = h.now;
@@ -145,7 +145,7 @@ fn merge_retries_do_not_flip_the_status_comment() {
 fn a_lasting_phase_is_written_at_once_and_replaces_a_waiting_one() {
     let mut h = ready_bot_settled();
     h.step(review_hint(bot_snap('a', T0), "carol"));
-    assert!(h.r.status_pending_since.is_some());
+    assert!(h.r.status_pending_since_ms.is_some());
     // The re-check finds a change request: review-feedback is written at once.
     h.later(1);
     h.step(reviews(
@@ -157,7 +157,7 @@ fn a_lasting_phase_is_written_at_once_and_replaces_a_waiting_one() {
     ));
     let fx = h.step(merged(MergeOutcome::TryAgain));
     assert!(fx.contains(&"status review-feedback".to_owned()), "{fx:?}");
-    assert_eq!(h.r.status_pending_since, None);
+    assert_eq!(h.r.status_pending_since_ms, None);
 }
 
 #[test]
@@ -235,7 +235,10 @@ fn review_hints_reread_reviews_unless_an_approval_the_merge_recheck_reads_anyway
     h.later(30);
     let fx = h.step(review_hint(snap('a', T0), "bob"));
     assert_eq!(fx, Vec::<String>::new());
-    assert_eq!(h.r.approval_hints.get(&login("bob")), Some(&h.now));
+    assert_eq!(
+        h.r.approval_hints.get(&login("bob")).map(|x| x.at_ms),
+        Some(h.now)
+    );
     assert_eq!(h.reason(), "waiting for CI to report on the head");
     // Dispatch mode: an agent merges without the executor's re-check, so read.
     let mut h = H::with(Policy {

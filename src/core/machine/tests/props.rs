@@ -502,7 +502,7 @@ proptest! {
         let mut now = trail.last().map_or(T0, |s| s.now);
         // The settle timer fires when due (it re-arms itself if it came early).
         for _ in 0..2 {
-            if let Some(since) = r.status_pending_since {
+            if let Some(since) = r.status_pending_since_ms {
                 let due = since + 10_000;
                 now = now.max(due);
                 let t = step(&r, &timer(TimerKind::StatusSettle, due), now, &p);
@@ -510,7 +510,7 @@ proptest! {
                 r = t.record;
             }
         }
-        prop_assert_eq!(r.status_pending_since, None);
+        prop_assert_eq!(r.status_pending_since_ms, None);
         let key: serde_json::Value = serde_json::from_str(r.status_comment.as_deref().unwrap_or("[null]")).unwrap();
         let decided = crate::core::machine::decide(&r, &p, now).phase;
         prop_assert_eq!(key[0].as_str(), Some(decided.as_str()), "{:#?}", r);
