@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use super::super::effect::{EffectKind, EffectKindName, ObserveWhat, Timer, TimerKind};
 use super::super::event::{
     CiContext, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState, ReviewFact,
-    ReviewHint, ReviewState,
+    ReviewState,
 };
 use super::super::ids::{Login, RepoName, Scope, Sha};
-use super::super::policy::{MergeMode, Policy};
+use super::super::policy::Policy;
 use super::super::record::{
     ApprovalHint, AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
 };
@@ -56,7 +56,7 @@ pub(crate) fn apply(
         Event::Review { hint, pr, sender } => {
             let mine = pr_webhook(r, pr, now, policy, human, false, fx);
             if mine {
-                match approval_hint(r, *hint, sender.as_ref(), policy) {
+                match super::review::approval_hint(r, *hint, sender.as_ref(), policy) {
                     Some(reviewer) => {
                         r.approval_hints
                             .insert(reviewer, ApprovalHint { at_ms: now });
@@ -132,42 +132,6 @@ pub(crate) fn apply(
             at_ms,
         } => observed(r, pr, Some((contexts, reviews, *at_ms)), now, policy, fx),
     }
-}
-
-/// The reviewer of an approval webhook that needs no reviews read (issue 17): in
-/// merge mode `auto`, an approval only matters to the decision to try a merge, and the
-/// executor's pre-merge re-check reads the reviews right before the merge call anyway
-/// (and alone decides). Every other review webhook is read at once: a change request
-/// or a comment (its id and body become work), dispatch mode (an agent merges without
-/// the executor's re-check), and an approval by someone whose known latest review is
-/// not an approval (it may end a change request, which stops or starts work), and
-/// any review by a reviewer agent (its verdict is a fact of its review round).
-fn approval_hint(
-    r: &PrRecord,
-    hint: ReviewHint,
-    sender: Option<&Login>,
-    policy: &Policy,
-) -> Option<Login> {
-    let reviewer = sender?;
-    // A reviewer agent's verdict is a fact of its review round: always read.
-    if policy.is_reviewer(reviewer) {
-        return None;
-    }
-    let known = r
-        .reviews
-        .as_ref()
-        .and_then(|v| v.latest.get(reviewer))
-        .map(|v| v.state);
-    let approval = match hint {
-        ReviewHint::Approved => true,
-        ReviewHint::Rejected | ReviewHint::Comment => false,
-    };
-    let auto = match policy.merge_mode {
-        MergeMode::Auto => true,
-        MergeMode::Dispatch => false,
-    };
-    let no_stance = known.is_none_or(|s| s == ReviewState::Approved);
-    (approval && auto && no_stance).then(|| reviewer.clone())
 }
 
 /// A PR or review webhook: its snapshot, and activity (any human event; new code
@@ -629,11 +593,11 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         TimerKind::StaleCheck => r.is_open(),
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
-            Some(since) if now >= since.saturating_add(settle_ms(policy)) => true,
+            Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,
             // Not yet (the setting grew since the timer was set): wait again.
             Some(since) => {
                 super::reconcile::schedule_status_settle(
-                    since.saturating_add(settle_ms(policy)),
+                    since.saturating_add(super::reconcile::settle_ms(policy)),
                     fx,
                 );
                 true
@@ -641,11 +605,6 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             None => false,
         },
     }
-}
-
-/// `status_settle_secs` in ms.
-pub(crate) fn settle_ms(policy: &Policy) -> i64 {
-    i64::try_from(policy.status_settle_secs.saturating_mul(1000)).unwrap_or(i64::MAX)
 }
 
 /// An effect's outcome.

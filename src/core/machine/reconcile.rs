@@ -223,7 +223,7 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
 /// first of its kind was decided (a timer writes it then); anything else is written at
 /// once and takes the waiting one's place. Starting the wait schedules that timer.
 fn settling(r: &mut PrRecord, phase: Phase, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
-    let settle_ms = super::facts::settle_ms(policy);
+    let settle_ms = settle_ms(policy);
     if settle_ms == 0 || !short_lived(r, phase) {
         return false;
     }
@@ -264,4 +264,9 @@ fn short_lived(r: &PrRecord, phase: Phase) -> bool {
         | Phase::NeedsHuman
         | Phase::Paused => false,
     }
+}
+
+/// `status_settle_secs` in ms.
+pub(crate) fn settle_ms(policy: &Policy) -> i64 {
+    i64::try_from(policy.status_settle_secs.saturating_mul(1000)).unwrap_or(i64::MAX)
 }

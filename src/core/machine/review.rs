@@ -1,5 +1,6 @@
 //! Reviewer agents (`review` work): when a PR wants one, whose approvals count, the
-//! rounds with their verdicts, and the signature of an agent's change request.
+//! rounds with their verdicts, and the signature of an agent's change request; and
+//! which approval webhooks count before the reviews are read (approval hints, issue 17).
 //!
 //! Convergence is built in (an automated review/fix loop must not run away):
 //! - at most one `review` dispatch per head sha, ever (`AgentReview::rounds` records
@@ -9,7 +10,7 @@
 //! - a reviewer agent's review counts only on the head it was written for: a verdict
 //!   for an old head stays in its round's history and changes nothing.
 
-use super::super::event::{PrSnapshot, ReviewFact, ReviewState};
+use super::super::event::{PrSnapshot, ReviewFact, ReviewHint, ReviewState};
 use super::super::ids::{Login, Sha};
 use super::super::policy::{MergeMode, Policy};
 use super::super::record::{PrRecord, ReviewRound, ReviewVerdict};
@@ -96,6 +97,42 @@ pub(crate) fn hinted(r: &PrRecord, pr: &PrSnapshot, policy: &Policy) -> u32 {
         .filter(|who| !policy.is_reviewer(who) && !counted(who))
         .count();
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The reviewer of an approval webhook that needs no reviews read (issue 17): in
+/// merge mode `auto`, an approval only matters to the decision to try a merge, and the
+/// executor's pre-merge re-check reads the reviews right before the merge call anyway
+/// (and alone decides). Every other review webhook is read at once: a change request
+/// or a comment (its id and body become work), dispatch mode (an agent merges without
+/// the executor's re-check), and an approval by someone whose known latest review is
+/// not an approval (it may end a change request, which stops or starts work), and
+/// any review by a reviewer agent (its verdict is a fact of its review round).
+pub(crate) fn approval_hint(
+    r: &PrRecord,
+    hint: ReviewHint,
+    sender: Option<&Login>,
+    policy: &Policy,
+) -> Option<Login> {
+    let reviewer = sender?;
+    // A reviewer agent's verdict is a fact of its review round: always read.
+    if policy.is_reviewer(reviewer) {
+        return None;
+    }
+    let known = r
+        .reviews
+        .as_ref()
+        .and_then(|v| v.latest.get(reviewer))
+        .map(|v| v.state);
+    let approval = match hint {
+        ReviewHint::Approved => true,
+        ReviewHint::Rejected | ReviewHint::Comment => false,
+    };
+    let auto = match policy.merge_mode {
+        MergeMode::Auto => true,
+        MergeMode::Dispatch => false,
+    };
+    let no_stance = known.is_none_or(|s| s == ReviewState::Approved);
+    (approval && auto && no_stance).then(|| reviewer.clone())
 }
 
 /// Approvals the PR needs (bot or human PR).

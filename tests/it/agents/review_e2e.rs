@@ -256,19 +256,28 @@ async fn a_reviewer_requests_changes_then_approves_the_fix_and_the_pr_merges() {
     let view = inspect(&s, n).await;
     assert_eq!(view["review_rounds"].as_array().unwrap().len(), 2, "{view}");
     assert_eq!(view["summary"]["review"]["verdict"], "approved", "{view}");
-    let status = s
+    // The status comment is written after the record is merged (`merging` settles
+    // instead of being written, issue 17): wait for it.
+    let approved = "Agent review: round 2 of 3 by `rev-agent` · verdict: approved";
+    s.wait_fake(
+        "the status comment says merged, with the approved round",
+        |f| {
+            f.comments_on(REPO, n).iter().any(|c| {
+                c.body.contains(approved)
+                    && shepherd::core::texts::parse_status_comment(&c.body)
+                        .is_some_and(|st| st.phase.as_str() == "merged")
+            })
+        },
+    )
+    .await;
+    let status: Vec<String> = s
         .fake
         .comments_on(REPO, n)
         .into_iter()
-        .find(|c| c.body.contains("SHEPHERD-STATE"))
-        .expect("a status comment");
-    assert!(
-        status
-            .body
-            .contains("Agent review: round 2 of 3 by `rev-agent` · verdict: approved"),
-        "{}",
-        status.body
-    );
+        .map(|c| c.body)
+        .filter(|b| b.contains("SHEPHERD-STATE"))
+        .collect();
+    assert_eq!(status.len(), 1, "one status comment: {status:?}");
     assert_token_kept(&s, dir.path(), n).await;
     s.assert_no_duplicate_dispatch().await;
     s.fake.assert_calls_match_openapi();
