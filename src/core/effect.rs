@@ -71,6 +71,26 @@ pub enum EffectKind {
         /// `MergeMessageField`, when set.
         message: Option<String>,
     },
+    /// Apply an op to the target branch's merge queue (`core::queue`); the PRs whose
+    /// place changed are told with [`crate::core::event::EffectOutcome::Queue`].
+    Queue(crate::core::queue::QueueOp),
+    /// Advance the head of the merge queue: update it onto the branch tip when it is
+    /// not built on it, else merge it pinned to `head_sha` (fast-forward only where the
+    /// repository allows it, `style` otherwise) while the tip is still its base. The
+    /// outcome comes back as [`crate::core::event::EffectOutcome::Merge`]. Never
+    /// `force_merge`.
+    QueueAdvance {
+        /// The head whose CI passed on top of the tip (`head_commit_id`).
+        head_sha: Sha,
+        /// Target branch.
+        branch: String,
+        /// `style` of the update.
+        update_style: crate::core::policy::UpdateStyle,
+        /// `Do` when the repository does not allow fast-forward-only merges.
+        style: MergeStyle,
+        /// `delete_branch_after_merge`.
+        delete_branch: bool,
+    },
     /// Read something from the API; the result comes back as an `Observed*` event.
     Observe(ObserveWhat),
     /// Fire a timer later (same timer id replaces an earlier schedule).
@@ -88,6 +108,8 @@ impl EffectKind {
             EffectKind::UpsertComment { .. } => EffectKindName::UpsertComment,
             EffectKind::Comment { .. } => EffectKindName::Comment,
             EffectKind::Merge { .. } => EffectKindName::Merge,
+            EffectKind::Queue(_) => EffectKindName::Queue,
+            EffectKind::QueueAdvance { .. } => EffectKindName::QueueAdvance,
             EffectKind::Observe(_) => EffectKindName::Observe,
             EffectKind::Schedule(_) => EffectKindName::Schedule,
         }
@@ -112,6 +134,10 @@ pub enum EffectKindName {
     Comment,
     /// `Merge`.
     Merge,
+    /// `Queue`.
+    Queue,
+    /// `QueueAdvance`.
+    QueueAdvance,
     /// `Observe`.
     Observe,
     /// `Schedule`.

@@ -14,6 +14,7 @@ pub mod normalize;
 pub mod observation;
 pub mod payload;
 pub mod policy;
+pub mod queue;
 pub mod record;
 pub mod route;
 pub mod texts;

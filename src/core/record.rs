@@ -53,6 +53,56 @@ pub struct PrRecord {
     pub status_comment: Option<String>,
     /// Linked issues were told about the merge.
     pub merge_announced: bool,
+    /// The PR's part in its branch's merge queue (policy `merge_queue`).
+    #[serde(default)]
+    pub queue: QueueFacts,
+}
+
+/// What a PR record knows and has asked of its target branch's merge queue
+/// (`core::queue`). Level-triggered like the rest: `membership` is what the record
+/// last asked for, and a differing wish sends a new op.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueFacts {
+    /// What the record last asked of the queue (None: never asked, or left).
+    #[serde(default)]
+    pub membership: Option<QueueMembership>,
+    /// Where the queue last said the PR stands (its notices carry it).
+    #[serde(default)]
+    pub place: Option<crate::core::queue::Place>,
+    /// Position class (`/shepherd priority`).
+    #[serde(default)]
+    pub priority: crate::core::queue::Priority,
+    /// `/shepherd dequeue`: stays out of the queue until `/shepherd queue`.
+    #[serde(default)]
+    pub dequeued: bool,
+    /// Updates onto a moving tip during the current turn at the head.
+    #[serde(default)]
+    pub updates: u32,
+    /// Updates over the PR's life (metrics: updates per merge).
+    #[serde(default)]
+    pub updates_total: u32,
+    /// The head an update replaced: until a new head arrives the record waits for it
+    /// (it does not ask to merge the old head again).
+    #[serde(default)]
+    pub updated_from: Option<Sha>,
+    /// The head the last update produced (set when it arrives).
+    #[serde(default)]
+    pub updated_head: Option<Sha>,
+    /// The tip the last update built the PR on; a CI failure on the head that update
+    /// produced failed "only on top of the new base".
+    #[serde(default)]
+    pub updated_onto: Option<Sha>,
+}
+
+/// What a PR asked of its branch's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMembership {
+    /// Target branch.
+    pub branch: String,
+    /// Joined (to be tested), or parked with the reason, keeping its ticket.
+    pub parked: Option<crate::core::queue::Ejection>,
+    /// The priority it joined with.
+    pub priority: crate::core::queue::Priority,
 }
 
 /// Work bookkeeping shared by PR and issue records.
@@ -382,6 +432,7 @@ impl PrRecord {
             stale_checked_at: None,
             status_comment: None,
             merge_announced: false,
+            queue: QueueFacts::default(),
         }
     }
 

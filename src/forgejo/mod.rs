@@ -6,6 +6,7 @@
 //! context.rs    the agents' context: raw diff, changed files, review comments, comments since
 //! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
+//! queue.rs      the merge queue: POST …/pulls/{n}/update, a branch's tip, merge settings
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
 //! calls.rs      why a call was made (Cause) and its endpoint template, for the call metrics
@@ -26,6 +27,7 @@ mod endpoints;
 mod error;
 mod labels;
 mod merge;
+mod queue;
 mod types;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
@@ -35,6 +37,7 @@ pub use context::{CappedDiff, FileList};
 pub use endpoints::{CommentWrite, combine_states};
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
+pub use queue::{Branch, BranchCommit, RepoSettings, UpdateOutcome};
 pub use types::{
     BranchInfo, ChangedFile, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
     MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, PullRequest, RepoPermission,

@@ -251,6 +251,7 @@ pub fn by_phase(prs: &[PrSummary]) -> Vec<(String, Vec<&PrSummary>)> {
         Phase::CiFix,
         Phase::ReviewFeedback,
         Phase::ReadyToMerge,
+        Phase::Queued,
         Phase::Merging,
         Phase::AwaitingReview,
         Phase::AwaitingCi,

@@ -44,6 +44,7 @@ mod error;
 pub mod event_entry;
 pub mod lock;
 pub mod markers;
+pub mod queue;
 pub mod repos;
 pub mod status_comment;
 pub mod streams;

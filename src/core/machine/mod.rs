@@ -15,6 +15,7 @@ mod commands;
 mod facts;
 mod issue;
 mod plan;
+mod queue;
 mod reconcile;
 mod work;
 
@@ -52,6 +53,9 @@ pub enum Phase {
     AwaitingReview,
     /// Every merge condition holds.
     ReadyToMerge,
+    /// In its target branch's merge queue: waiting, or (the head) being updated onto
+    /// the tip, tested and merged.
+    Queued,
     /// A merge is in flight.
     Merging,
     /// Merged.
@@ -74,6 +78,7 @@ impl Phase {
             Phase::MergeConflicts => "merge-conflicts",
             Phase::AwaitingReview => "awaiting-review",
             Phase::ReadyToMerge => "ready-to-merge",
+            Phase::Queued => "queued",
             Phase::Merging => "merging",
             Phase::Merged => "merged",
             Phase::Closed => "closed",
@@ -180,6 +185,8 @@ fn effect_label(kind: &EffectKind) -> String {
         EffectKind::UpsertComment { .. } => "status comment".into(),
         EffectKind::Comment { number, .. } => format!("comment #{number}"),
         EffectKind::Merge { head_sha, .. } => format!("merge {head_sha}"),
+        EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
+        EffectKind::QueueAdvance { head_sha, .. } => format!("advance queue {head_sha}"),
         EffectKind::Observe(w) => format!("observe {w:?}"),
         EffectKind::Schedule(t) => format!("timer {}", t.kind.name()),
     }

@@ -389,7 +389,10 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
             failing_checks: failing.iter().map(failing_check).collect(),
             ..WorkContext::default()
         };
-        let why = format!("CI failing: {}", names_of(&failing));
+        let mut why = format!("CI failing: {}", names_of(&failing));
+        if let Some(note) = super::queue::ci_note(r) {
+            why = format!("{why} ({note})");
+        }
         return want_work(
             r,
             policy,
@@ -432,6 +435,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return Plan::idle(Phase::AwaitingCi, "head commit unknown");
         };
         return match policy.merge_mode {
+            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy),
             MergeMode::Auto => Plan {
                 phase: Phase::ReadyToMerge,
                 reason: format!("every merge condition holds for {sha}"),
@@ -447,6 +451,9 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             ),
         };
     };
+    if let Some(queued) = super::queue::testing_plan(r, policy, &blockers) {
+        return queued;
+    }
     let phase = match ci_view(r, policy) {
         CiView::Missing | CiView::Pending(_) => Phase::AwaitingCi,
         CiView::Success | CiView::Failing(_) => match r.merge {
@@ -472,7 +479,8 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             &why,
         );
     }
-    Plan::idle(phase, first.clone())
+    let why = super::queue::approvals_note(r, first).unwrap_or_else(|| first.clone());
+    Plan::idle(phase, why)
 }
 
 /// A failing context for a work item.

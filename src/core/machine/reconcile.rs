@@ -57,6 +57,7 @@ pub(crate) fn reconcile(
     if !matches!(plan.want, Want::Merge { .. }) && matches!(r.merge, MergeState::Verifying { .. }) {
         r.merge = MergeState::Idle;
     }
+    super::queue::sync(r, plan, policy, fx);
     ci_poll(r, now, policy, fx);
     let open = r.is_open();
     work::sync_labels(&mut r.work, open, policy, fx);
@@ -101,13 +102,26 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
         schedule_merge_retry(now.saturating_add(VERIFY_TIMEOUT_MS), fx);
         return;
     }
-    fx.push(EffectKind::Merge {
-        head_sha: sha.clone(),
-        style: policy.merge_style,
-        delete_branch: policy.delete_branch,
-        title: None,
-        message: None,
-    });
+    match super::queue::is_head(r) && policy.merge_queue {
+        true => fx.push(EffectKind::QueueAdvance {
+            head_sha: sha.clone(),
+            branch: r
+                .pr
+                .as_ref()
+                .map(|p| p.base_ref.clone())
+                .unwrap_or_default(),
+            update_style: policy.merge_queue_update_style,
+            style: policy.merge_style,
+            delete_branch: policy.delete_branch,
+        }),
+        false => fx.push(EffectKind::Merge {
+            head_sha: sha.clone(),
+            style: policy.merge_style,
+            delete_branch: policy.delete_branch,
+            title: None,
+            message: None,
+        }),
+    }
     r.merge = MergeState::InFlight {
         sha: sha.clone(),
         since_ms: now,
@@ -187,6 +201,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && let Some(parts) = key.as_array_mut()
     {
         parts.push(serde_json::json!(state.unofficial_change_requests));
+    }
+    // Likewise only in the merge queue: the position and headship.
+    if let Some(place) = &r.queue.place
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!([place.position, place.head]));
     }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {

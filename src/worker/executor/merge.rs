@@ -50,7 +50,7 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
 /// Added to the Forgejo timeout when the fence extends the lease over the merge call.
-const CALL_MARGIN: Duration = Duration::from_secs(2);
+pub(super) const CALL_MARGIN: Duration = Duration::from_secs(2);
 
 /// The shortest and longest wait before a merge retries a busy lease.
 const BUSY_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -108,7 +108,7 @@ impl Executor {
     }
 
     /// Steps 3–5, under the lease.
-    async fn merge_locked(
+    pub(super) async fn merge_locked(
         &self,
         effect: &Effect,
         ask: &MergeAsk<'_>,
@@ -151,7 +151,10 @@ impl Executor {
         };
         let cover = self.ctx.config.forgejo_timeout + CALL_MARGIN;
         if !keeper.fence(cover).await? {
-            tracing::warn!(lease = keeper.lease.key(), "merge lease lost before the merge call; not merging");
+            tracing::warn!(
+                lease = keeper.lease.key(),
+                "merge lease lost before the merge call; not merging"
+            );
             return Ok(vec![outcome_event(effect, busy(Duration::ZERO))]);
         }
         let answer = self
@@ -260,7 +263,7 @@ impl Executor {
 }
 
 /// The outcome of a busy (or lost) lease: retry when the holder's lease runs out.
-fn busy(remaining: Duration) -> MergeOutcome {
+pub(super) fn busy(remaining: Duration) -> MergeOutcome {
     let wait = remaining.clamp(BUSY_RETRY_MIN, LEASE_TTL) + BUSY_RETRY_MIN;
     MergeOutcome::LockBusy {
         retry_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -270,7 +273,7 @@ fn busy(remaining: Duration) -> MergeOutcome {
 /// Renews a merge lease every [`RENEW_EVERY`] while its holder works, on a task of its
 /// own (a slow Forgejo read does not delay the renewal). A renewal that finds the lease
 /// gone marks it lost; [`Keeper::fence`] then refuses.
-struct Keeper {
+pub(super) struct Keeper {
     lease: Lease,
     conn: Conn,
     lost: Arc<AtomicBool>,
@@ -278,7 +281,7 @@ struct Keeper {
 }
 
 impl Keeper {
-    fn start(lease: Lease, conn: Conn) -> Keeper {
+    pub(super) fn start(lease: Lease, conn: Conn) -> Keeper {
         let lost = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn({
             let (lease, mut conn, lost) = (lease.clone(), conn.clone(), lost.clone());
@@ -310,7 +313,7 @@ impl Keeper {
 
     /// Stops the renewals and extends the lease to `cover` from now if this taking
     /// still holds it: true means the protected call may be made.
-    async fn fence(&self, cover: Duration) -> Result<bool, Failure> {
+    pub(super) async fn fence(&self, cover: Duration) -> Result<bool, Failure> {
         self.task.abort();
         if self.lost.load(Ordering::SeqCst) {
             return Ok(false);
@@ -318,7 +321,7 @@ impl Keeper {
         Ok(self.lease.extend(&mut self.conn.clone(), cover).await?)
     }
 
-    fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.task.abort();
     }
 }
@@ -330,7 +333,7 @@ impl Drop for Keeper {
 }
 
 /// The outcome a PR read already decides: merged, closed, or a moved head.
-fn settled(pr: &PullRequest, head: &Sha) -> Option<MergeOutcome> {
+pub(super) fn settled(pr: &PullRequest, head: &Sha) -> Option<MergeOutcome> {
     if pr.merged {
         return Some(MergeOutcome::Merged);
     }

@@ -221,6 +221,8 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
             delete_branch,
             ..
         } => format!("merge {} {style:?} delete={delete_branch}", short(head_sha)),
+        EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
+        EffectKind::QueueAdvance { head_sha, .. } => format!("advance {}", short(head_sha)),
         EffectKind::Observe(ObserveWhat::Pr) => "observe pr".into(),
         EffectKind::Observe(ObserveWhat::Reviews) => "observe reviews".into(),
         EffectKind::Observe(ObserveWhat::CombinedStatus { sha }) => {
