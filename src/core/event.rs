@@ -125,6 +125,8 @@ pub enum MergeOutcome {
     Updated {
         /// The tip the head is now built on.
         onto: Sha,
+        /// The head the update replaced (the pinned one).
+        from: Sha,
     },
     /// Merge queue: the tip moved between the checks and the merge (a
     /// fast-forward-only merge that could not fast-forward); the head is updated again.

@@ -199,6 +199,10 @@ pub struct Place {
     /// The queue's version this place was computed at (a record ignores a place older
     /// than the one it has: notices may arrive out of order).
     pub version: u64,
+    /// The version of the PR's latest op the queue had applied: a record ignores a
+    /// place that does not reflect the latest op it sent.
+    #[serde(default)]
+    pub op_version: u64,
 }
 
 impl BranchQueue {
@@ -352,6 +356,7 @@ impl BranchQueue {
                     head: self.head == Some(e.number),
                     length,
                     version: self.version,
+                    op_version: e.op_version,
                 },
             );
         }
@@ -382,6 +387,7 @@ pub fn changed_places(before: &BranchQueue, after: &BranchQueue) -> Vec<(u64, Pl
                 head: false,
                 length: u32::try_from(after.order().len()).unwrap_or(u32::MAX),
                 version: after.version,
+                op_version: after.departed.get(n).copied().unwrap_or(0),
             },
         ));
     }

@@ -72,6 +72,9 @@ pub struct QueueFacts {
     /// Position class (`/shepherd priority`).
     #[serde(default)]
     pub priority: crate::core::queue::Priority,
+    /// The record version of the last op sent: only a place that reflects it counts.
+    #[serde(default)]
+    pub sent_version: u64,
     /// `/shepherd dequeue`: stays out of the queue until `/shepherd queue`.
     #[serde(default)]
     pub dequeued: bool,

@@ -616,8 +616,8 @@ fn on_outcome(
             back_off_merge(r, now.saturating_add(delay), fx);
             true
         }
-        EffectOutcome::Merge(MergeOutcome::Updated { onto }) => {
-            super::queue::on_updated(r, onto);
+        EffectOutcome::Merge(MergeOutcome::Updated { onto, from }) => {
+            super::queue::on_updated(r, onto, from);
             true
         }
         EffectOutcome::Merge(MergeOutcome::BaseMoved) => {

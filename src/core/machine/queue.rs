@@ -193,7 +193,9 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
             false => Wish::Join(pr.base_ref.clone()),
         };
     }
-    if member.is_none_or(|m| m.parked.is_some()) {
+    // An advance in flight (the record shows `merging`) settles first: its outcome
+    // decides.
+    if member.is_none_or(|m| m.parked.is_some()) || plan.phase == Phase::Merging {
         return Wish::Keep;
     }
     let reason = match plan.phase {
@@ -250,10 +252,13 @@ pub(crate) fn sync(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) 
             (branch, QueueAction::Leave { reason })
         }
     };
+    // The version this step commits: ops of later steps are newer. Until the queue
+    // answers this op, the record does not know its place.
+    r.queue.sent_version = r.version + 1;
+    r.queue.place = None;
     fx.push(EffectKind::Queue(QueueOp {
         branch,
         number: r.number,
-        // The version this step commits: ops of later steps are newer.
         version: r.version + 1,
         action,
     }));
@@ -269,16 +274,16 @@ fn park(r: &mut PrRecord, reason: Ejection) {
     r.queue.updates = 0;
 }
 
-/// The queue says where the PR stands. Notices can arrive out of order: a place from
-/// an older queue version than the one known is ignored.
+/// The queue says where the PR stands. Notices can arrive out of order and be
+/// repeated: a place that does not reflect the record's latest op, or that is older
+/// than the place known, is ignored.
 pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
     if joined(r).is_none_or(|m| m.branch != place.branch) {
         return false;
     }
-    if r.queue
-        .place
-        .as_ref()
-        .is_some_and(|p| p.version >= place.version)
+    let known = r.queue.place.as_ref();
+    if place.op_version < r.queue.sent_version
+        || known.is_some_and(|p| p.version > place.version || p == place)
     {
         return false;
     }
@@ -290,10 +295,16 @@ pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
     true
 }
 
-/// The head was updated onto `onto`: wait for the new head and its CI.
-pub(crate) fn on_updated(r: &mut PrRecord, onto: &Sha) {
+/// The head `from` was updated onto `onto`: wait for the new head and its CI. The
+/// new head's `pull_request_sync` may come before or after this outcome.
+pub(crate) fn on_updated(r: &mut PrRecord, onto: &Sha, from: &Sha) {
     r.merge = MergeState::Idle;
-    r.queue.updated_from = r.head_sha().cloned();
+    match r.head_sha() {
+        Some(h) if h == from => r.queue.updated_from = Some(from.clone()),
+        // The new head is here already.
+        Some(h) => r.queue.updated_head = Some(h.clone()),
+        None => {}
+    }
     r.queue.updated_onto = Some(onto.clone());
     r.queue.updates = r.queue.updates.saturating_add(1);
     r.queue.updates_total = r.queue.updates_total.saturating_add(1);

@@ -237,7 +237,10 @@ impl Executor {
             .await?;
         tracing::info!(?answer, "update answered");
         Ok(match answer {
-            UpdateOutcome::Updated => MergeOutcome::Updated { onto: tip },
+            UpdateOutcome::Updated => MergeOutcome::Updated {
+                onto: tip,
+                from: ask.head_sha.clone(),
+            },
             UpdateOutcome::Conflict { .. } => MergeOutcome::Conflict,
             UpdateOutcome::Refused { code, message } => {
                 let pr = self.reread_pr(effect).await?;
@@ -252,9 +255,10 @@ impl Executor {
                 let pr = self.reread_pr(effect).await?;
                 match settled(&pr, ask.head_sha) {
                     // The head moved: the update went through.
-                    Some(MergeOutcome::HeadMoved) if pr.is_open() => {
-                        MergeOutcome::Updated { onto: tip }
-                    }
+                    Some(MergeOutcome::HeadMoved) if pr.is_open() => MergeOutcome::Updated {
+                        onto: tip,
+                        from: ask.head_sha.clone(),
+                    },
                     Some(other) => other,
                     None => MergeOutcome::TryAgain,
                 }

@@ -6,6 +6,7 @@ mod bounds;
 mod hostile;
 mod issues;
 mod props;
+mod queue;
 mod table;
 mod walks;
 
