@@ -368,6 +368,7 @@ mod samples {
                     summary: Some("Tried a fix.".into()),
                     started_at: Some(0),
                 }],
+                note: None,
             },
         };
         let text = |s: &str| s.to_owned();

@@ -291,6 +291,10 @@ pub struct WorkContext {
     pub change_requests: Vec<ChangeRequest>,
     /// Earlier attempts on this record, oldest first.
     pub attempts: Vec<AttemptSummary>,
+    /// What else the agent must know about the problem, e.g. that CI failed only on
+    /// top of the new base the merge queue updated the PR onto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One failing CI context.

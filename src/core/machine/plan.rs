@@ -385,14 +385,16 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         );
     }
     if let CiView::Failing(failing) = ci_view(r, policy) {
-        let context = WorkContext {
-            failing_checks: failing.iter().map(failing_check).collect(),
-            ..WorkContext::default()
-        };
+        let note = super::queue::ci_note(r);
         let mut why = format!("CI failing: {}", names_of(&failing));
-        if let Some(note) = super::queue::ci_note(r) {
+        if let Some(note) = &note {
             why = format!("{why} ({note})");
         }
+        let context = WorkContext {
+            failing_checks: failing.iter().map(failing_check).collect(),
+            note,
+            ..WorkContext::default()
+        };
         return want_work(
             r,
             policy,

@@ -1,0 +1,284 @@
+//! The merge queue end to end (issue 16): real `shepherd run`, real Redis, the fake
+//! Forgejo with its simulated CI (a fixed duration; results by what a commit
+//! contains). Every check of "main stays green" reads the fake's own history: its
+//! merges, its updates and the statuses of every landed commit.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::fake_forgejo::queue::SimCi;
+use crate::support::fake_forgejo::{FakeForgejo, MergeRecord, NewPr};
+use crate::support::scenario::Scenario;
+
+/// The repository.
+const REPO: &str = "acme/widgets";
+/// The simulated CI's context.
+const CI: &str = "ci / test";
+/// The queue's policy on top of the scenario's fast timers.
+const QUEUE_POLICY: &str = "merge_queue = true\nmerge_queue_max_updates = 3\n";
+/// How long a scenario may take to get where it should.
+const QUEUE_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Starts a scenario with the queue on and a simulated CI of `ci_ms` per run.
+async fn start(ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
+    let s = Scenario::start(QUEUE_POLICY).await;
+    let mut ci = SimCi::new(CI, Duration::from_millis(ci_ms));
+    ci.breaks = breaks.to_vec();
+    s.fake.simulate_ci(REPO, ci);
+    s
+}
+
+/// Opens `n` bot PRs on `main`, each approved by a writer; returns their numbers.
+async fn open_approved(s: &Scenario, n: usize) -> Vec<u64> {
+    let mut prs = Vec::new();
+    for i in 0..n {
+        let pr = s
+            .fake
+            .open_pr(REPO, NewPr::new("agent-bot", &format!("Change {i}")));
+        s.send(&s.fake.pr_opened(REPO, pr)).await;
+        approve(s, pr).await;
+        prs.push(pr);
+    }
+    prs
+}
+
+/// A writer approves PR `n`'s head (and the review webhook goes out).
+async fn approve(s: &Scenario, n: u64) {
+    let id = s.fake.with_model(|m| m.add_review(REPO, n, "reviewer", "APPROVED"));
+    s.send(&s.fake.pr_reviewed(REPO, n, id)).await;
+}
+
+/// Delivers what Forgejo would send on its own: finished CI runs (`action_run_*`)
+/// and the echoes of Shepherd's writes (label changes, comments, merges, the
+/// `pull_request_sync` of an update).
+async fn pump(s: &Scenario) {
+    let hooks: Vec<_> = s
+        .fake
+        .finish_ci_runs()
+        .into_iter()
+        .chain(s.fake.take_outbox())
+        .collect();
+    for hook in hooks {
+        s.send(&hook).await;
+    }
+}
+
+/// Runs the world until `cond` holds (polls with a deadline; never a timed assertion).
+async fn run_until(s: &Scenario, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
+    let end = Instant::now() + QUEUE_DEADLINE;
+    loop {
+        pump(s).await;
+        if cond(&s.fake) {
+            return;
+        }
+        if Instant::now() > end {
+            s.dump().await;
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The merges of `main`, in order.
+fn merges(fake: &FakeForgejo) -> Vec<MergeRecord> {
+    fake.merges()
+        .into_iter()
+        .filter(|m| m.repo == REPO)
+        .collect()
+}
+
+/// The combined state of `sha`'s statuses in the fake.
+fn ci_state(fake: &FakeForgejo, sha: &str) -> String {
+    fake.with_model(|m| {
+        let latest = m.repos[REPO].latest_statuses(sha);
+        crate::support::fake_forgejo::model::combined_state(&latest).to_owned()
+    })
+}
+
+/// The guarantees, from the fake's history: every merge was fast-forward-only and
+/// pinned to the head it merged, the branch's tip before it was the base that head
+/// was built on (so the landed commit is the tested commit), the landed commit's CI
+/// was green, and the merges follow one another (each on the tip the previous made).
+fn assert_main_stayed_green(fake: &FakeForgejo) {
+    let ms = merges(fake);
+    for (i, m) in ms.iter().enumerate() {
+        assert_eq!(m.style, "fast-forward-only", "merge {i}: {m:?}");
+        assert_eq!(m.head_commit_id.as_deref(), Some(m.merged_sha.as_str()));
+        assert_eq!(m.tip_after, m.merged_sha, "the tested head is the new tip");
+        assert_eq!(ci_state(fake, &m.merged_sha), "success", "CI of merge point {i}");
+        assert!(
+            m.body.get("force_merge").is_none_or(|v| v == &Value::Bool(false)),
+            "never force_merge"
+        );
+        if i > 0 {
+            assert_eq!(m.tip_before, ms[i - 1].tip_after, "merge {i} on the previous tip");
+        }
+    }
+}
+
+/// The updates the fake did: (PR, old head, new head, tip built on).
+fn updates(fake: &FakeForgejo) -> Vec<(u64, String, String, String)> {
+    fake.with_model(|m| m.repos[REPO].updates.clone())
+}
+
+/// The dispatched work items of `kind` for PR `n`.
+async fn work_for(s: &Scenario, kind: &str, n: u64) -> Vec<Value> {
+    s.work_items()
+        .await
+        .into_iter()
+        .filter(|w| w["kind"] == kind && w["number"] == n)
+        .collect()
+}
+
+/// Five approved PRs, the fourth of which breaks CI only on top of the second: four
+/// merge in order, each updated onto and tested on the tip of the moment; the fourth
+/// is ejected to `ci-fix` with a note that it fails only on the new base; the agent's
+/// fix (and a re-approval) brings it back, and it merges last. `main` is green at every
+/// merge point.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed() {
+    let s = start(300, &[(4, 2)]).await;
+    let prs = open_approved(&s, 5).await;
+    assert_eq!(prs, vec![1, 2, 3, 4, 5]);
+    run_until(&s, "four merges and a ci-fix for #4", |f| merges(f).len() >= 4).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 3, 5], "in order, #4 ejected");
+    // Each PR after the first was updated onto the tip the previous merge made, and
+    // what merged is exactly that update's head.
+    let ups = updates(&s.fake);
+    let ms = merges(&s.fake);
+    for w in ms.windows(2) {
+        let (prev, m) = (&w[0], &w[1]);
+        let up = ups
+            .iter()
+            .rev()
+            .find(|u| u.0 == m.number)
+            .unwrap_or_else(|| panic!("#{} was updated", m.number));
+        assert_eq!(up.3, prev.tip_after, "#{} tested on the tip of its moment", m.number);
+        assert_eq!(up.2, m.merged_sha, "#{} merged the tested head", m.number);
+    }
+    // #4 was updated onto a tip holding #2's changes, failed there, and went to ci-fix
+    // with the note.
+    let fix = loop {
+        let items = work_for(&s, "ci-fix", 4).await;
+        if let Some(item) = items.into_iter().next() {
+            break item;
+        }
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let note = fix["context"]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("only on top of the new base"), "note: {note}");
+    assert_eq!(fix["head_sha"], s.fake.head_sha(REPO, 4));
+    assert!(ups.iter().any(|u| u.0 == 4), "#4 was tested on top of the new base");
+    // The agent pushes a fix (as the bot); a writer approves the new head.
+    s.fake.push_fix(REPO, 4);
+    s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login())).await;
+    approve(&s, 4).await;
+    run_until(&s, "#4 merged after its fix", |f| merges(f).len() == 5).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 3, 5, 4]);
+    assert_main_stayed_green(&s.fake);
+    // No update of a PR already on the tip: every update changed its PR's base.
+    let ups = updates(&s.fake);
+    assert!(ups.iter().all(|u| u.1 != u.2));
+    assert_eq!(
+        ups.iter().filter(|u| u.0 == 1).count(),
+        0,
+        "#1 was on the tip already"
+    );
+    s.fake.assert_calls_match_openapi();
+}
+
+/// An update that conflicts (409) sends the PR to `merge-conflicts`; the queue moves
+/// on to the next PR, which merges.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conflict_on_update_becomes_merge_conflicts_work() {
+    let s = start(200, &[]).await;
+    s.fake.with_model(|m| {
+        m.repo_mut(REPO).update_conflicts.insert(2);
+    });
+    open_approved(&s, 3).await;
+    run_until(&s, "#1 and #3 merged", |f| merges(f).len() >= 2).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 3]);
+    let end = Instant::now() + QUEUE_DEADLINE;
+    while work_for(&s, "merge-conflicts", 2).await.is_empty() {
+        assert!(Instant::now() < end, "merge-conflicts work for #2");
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let update_calls = s
+        .fake
+        .calls("POST", &format!("/repos/{REPO}/pulls/2/update"));
+    assert_eq!(update_calls.len(), 1, "the conflicting update is not retried");
+    assert_eq!(update_calls[0].status, 409);
+    assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
+
+/// The tip moves while the head is tested (someone pushes to `main`): the head is
+/// updated again onto the new tip before it merges, never merged onto an untested
+/// base.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_base_that_moves_during_the_test_means_another_update() {
+    let s = start(1_500, &[]).await;
+    // Someone else moves main before and while #1 is tested.
+    open_approved(&s, 1).await;
+    let moved = s.fake.with_model(|m| {
+        let r = m.repo_mut(REPO);
+        let sha = crate::support::fake_forgejo::model::fake_sha(424_242);
+        r.branches.insert("main".into(), sha.clone());
+        sha
+    });
+    run_until(&s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.3 == moved)
+    })
+    .await;
+    // While its CI runs, main moves again.
+    let moved_again = s.fake.with_model(|m| {
+        let r = m.repo_mut(REPO);
+        let sha = crate::support::fake_forgejo::model::fake_sha(434_343);
+        r.branches.insert("main".into(), sha.clone());
+        sha
+    });
+    run_until(&s, "#1 merged", |f| merges(f).len() == 1).await;
+    let ups = updates(&s.fake);
+    assert_eq!(ups.len(), 2, "updated twice: {ups:?}");
+    assert_eq!(ups[1].3, moved_again, "the second update is onto the new tip");
+    let m = &merges(&s.fake)[0];
+    assert_eq!(m.tip_before, moved_again);
+    assert_eq!(m.merged_sha, ups[1].2);
+    assert_main_stayed_green(&s.fake);
+}
+
+/// Every Shepherd process is killed (SIGKILL) while the queue's head is being tested
+/// and restarted: the queue resumes where it was, with no second update of a head and
+/// no second merge.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_mid_queue_resumes_without_double_updates_or_merges() {
+    let mut s = start(1_000, &[]).await;
+    open_approved(&s, 3).await;
+    run_until(&s, "#2 updated (its CI running)", |f| {
+        updates(f).iter().any(|u| u.0 == 2)
+    })
+    .await;
+    s.restart().await;
+    run_until(&s, "all three merged", |f| merges(f).len() == 3).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 3]);
+    let ups = updates(&s.fake);
+    assert_eq!(
+        ups.iter().filter(|u| u.0 == 2).count(),
+        1,
+        "#2 updated once: {ups:?}"
+    );
+    for n in 1..=3 {
+        let merge_calls = s
+            .fake
+            .calls("POST", &format!("/repos/{REPO}/pulls/{n}/merge"));
+        assert_eq!(merge_calls.len(), 1, "#{n} merged with one call");
+    }
+    assert_main_stayed_green(&s.fake);
+}
