@@ -15,6 +15,8 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::core::ids::Login;
+
 mod redis_target;
 pub use redis_target::{RedisTarget, TlsFiles, Topology};
 
@@ -292,6 +294,17 @@ pub struct AgentSettings {
         default_value = "{forgejo_url}/{owner}/{repo}.git"
     )]
     pub agent_clone_url: String,
+
+    /// The reviewer agents' Forgejo tokens, `login=token` pairs separated by commas
+    /// (the users of the policy's `reviewer_logins`). The runner posts a reviewer
+    /// agent's verdict with its user's token; no token ever reaches an agent.
+    #[arg(long, env = "SHEPHERD_REVIEWER_TOKENS", hide_env_values = true, value_parser = parse_secret)]
+    pub reviewer_tokens: Option<SecretString>,
+
+    /// A file of `login=token` lines (`#` comments), read at start, instead of or
+    /// besides SHEPHERD_REVIEWER_TOKENS.
+    #[arg(long, env = "SHEPHERD_REVIEWER_TOKENS_FILE")]
+    pub reviewer_tokens_file: Option<PathBuf>,
 }
 
 /// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
@@ -343,6 +356,8 @@ pub struct AgentsConfig {
     pub credentials: bool,
     /// The clone URL template, when each agent gets a fresh checkout.
     pub checkout: Option<String>,
+    /// The reviewer agents' tokens by login (`SHEPHERD_REVIEWER_TOKENS[_FILE]`).
+    pub reviewer_tokens: Vec<(Login, SecretString)>,
 }
 
 impl AgentSettings {
@@ -417,7 +432,9 @@ impl AgentSettings {
                 "needs SHEPHERD_AGENT_FORGEJO_TOKEN (Shepherd's own token is never handed out)",
             ));
         }
+        let reviewer_tokens = self.reviewer_tokens()?;
         Ok(AgentsConfig {
+            reviewer_tokens,
             command,
             max: self.agents_max,
             per_repo: self.agents_per_repo.min(self.agents_max),
@@ -433,6 +450,49 @@ impl AgentSettings {
             credentials: self.agent_credentials,
             checkout: self.agent_checkout.then(|| self.agent_clone_url.clone()),
         })
+    }
+}
+
+impl AgentSettings {
+    /// The reviewer tokens of `SHEPHERD_REVIEWER_TOKENS` and `…_FILE`: `login=token`
+    /// pairs; a login given twice, an empty token or a malformed entry fails, naming
+    /// the setting and the entry's position, never the token.
+    fn reviewer_tokens(&self) -> Result<Vec<(Login, SecretString)>, ConfigError> {
+        let mut out: Vec<(Login, SecretString)> = Vec::new();
+        let mut add = |setting: &'static str, n: usize, entry: &str| {
+            let (login, token) = entry
+                .split_once('=')
+                .map(|(l, t)| (l.trim(), t.trim()))
+                .filter(|(l, t)| !l.is_empty() && !t.is_empty())
+                .ok_or_else(|| bad(setting, format!("entry {n} is not login=token")))?;
+            let login: Login = login
+                .parse()
+                .map_err(|_| bad(setting, format!("entry {n} has an invalid login")))?;
+            if out.iter().any(|(l, _)| *l == login) {
+                return Err(bad(setting, format!("{login} is given twice")));
+            }
+            out.push((login, SecretString::from(token.to_owned())));
+            Ok(())
+        };
+        if let Some(list) = &self.reviewer_tokens {
+            let entries = list.expose_secret().split(',').map(str::trim);
+            for (i, entry) in entries.filter(|e| !e.is_empty()).enumerate() {
+                add("SHEPHERD_REVIEWER_TOKENS", i + 1, entry)?;
+            }
+        }
+        if let Some(path) = &self.reviewer_tokens_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                bad(
+                    "SHEPHERD_REVIEWER_TOKENS_FILE",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            let lines = text.lines().map(str::trim).enumerate();
+            for (i, line) in lines.filter(|(_, l)| !l.is_empty() && !l.starts_with('#')) {
+                add("SHEPHERD_REVIEWER_TOKENS_FILE", i + 1, line)?;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -820,6 +880,47 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(args);
         A::try_parse_from(v).expect("parse").s.validate()
+    }
+
+    #[test]
+    fn reviewer_tokens_from_the_variable_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reviewers");
+        std::fs::write(&file, "# reviewer agents\nRev-Two = t2-secret\n\n").unwrap();
+        let path = file.display().to_string();
+        let c = agents(&[
+            "--agent-command",
+            "a",
+            "--reviewer-tokens",
+            "rev-one=t1-secret, ",
+            "--reviewer-tokens-file",
+            &path,
+        ])
+        .unwrap();
+        let got: Vec<(&str, &str)> = c
+            .reviewer_tokens
+            .iter()
+            .map(|(l, t)| (l.as_str(), t.expose_secret()))
+            .collect();
+        assert_eq!(got, [("rev-one", "t1-secret"), ("rev-two", "t2-secret")]);
+        for (list, says) in [
+            ("rev-one", "entry 1 is not login=token"),
+            ("a=x,b=", "entry 2 is not login=token"),
+            ("a=x,A=y", "a is given twice"),
+        ] {
+            let e = agents(&["--agent-command", "a", "--reviewer-tokens", list]).unwrap_err();
+            assert_eq!(e.setting, "SHEPHERD_REVIEWER_TOKENS");
+            assert!(e.reason.contains(says), "{list}: {e}");
+            assert!(!e.to_string().contains('x') || !list.contains("=x,"), "{e}");
+        }
+        let e = agents(&[
+            "--agent-command",
+            "a",
+            "--reviewer-tokens-file",
+            "/nonexistent/r",
+        ])
+        .unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_REVIEWER_TOKENS_FILE");
     }
 
     #[test]

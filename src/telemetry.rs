@@ -70,6 +70,56 @@ pub struct Metrics {
     pub agents: AgentMetrics,
     /// The merge queue's families (issue 16).
     pub merge_queue: QueueMetrics,
+    /// Reviewer agents' rounds (`review` work), counted by the workers.
+    pub reviews: ReviewMetrics,
+}
+
+/// Reviewer agents' rounds, counted where the workers commit a PR's step.
+#[derive(Clone)]
+pub struct ReviewMetrics {
+    /// `review` work items dispatched (one per round).
+    pub dispatched: IntCounter,
+    /// Verdicts read from reviewer agents' formal reviews, by verdict
+    /// (`approved`, `changes-requested`).
+    pub verdicts: IntCounterVec,
+    /// Review rounds of a PR when it merged.
+    pub rounds_per_merged_pr: prometheus::Histogram,
+}
+
+impl ReviewMetrics {
+    fn new() -> Self {
+        Self {
+            dispatched: IntCounter::new(
+                "reviews_dispatched_total",
+                "Review work items dispatched to reviewer agents (one per round)",
+            )
+            .expect("valid metric"),
+            verdicts: IntCounterVec::new(
+                Opts::new(
+                    "review_verdicts_total",
+                    "Reviewer agents' verdicts read from their formal reviews",
+                ),
+                &["verdict"],
+            )
+            .expect("valid metric"),
+            rounds_per_merged_pr: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "review_rounds_per_merged_pr",
+                    "Reviewer-agent rounds a PR had when it merged",
+                )
+                .buckets(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0]),
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.dispatched.clone()),
+            Box::new(self.verdicts.clone()),
+            Box::new(self.rounds_per_merged_pr.clone()),
+        ]
+    }
 }
 
 /// Metrics of the merge queues, updated by the executor as it applies queue ops and
@@ -321,6 +371,7 @@ impl Metrics {
         .expect("valid metric");
         let agents = AgentMetrics::new();
         let merge_queue = QueueMetrics::new();
+        let reviews = ReviewMetrics::new();
         for c in [
             Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(signature_failures.clone()),
@@ -339,6 +390,7 @@ impl Metrics {
         .into_iter()
         .chain(agents.collectors())
         .chain(merge_queue.collectors())
+        .chain(reviews.collectors())
         {
             registry
                 .register(c)
@@ -361,6 +413,7 @@ impl Metrics {
             ci_poll_reads,
             agents,
             merge_queue,
+            reviews,
         }
     }
 

@@ -91,6 +91,12 @@ pub struct AgentContext {
     pub change_requests: Vec<ChangeRequestContext>,
     /// Active change requests not shown.
     pub change_requests_omitted: usize,
+    /// Every formal review (approvals, change requests, comments), oldest first: what
+    /// a reviewer agent reads to see earlier rounds (the most recent
+    /// [`super::review::MAX_EARLIER_REVIEWS`]).
+    pub reviews: Vec<super::review::EarlierReview>,
+    /// Older reviews not shown.
+    pub reviews_omitted: usize,
     /// Conversation comments (of the PR, or of the issue), oldest first, without
     /// Shepherd's own status and notice comments.
     pub comments: Vec<CommentContext>,
@@ -267,7 +273,8 @@ pub async fn gather(
         | WorkKind::ReviewFeedback
         | WorkKind::MergeConflicts
         | WorkKind::StaleCheck
-        | WorkKind::ReadyToMerge => gather_pr(forgejo, item, &mut ctx).await?,
+        | WorkKind::ReadyToMerge
+        | WorkKind::Review => gather_pr(forgejo, item, &mut ctx).await?,
     }
     Ok(ctx)
 }
@@ -345,7 +352,10 @@ async fn gather_pr(
         Err(e) => unavailable(ctx, "checks", &e),
     }
     let active = match reviews {
-        Ok(list) => active_change_requests(&item.repo, item.number, &list, &head),
+        Ok(list) => {
+            (ctx.reviews, ctx.reviews_omitted) = super::review::earlier_reviews(&list);
+            active_change_requests(&item.repo, item.number, &list, &head)
+        }
         Err(e) => {
             unavailable(ctx, "reviews", &e);
             Vec::new()

@@ -94,6 +94,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// This runner's consumer name.
     pub runner: String,
+    /// A client per reviewer agent's user (`SHEPHERD_REVIEWER_TOKENS`), to post the
+    /// verdicts of `review` work ([`super::review`]).
+    pub reviewers: std::collections::BTreeMap<crate::core::ids::Login, ForgejoClient>,
 }
 
 /// The run record of a work item just taken by this runner.
@@ -179,6 +182,9 @@ async fn execute(
         run.note = Some(why.to_owned());
         return Ok(Disposition::Ack);
     }
+    if let Err(why) = reviewer_of(shared, item) {
+        return fail_early(shared, item, run, "reviewer-token", why).await;
+    }
     let Some(ctx) = gather(shared, item, &mut stop).await? else {
         return Ok(stopped(run, *stop.borrow()));
     };
@@ -212,6 +218,26 @@ async fn execute(
     let disposition = conclude(shared, item, run, ended, &files, &capture).await?;
     drop(dir);
     Ok(disposition)
+}
+
+/// The client of the reviewer a `review` item names (`Ok(None)` for other kinds).
+fn reviewer_of<'a>(
+    shared: &'a Shared,
+    item: &WorkItem,
+) -> Result<Option<&'a ForgejoClient>, String> {
+    if item.kind != crate::core::effect::WorkKind::Review {
+        return Ok(None);
+    }
+    let Some(review) = &item.context.review else {
+        return Err("the review work item names no reviewer (context.review)".into());
+    };
+    match shared.reviewers.get(&review.reviewer) {
+        Some(client) => Ok(Some(client)),
+        None => Err(format!(
+            "no token for the reviewer {} in SHEPHERD_REVIEWER_TOKENS",
+            review.reviewer
+        )),
+    }
 }
 
 /// What the prompt is told besides the item and its context.
@@ -376,6 +402,16 @@ async fn conclude(
         m.cost.with_label_values(&labels).inc_by(c);
     }
     let mut report = result.report;
+    // A reviewer agent's verdict is posted now, as its own user; what that came to is
+    // the result (the agent's own result file only adds its figures to the metrics). An
+    // agent that failed without writing a verdict keeps its own failure (exit status).
+    let wrote = files.review.exists();
+    let failed = report.outcome == crate::core::event::WorkOutcome::Failed;
+    if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish)
+        && (wrote || !failed)
+    {
+        report = super::review::post(reviewer, item, &files.review).await;
+    }
     report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));
     report.signature = report.signature.map(|s| outcome::mask(&s, &shared.secrets));
     report_result(shared, item, run, &report).await?;

@@ -28,6 +28,7 @@
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
+//! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
 //!
 //! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
 //! `GET /metrics` on `SHEPHERD_LISTEN`.
@@ -39,6 +40,7 @@ pub mod job;
 pub mod launch;
 pub mod outcome;
 pub mod prompt;
+pub mod review;
 pub mod runner;
 pub mod workdir;
 
@@ -86,6 +88,7 @@ pub async fn run(
         .context("shepherd agents reads each work item's context from Forgejo")?
         .with_cause(crate::forgejo::Cause::Agent);
     let policy = Arc::new(crate::config::load_policy(&config)?);
+    let reviewers = reviewer_clients(&config, &agents, &policy, &metrics)?;
     let templates = prompt::Templates::load(&policy)?;
     warn_short_claims(&policy, &agents);
     let keys = Keys::new(config.key_prefix.clone(), config.shards);
@@ -107,6 +110,7 @@ pub async fn run(
         spawner,
         metrics: metrics.clone(),
         runner: name.clone(),
+        reviewers,
     });
     let consumer = Arc::new(consume::Consumer::new(
         store,
@@ -122,6 +126,47 @@ pub async fn run(
     let result = runner::run(shared, consumer, shutdown).await;
     tracing::info!(consumer = %name, "agent runner stopped");
     result
+}
+
+/// A client per reviewer token (same URL and timeout as the runner's own), and a
+/// warning for every reviewer login of the policy without one (its `review` work
+/// fails at once, saying so).
+fn reviewer_clients(
+    config: &Config,
+    agents: &AgentsConfig,
+    policy: &crate::core::policy::PolicyFile,
+    metrics: &Metrics,
+) -> anyhow::Result<std::collections::BTreeMap<crate::core::ids::Login, ForgejoClient>> {
+    let mut out = std::collections::BTreeMap::new();
+    let url = config.forgejo_url.as_deref().unwrap_or_default();
+    for (login, token) in &agents.reviewer_tokens {
+        let options = crate::forgejo::ClientOptions {
+            timeout: Some(config.forgejo_timeout),
+            metrics: Some(metrics.clone()),
+            ..Default::default()
+        };
+        let client = ForgejoClient::new(url, token.clone(), options)
+            .with_context(|| format!("the Forgejo client of reviewer {login}"))?
+            .with_cause(crate::forgejo::Cause::Agent);
+        out.insert(login.clone(), client);
+    }
+    let logins = std::iter::once(&policy.defaults.reviewer_logins)
+        .chain(
+            policy
+                .repos
+                .values()
+                .filter_map(|o| o.reviewer_logins.as_ref()),
+        )
+        .flatten();
+    for login in logins {
+        if !out.keys().any(|l| l.as_str().eq_ignore_ascii_case(login)) {
+            tracing::warn!(
+                reviewer = %login,
+                "a reviewer login of the policy has no token in SHEPHERD_REVIEWER_TOKENS (its review work fails)"
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Warns when a policy's claim TTL leaves the agent no time before its deadline.
@@ -164,6 +209,7 @@ fn secrets(config: &Config, agents: &AgentsConfig) -> Vec<String> {
         .chain(&config.agent_token)
         .chain(&config.dispatch_secret)
         .chain(&agents.forgejo_token)
+        .chain(agents.reviewer_tokens.iter().map(|(_, t)| t))
         .map(|s| s.expose_secret().to_owned())
         .collect();
     // The password as the URL spells it and as it is sent (percent-decoded), for every

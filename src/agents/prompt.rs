@@ -24,7 +24,7 @@ use crate::core::policy::PolicyFile;
 
 /// The built-in templates: their names (as `{% extends %}`/`{% include %}` see them)
 /// and sources.
-const BUILTIN: [(&str, &str); 9] = [
+const BUILTIN: [(&str, &str); 10] = [
     (
         "builtin/parameters.md.j2",
         include_str!("templates/parameters.md.j2"),
@@ -58,19 +58,24 @@ const BUILTIN: [(&str, &str); 9] = [
         "builtin/issue-impl.md.j2",
         include_str!("templates/issue-impl.md.j2"),
     ),
+    (
+        "builtin/review.md.j2",
+        include_str!("templates/review.md.j2"),
+    ),
 ];
 
 /// Prefix of the built-in templates' names; no override file may be named so.
 const BUILTIN_PREFIX: &str = "builtin/";
 
 /// Every work kind, for checking that each has a template that renders.
-const KINDS: [WorkKind; 6] = [
+const KINDS: [WorkKind; 7] = [
     WorkKind::CiFix,
     WorkKind::ReviewFeedback,
     WorkKind::MergeConflicts,
     WorkKind::StaleCheck,
     WorkKind::IssueImpl,
     WorkKind::ReadyToMerge,
+    WorkKind::Review,
 ];
 
 /// What the prompt needs besides the work item and its context.
@@ -119,7 +124,7 @@ impl std::fmt::Debug for Templates {
 /// The parameter lines, as the templates see them (`params.…`).
 #[derive(Serialize)]
 struct Params<'a> {
-    /// `pr_fix` or `issue_impl`.
+    /// `pr_fix`, `pr_review` or `issue_impl`.
     work_type: &'static str,
     /// PR or issue number.
     work_number: u64,
@@ -258,6 +263,7 @@ impl Templates {
             | WorkKind::MergeConflicts
             | WorkKind::StaleCheck
             | WorkKind::ReadyToMerge => "pr_fix",
+            WorkKind::Review => "pr_review",
         };
         let values = Params {
             work_type,
@@ -325,7 +331,7 @@ pub fn fence_text(text: &str, lang: Option<&str>) -> String {
 mod samples {
     use crate::agents::context::*;
     use crate::core::effect::{
-        AttemptSummary, ChangeRequest, FailingCheck, WorkContext, WorkItem, WorkKind,
+        AttemptSummary, ChangeRequest, FailingCheck, ReviewRequest, WorkContext, WorkItem, WorkKind,
     };
     use crate::core::observation::CiState;
 
@@ -369,6 +375,11 @@ mod samples {
                     started_at: Some(0),
                 }],
                 note: None,
+                review: (kind == WorkKind::Review).then(|| ReviewRequest {
+                    reviewer: "reviewer-agent".parse().expect("a login"),
+                    round: 2,
+                    max_rounds: 3,
+                }),
             },
         };
         let text = |s: &str| s.to_owned();
@@ -424,6 +435,17 @@ mod samples {
                 comments_unavailable: Some(text("HTTP 500")),
             }],
             change_requests_omitted: 1,
+            reviews: vec![crate::agents::review::EarlierReview {
+                id: 8,
+                reviewer: text("reviewer-agent"),
+                state: text("REQUEST_CHANGES"),
+                commit_id: text("89abcdef0123456789abcdef0123456789abcdef"),
+                submitted_at: text("2020-01-01T00:00:00+00:00"),
+                stale: true,
+                dismissed: false,
+                body: text("Handle the empty list."),
+            }],
+            reviews_omitted: 1,
             comments: vec![CommentContext {
                 id: 5,
                 author: text("someone"),

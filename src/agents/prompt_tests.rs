@@ -359,3 +359,29 @@ fn render_errors_name_the_template_and_kind() {
     let err = t.render(&item, &ctx, &params()).unwrap_err().to_string();
     assert!(err.contains(&path) && err.contains("stale-check"), "{err}");
 }
+
+#[test]
+fn the_review_prompt_asks_for_a_verdict_file_and_shows_earlier_reviews() {
+    let t = builtin();
+    let (item, ctx) = sample(WorkKind::Review);
+    let prompt = t.render(&item, &ctx, &params()).unwrap();
+    let lines: Vec<&str> = prompt.lines().collect();
+    assert!(lines.contains(&"work_type: pr_review"), "{prompt}");
+    assert!(lines.contains(&"work_kind: review"), "{prompt}");
+    assert_in_order(&prompt, &PR_SECTIONS);
+    assert_in_order(
+        &prompt,
+        &[
+            "(Forgejo user @reviewer-agent, review round 2 of 3)",
+            "SHEPHERD_REVIEW_FILE",
+            "## Linked issues",
+            "## Earlier reviews and how they were answered",
+            "(… 1 older reviews not shown)",
+            "### Review 8 by @reviewer-agent: REQUEST_CHANGES on 89abcdef",
+            "Handle the empty list.",
+        ],
+    );
+    // No token of any kind: the runner posts the review.
+    assert!(!prompt.contains("forgejo_pat"), "{prompt}");
+    assert!(!prompt.to_lowercase().contains("token:"), "{prompt}");
+}

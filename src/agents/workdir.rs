@@ -30,6 +30,10 @@ pub const AGENT_VARS: &[&str] = &[
     "SHEPHERD_FORGEJO_URL",
 ];
 
+/// The variable naming the file where a reviewer agent writes its verdict (`review`
+/// work only; [`super::review`]).
+pub const REVIEW_FILE_VAR: &str = "SHEPHERD_REVIEW_FILE";
+
 /// The files of one run.
 pub struct Files {
     /// The prompt.
@@ -38,6 +42,9 @@ pub struct Files {
     pub work: PathBuf,
     /// Where the agent may write its result.
     pub result: PathBuf,
+    /// Where a reviewer agent writes its verdict (`review` work only:
+    /// `SHEPHERD_REVIEW_FILE`).
+    pub review: PathBuf,
 }
 
 /// Writes the prompt and the work item into `dir`.
@@ -46,6 +53,7 @@ pub fn write_files(dir: &std::path::Path, item: &WorkItem, prompt: &str) -> std:
         prompt: dir.join("prompt.md"),
         work: dir.join("work.json"),
         result: dir.join("result.json"),
+        review: dir.join("review.json"),
     };
     std::fs::write(&files.prompt, prompt)?;
     std::fs::write(
@@ -76,6 +84,9 @@ pub fn invocation(
     let mut env = shared.base_env.clone();
     let vars = agent_vars(item, run, files, shared.config.forgejo_url.as_deref());
     env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    if item.kind == crate::core::effect::WorkKind::Review {
+        env.push((REVIEW_FILE_VAR.into(), path(&files.review).into()));
+    }
     if shared.agents.credentials
         && let Some(token) = &shared.agents.forgejo_token
     {

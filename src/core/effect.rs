@@ -226,6 +226,9 @@ pub enum WorkKind {
     IssueImpl,
     /// Merge a ready PR (merge mode `dispatch` only).
     ReadyToMerge,
+    /// Review the PR's head as a reviewer agent (at most once per head sha; claim label
+    /// `auto/claimed-reviewer`).
+    Review,
 }
 
 impl WorkKind {
@@ -236,6 +239,7 @@ impl WorkKind {
             WorkKind::MergeConflicts => 50,
             WorkKind::CiFix => 40,
             WorkKind::ReviewFeedback => 30,
+            WorkKind::Review => 25,
             WorkKind::StaleCheck => 20,
             WorkKind::IssueImpl => 10,
         }
@@ -250,6 +254,7 @@ impl WorkKind {
             WorkKind::StaleCheck => "stale-check",
             WorkKind::IssueImpl => "issue-impl",
             WorkKind::ReadyToMerge => "ready-to-merge",
+            WorkKind::Review => "review",
         }
     }
 }
@@ -295,6 +300,21 @@ pub struct WorkContext {
     /// top of the new base the merge queue updated the PR onto.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Who reviews and which round it is (for `review` only; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewRequest>,
+}
+
+/// The `context.review` object of a `review` work item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewRequest {
+    /// The reviewer agent's Forgejo user (one of the policy's `reviewer_logins`, never
+    /// the PR's author): the runner posts the review with this user's token.
+    pub reviewer: super::ids::Login,
+    /// 1-based review round on this PR.
+    pub round: u32,
+    /// The policy's `max_review_rounds`.
+    pub max_rounds: u32,
 }
 
 /// One failing CI context.

@@ -76,6 +76,30 @@ pub enum MergeMode {
     Dispatch,
 }
 
+/// Which PRs a reviewer-agent setting applies to (`agent_review`,
+/// `reviewer_approvals_count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentScope {
+    /// Bot PRs only.
+    Bot,
+    /// Every PR.
+    All,
+    /// No PR.
+    Off,
+}
+
+impl AgentScope {
+    /// Whether the setting applies to a PR that is (or is not) a bot PR.
+    pub fn applies(self, bot_pr: bool) -> bool {
+        match self {
+            AgentScope::Bot => bot_pr,
+            AgentScope::All => true,
+            AgentScope::Off => false,
+        }
+    }
+}
+
 /// Declares [`Policy`] (every setting, with defaults) and [`PolicyOverride`] (every
 /// setting optional) from one list, so the two cannot drift apart.
 macro_rules! policy_settings {
@@ -121,6 +145,19 @@ policy_settings! {
     approvals_bot: u32 = 1;
     /// Approvals a human PR needs.
     approvals_human: u32 = 2;
+    /// Which PRs reviewer agents review (`review` work): `bot` (bot PRs only), `all`,
+    /// or `off`. Needs `reviewer_logins`.
+    agent_review: AgentScope = AgentScope::Bot;
+    /// The reviewer agents' Forgejo users: their formal reviews are the agents'
+    /// verdicts, and a `review` work item names one of them that is not the PR's author.
+    reviewer_logins: Vec<String> = Vec::new();
+    /// Whose PRs a reviewer agent's approval counts toward the required approvals for:
+    /// `bot` (bot PRs), `all`, or `off` (never: humans must approve).
+    reviewer_approvals_count: AgentScope = AgentScope::Bot;
+    /// Review dispatches (review → feedback → push rounds) per PR before `needs-human`.
+    max_review_rounds: u32 = 3;
+    /// Label of a PR claimed by a reviewer agent (the implementer's is `label_claimed`).
+    label_claimed_reviewer: String = "auto/claimed-reviewer".into();
     /// Text a bot PR's body must also contain when `require_bot_marker` is set. Never
     /// enough alone: anyone can paste it into a body (only the author decides).
     bot_marker: String = "Automated by CleverAgents Bot".into();
@@ -222,6 +259,13 @@ impl Policy {
         matches!((login, &self.bot_login), (Some(l), Some(b)) if l == b)
     }
 
+    /// Whether `login` is one of the reviewer agents' users (`reviewer_logins`).
+    pub fn is_reviewer(&self, login: &Login) -> bool {
+        self.reviewer_logins
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(login.as_str()))
+    }
+
     /// Whether `login` is trusted for commands without a permission lookup.
     pub fn is_trusted(&self, login: &Login) -> bool {
         self.trusted_users
@@ -249,6 +293,16 @@ impl Policy {
         }
         if self.stuck_after == 0 {
             return Err(invalid("stuck_after", "must be at least 1"));
+        }
+        if !(1..=20).contains(&self.max_review_rounds) {
+            return Err(invalid("max_review_rounds", "must be 1 to 20"));
+        }
+        if self
+            .reviewer_logins
+            .iter()
+            .any(|l| l.parse::<Login>().is_err())
+        {
+            return Err(invalid("reviewer_logins", "has an empty or invalid login"));
         }
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
@@ -555,6 +609,38 @@ mod tests {
         );
         let err = PolicyFile::from_toml("[defaults]\nagents = { fixing = \"x\" }\n").unwrap_err();
         assert!(err.to_string().contains("fixing"), "{err}");
+    }
+
+    #[test]
+    fn reviewer_agents_settings() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [defaults]
+            reviewer_logins = ["Rev-One", "rev-two"]
+            [repos."a/b"]
+            agent_review = "all"
+            reviewer_approvals_count = "off"
+            max_review_rounds = 5
+            "#,
+        )
+        .unwrap();
+        let d = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(d.agent_review, AgentScope::Bot);
+        assert_eq!(d.reviewer_approvals_count, AgentScope::Bot);
+        assert_eq!(d.max_review_rounds, 3);
+        assert_eq!(d.label_claimed_reviewer, "auto/claimed-reviewer");
+        assert!(d.is_reviewer(&"rev-one".parse().unwrap()));
+        assert!(!d.is_reviewer(&"someone".parse().unwrap()));
+        let ab = file.for_repo(&"a/b".parse().unwrap());
+        assert!(ab.agent_review.applies(false) && ab.agent_review.applies(true));
+        assert!(!ab.reviewer_approvals_count.applies(true));
+        assert_eq!(ab.max_review_rounds, 5);
+        let err = PolicyFile::from_toml("[defaults]\nmax_review_rounds = 0\n").unwrap_err();
+        assert!(err.to_string().contains("max_review_rounds"), "{err}");
+        let err = PolicyFile::from_toml("[defaults]\nagent_review = \"some\"\n").unwrap_err();
+        assert!(err.to_string().contains("agent_review"), "{err}");
+        let err = PolicyFile::from_toml("[defaults]\nreviewer_logins = [\"\"]\n").unwrap_err();
+        assert!(err.to_string().contains("reviewer_logins"), "{err}");
     }
 
     #[test]

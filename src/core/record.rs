@@ -56,6 +56,9 @@ pub struct PrRecord {
     /// The PR's part in its branch's merge queue (policy `merge_queue`).
     #[serde(default)]
     pub queue: QueueFacts,
+    /// Reviewer agents' rounds on this PR (`review` work).
+    #[serde(default, skip_serializing_if = "AgentReview::is_empty")]
+    pub agent_review: AgentReview,
 }
 
 /// What a PR record knows and has asked of its target branch's merge queue
@@ -106,6 +109,65 @@ pub struct QueueMembership {
     pub parked: Option<crate::core::queue::Ejection>,
     /// The priority it joined with.
     pub priority: crate::core::queue::Priority,
+}
+
+/// Reviewer-agent rounds of one PR: one per `review` dispatch, so at most one per
+/// head sha ever, and at most `max_review_rounds` (validated ≤ 20) in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentReview {
+    /// Every review dispatch, oldest first.
+    #[serde(default)]
+    pub rounds: Vec<ReviewRound>,
+    /// The rounds ran out and the PR was handed to a human (once: after a resume the
+    /// PR waits for a human review instead of going back to `needs-human`).
+    #[serde(default)]
+    pub exhausted: bool,
+}
+
+impl AgentReview {
+    /// Nothing recorded (records that never had a review keep their JSON as before).
+    pub fn is_empty(&self) -> bool {
+        self.rounds.is_empty() && !self.exhausted
+    }
+}
+
+/// One review dispatch and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewRound {
+    /// The head the review was dispatched for.
+    pub head_sha: Sha,
+    /// The work item.
+    pub work_id: WorkId,
+    /// The reviewer agent's user named in the work item.
+    pub reviewer: Login,
+    /// Dispatch time (unix ms).
+    pub dispatched_ms: i64,
+    /// The verdict of a reviewer agent's formal review on `head_sha`, once read.
+    #[serde(default)]
+    pub verdict: Option<ReviewVerdict>,
+    /// That review's id.
+    #[serde(default)]
+    pub review_id: Option<i64>,
+}
+
+/// A reviewer agent's verdict on one head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReviewVerdict {
+    /// `APPROVED`.
+    Approved,
+    /// `REQUEST_CHANGES`.
+    ChangesRequested,
+}
+
+impl ReviewVerdict {
+    /// The verdict's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReviewVerdict::Approved => "approved",
+            ReviewVerdict::ChangesRequested => "changes-requested",
+        }
+    }
 }
 
 /// Work bookkeeping shared by PR and issue records.
@@ -345,10 +407,17 @@ pub enum MergeState {
         /// Since when (unix ms).
         since_ms: i64,
     },
-    /// Forgejo said "try again later": not before `not_before_ms`.
+    /// Forgejo said "try again later", or the target branch's merge lease was busy:
+    /// not before `not_before_ms`.
     Backoff {
         /// Earliest next attempt (unix ms).
         not_before_ms: i64,
+        /// Waiting for the branch's merge lease: the executor that releases it wakes
+        /// this record's `merge-retry` timer early (`store::lock::wake_next_waiter`),
+        /// so the timer ends the back-off whenever it fires; `not_before_ms` is then
+        /// only the fallback for a holder that died.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lease_wait: bool,
     },
 }
 
@@ -436,6 +505,7 @@ impl PrRecord {
             status_comment: None,
             merge_announced: false,
             queue: QueueFacts::default(),
+            agent_review: AgentReview::default(),
         }
     }
 

@@ -7,13 +7,16 @@ use serde::{Deserialize, Serialize};
 
 use super::ids::{EffectId, Sha};
 use super::machine::Phase;
-use super::record::Attempt;
+use super::record::{Attempt, ReviewRound, ReviewVerdict};
 
 /// Opening of the state block in the sticky status comment (executors find the
 /// comment to edit by it).
 pub const STATE_MARKER: &str = "<!-- SHEPHERD-STATE: ";
 /// Opening of the hidden effect-id marker in posted comments.
 pub const EFFECT_MARKER: &str = "<!-- shepherd-effect: ";
+/// Opening of the hidden marker a reviewer agent's review carries (the work id): a
+/// runner that retries a work item finds the review it already posted.
+pub const REVIEW_MARKER: &str = "<!-- shepherd-review: ";
 /// Closing of both markers.
 const MARKER_END: &str = " -->";
 
@@ -42,11 +45,38 @@ pub struct StatusState {
     /// shown so people see them, never blocking and never work.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unofficial_change_requests: Vec<String>,
+    /// The reviewer agents' latest round and its verdict (absent before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewStatus>,
+}
+
+/// The reviewer agents' round shown in the status comment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewStatus {
+    /// The latest round (1-based).
+    pub round: u32,
+    /// `max_review_rounds`.
+    pub max_rounds: u32,
+    /// Its reviewer agent.
+    pub reviewer: String,
+    /// Its verdict, once the review was read (`None`: not yet, or no review posted).
+    pub verdict: Option<ReviewVerdict>,
 }
 
 /// The hidden marker carrying an effect id.
 pub fn effect_marker(id: &EffectId) -> String {
     format!("{EFFECT_MARKER}{id}{MARKER_END}")
+}
+
+/// The hidden marker of the review posted for work item `work_id`.
+pub fn review_marker(work_id: &str) -> String {
+    format!("{REVIEW_MARKER}{work_id}{MARKER_END}")
+}
+
+/// `body` without a review marker and what follows it (the marker is ours, not
+/// the reviewer's words).
+pub fn strip_review_marker(body: &str) -> &str {
+    body.find(REVIEW_MARKER).map_or(body, |i| &body[..i])
 }
 
 /// The effect id in a comment body's marker, if any.
@@ -99,6 +129,15 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
             who.join(", ")
         ));
     }
+    if let Some(review) = &state.review {
+        let verdict = review.verdict.map_or("pending", ReviewVerdict::as_str);
+        text.push_str(&format!(
+            "\n\nAgent review: round {} of {} by {} · verdict: {verdict}",
+            review.round,
+            review.max_rounds,
+            code(&one_line(&review.reviewer)),
+        ));
+    }
     format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
 }
 
@@ -133,6 +172,23 @@ pub fn needs_human(reason: &str, attempts: &[Attempt], tier_name: impl Fn(u8) ->
                 code(&one_line(&a.signature).replace('|', "\\|"))
             ));
         }
+    }
+    text
+}
+
+/// The reviewer agents' rounds as a table (the needs-human comment when they run out).
+pub fn review_rounds(rounds: &[ReviewRound]) -> String {
+    let mut text = String::from(
+        "Review rounds by reviewer agents:\n\n| round | head | reviewer | verdict |\n|---|---|---|---|\n",
+    );
+    for (i, round) in rounds.iter().enumerate() {
+        let head: String = round.head_sha.as_str().chars().take(10).collect();
+        let verdict = round.verdict.map_or("no review", ReviewVerdict::as_str);
+        text.push_str(&format!(
+            "| {} | `{head}` | {} | {verdict} |\n",
+            i + 1,
+            code(&one_line(round.reviewer.as_str()))
+        ));
     }
     text
 }
@@ -218,9 +274,19 @@ mod tests {
             head_sha: Some("abcd1234".parse().unwrap()),
             version: 4,
             unofficial_change_requests: vec!["mallory".into()],
+            review: Some(ReviewStatus {
+                round: 2,
+                max_rounds: 3,
+                reviewer: "rev-bot".into(),
+                verdict: Some(ReviewVerdict::ChangesRequested),
+            }),
         };
         let body = status_comment(&state, "--footer");
         assert!(body.contains("changes requested by `mallory`"), "{body}");
+        assert!(
+            body.contains("Agent review: round 2 of 3 by `rev-bot` · verdict: changes-requested"),
+            "{body}"
+        );
         assert!(body.ends_with("--footer"));
         assert_eq!(parse_status_comment(&body), Some(state));
         assert_eq!(status_version(&body), 4);
@@ -239,6 +305,7 @@ mod tests {
             head_sha: None,
             version: 1,
             unofficial_change_requests: (0..20).map(|i| format!("sock{i}")).collect(),
+            review: None,
         };
         let body = status_comment(&state, "--footer");
         assert!(body.contains("`sock9`, and 10 more"), "{body}");

@@ -7,6 +7,7 @@
 //! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
 //! queue.rs      the merge queue: POST …/pulls/{n}/update, a branch's tip, merge settings
+//! reviews.rs    POST …/pulls/{n}/reviews: a reviewer agent's formal review
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
 //! calls.rs      why a call was made (Cause) and its endpoint template, for the call metrics
@@ -28,6 +29,7 @@ mod error;
 mod labels;
 mod merge;
 mod queue;
+mod reviews;
 mod types;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
@@ -38,6 +40,7 @@ pub use endpoints::{CommentWrite, combine_states};
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use queue::{Branch, BranchCommit, RepoSettings, UpdateOutcome};
+pub use reviews::{NewReview, NewReviewComment};
 pub use types::{
     BranchInfo, ChangedFile, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
     MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, PullRequest, RepoPermission,

@@ -197,21 +197,22 @@ fn phases(h: &mut String, o: &Overview) {
         let _ = write!(
             h,
             "<h3 class=\"phase\" id=\"phase-{0}\">{0} ({1})</h3><table>\
-             <tr><th>PR</th><th>Title</th><th>Reason</th><th>In phase for</th><th>Tier</th><th>Work</th></tr>",
+             <tr><th>PR</th><th>Title</th><th>Reason</th><th>In phase for</th><th>Tier</th><th>Work</th><th>Agent review</th></tr>",
             esc(&phase),
             prs.len()
         );
         for p in prs {
             let _ = write!(
                 h,
-                "<tr class=\"pr\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
+                "<tr class=\"pr\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td></tr>",
                 pr_ref(p),
                 esc(&p.title),
                 esc(&p.reason),
                 age(o, p),
                 p.tier,
                 esc(&p.tier_name),
-                p.active.as_ref().map_or("—".to_owned(), |a| esc(&a.kind))
+                p.active.as_ref().map_or("—".to_owned(), |a| esc(&a.kind)),
+                p.review.as_ref().map_or("—".to_owned(), |r| esc(&r.line()))
             );
         }
         h.push_str("</table>");
@@ -339,6 +340,7 @@ mod tests {
             attempts: 0,
             active: None,
             version: 3,
+            review: None,
         }
     }
 
@@ -352,15 +354,26 @@ mod tests {
             tier_name: "codex".into(),
             expires_ms: 7_201_000,
         });
+        let mut reviewed = pr(1, "awaiting-review");
+        reviewed.review = Some(crate::ops::status::ReviewSummary {
+            round: 2,
+            max_rounds: 3,
+            reviewer: "rev<bot>".into(),
+            verdict: Some("changes-requested".into()),
+        });
         let o = Overview {
             now_ms: 61_000,
-            prs: vec![pr(1, "awaiting-review"), busy, pr(3, "needs-human")],
+            prs: vec![reviewed, busy, pr(3, "needs-human")],
             dead_letters: 2,
             ..Overview::default()
         };
         let html = render(&o);
         assert!(html.contains("http-equiv=\"refresh\""));
         assert!(html.contains("Fix &lt;thing&gt; 1"));
+        assert!(
+            html.contains("<td>round 2/3 by rev&lt;bot&gt;: changes-requested</td>"),
+            "{html}"
+        );
         assert!(!html.contains("<thing>"));
         assert!(html.contains("id=\"phase-ci-fix\""));
         assert!(html.contains("id=\"phase-awaiting-review\""));

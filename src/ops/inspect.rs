@@ -41,6 +41,9 @@ pub struct Inspection {
     pub reviews: Vec<ReviewFact>,
     /// Finished attempts.
     pub attempts: Vec<Attempt>,
+    /// Reviewer agents' rounds (`review` work), oldest first, with their verdicts.
+    #[serde(default)]
+    pub review_rounds: Vec<crate::core::record::ReviewRound>,
     /// Paused or needs-human.
     pub hold: Option<Hold>,
     /// Effects not yet done by the executors.
@@ -157,6 +160,7 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         ci,
         reviews,
         attempts: record.work.attempts.clone(),
+        review_rounds: record.agent_review.rounds.clone(),
         hold: record.work.hold.clone(),
         pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
         timers: timers(&mut conn, ops, shard, &key).await?,
@@ -249,6 +253,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
         "tier      {} ({}), {} attempts\n",
         s.tier, s.tier_name, s.attempts
     );
+    if let Some(r) = &s.review {
+        out += &format!("review    {}\n", r.line());
+    }
     match &s.active {
         Some(a) => {
             out += &format!(
@@ -336,6 +343,17 @@ fn render_lists(i: &Inspection) -> String {
             a.tier,
             a.outcome.as_str(),
             a.signature
+        );
+    }
+    out += "review rounds\n";
+    for (n, r) in i.review_rounds.iter().enumerate() {
+        out += &format!(
+            "  {} {} by {} on {} — {}\n",
+            n + 1,
+            r.work_id,
+            r.reviewer,
+            r.head_sha,
+            r.verdict.map_or("no review read", |v| v.as_str())
         );
     }
     out += "pending effects\n";

@@ -47,6 +47,35 @@ pub struct PrSummary {
     pub active: Option<ActiveSummary>,
     /// Record version.
     pub version: u64,
+    /// The reviewer agents' latest round, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewSummary>,
+}
+
+/// The reviewer agents' latest round of a PR.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReviewSummary {
+    /// Rounds so far (the latest's number).
+    pub round: u32,
+    /// `max_review_rounds`.
+    pub max_rounds: u32,
+    /// The reviewer agent of the latest round.
+    pub reviewer: String,
+    /// Its verdict (`approved`, `changes-requested`), once read.
+    pub verdict: Option<String>,
+}
+
+impl ReviewSummary {
+    /// One line: `round 2/3 by rev: changes-requested`.
+    pub fn line(&self) -> String {
+        format!(
+            "round {}/{} by {}: {}",
+            self.round,
+            self.max_rounds,
+            self.reviewer,
+            self.verdict.as_deref().unwrap_or("pending")
+        )
+    }
 }
 
 /// The active work item of a PR.
@@ -172,6 +201,12 @@ pub async fn summarize(
             expires_ms: a.expires_ms,
         }),
         version: record.version,
+        review: record.agent_review.rounds.last().map(|r| ReviewSummary {
+            round: u32::try_from(record.agent_review.rounds.len()).unwrap_or(u32::MAX),
+            max_rounds: policy.max_review_rounds,
+            reviewer: r.reviewer.to_string(),
+            verdict: r.verdict.map(|v| v.as_str().to_owned()),
+        }),
     })
 }
 

@@ -232,6 +232,13 @@ impl Keys {
         )
     }
 
+    /// Sorted set of the records waiting for a branch's merge lease (member: the
+    /// record's timer member `<record key>/merge-retry`, score: when it began to wait);
+    /// the lease's releaser wakes the oldest (`store::lock::wake_next_waiter`).
+    pub fn merge_waiters(&self, repo: &str, branch: &str) -> String {
+        format!("{}:waiters", self.merge_lock(repo, branch))
+    }
+
     /// Lock of a PR's sticky status comment: one executor at a time looks it up and
     /// creates or edits it. Its own key, not the merge lock: a merge and a status
     /// update never wait for each other. Carries the PR's shard tag, like its record.

@@ -155,3 +155,106 @@ impl Lease {
         unlock(conn, &self.key, &self.token).await
     }
 }
+
+/// A record that waits for a branch's merge lease: its shard and its `merge-retry`
+/// timer's member in that shard's timers set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// The record's shard.
+    pub shard: u16,
+    /// `<record key>/merge-retry`.
+    pub timer_member: String,
+}
+
+impl Waiter {
+    /// The waiter of a PR record's merge retry.
+    pub fn of_record(shard: u16, record_key: &str) -> Waiter {
+        Waiter {
+            shard,
+            timer_member: format!("{record_key}/merge-retry"),
+        }
+    }
+
+    fn encode(&self) -> String {
+        format!("{}\t{}", self.shard, self.timer_member)
+    }
+
+    fn decode(s: &str) -> Option<Waiter> {
+        let (shard, member) = s.split_once('\t')?;
+        Some(Waiter {
+            shard: shard.parse().ok()?,
+            timer_member: member.to_owned(),
+        })
+    }
+}
+
+/// Adds `waiter` to the set `waiters` (kept in the order it first waited).
+pub async fn add_waiter(
+    conn: &mut Conn,
+    waiters: &str,
+    waiter: &Waiter,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let _: i64 = redis::cmd("ZADD")
+        .arg(waiters)
+        .arg("NX")
+        .arg(now_ms)
+        .arg(waiter.encode())
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Removes `waiter` from `waiters` (it took the lease).
+pub async fn remove_waiter(
+    conn: &mut Conn,
+    waiters: &str,
+    waiter: &Waiter,
+) -> Result<(), StoreError> {
+    let _: i64 = redis::cmd("ZREM")
+        .arg(waiters)
+        .arg(waiter.encode())
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// How many waiters one release tries before giving up (each one whose timer is gone
+/// is dropped: it was woken already, or its record moved on).
+const WAKE_TRIES: usize = 8;
+
+/// Wakes the oldest waiter whose `merge-retry` timer is still scheduled: the timer is
+/// moved to `now_ms` (`ZADD XX LT`: only an existing timer, only earlier), so the timer
+/// pollers queue it at once. Returns the woken waiter. A waiter popped here and not
+/// woken (its timer already fired) loses nothing: its record is past the wait.
+pub async fn wake_next_waiter(
+    conn: &mut Conn,
+    keys: &super::Keys,
+    waiters: &str,
+    now_ms: i64,
+) -> Result<Option<Waiter>, StoreError> {
+    for _ in 0..WAKE_TRIES {
+        let popped: Vec<(String, f64)> =
+            redis::cmd("ZPOPMIN").arg(waiters).query_async(conn).await?;
+        let Some((raw, _)) = popped.into_iter().next() else {
+            return Ok(None);
+        };
+        let Some(waiter) = Waiter::decode(&raw) else {
+            tracing::warn!(member = %raw, "dropping a malformed merge waiter");
+            continue;
+        };
+        let changed: i64 = redis::cmd("ZADD")
+            .arg(keys.timers(waiter.shard))
+            .arg("XX")
+            .arg("LT")
+            .arg("CH")
+            .arg(now_ms)
+            .arg(&waiter.timer_member)
+            .query_async(conn)
+            .await?;
+        if changed == 1 {
+            return Ok(Some(waiter));
+        }
+    }
+    Ok(None)
+}

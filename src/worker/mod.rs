@@ -22,6 +22,7 @@ pub mod plan;
 pub mod process;
 pub mod results;
 pub mod resync;
+pub mod review_metrics;
 pub mod timers;
 pub mod trim;
 

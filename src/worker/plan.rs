@@ -169,6 +169,7 @@ fn apply_pr(
     let t = step(old, &job.event, now, policy);
     log_refusals(repo, n, &t.effects);
     observe_ci_poll_end(ctx, old, &t.record);
+    super::review_metrics::observe(&ctx.metrics.reviews, old, &t.record);
     let links = route::linked_issues(old, &t.record);
     let changed = !t.is_noop();
     let phase = name_of(&decide(&t.record, policy, now).phase);

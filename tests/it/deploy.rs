@@ -187,6 +187,7 @@ fn documented_env_vars() -> BTreeSet<String> {
             .map(|v| (*v).to_owned()),
     );
     all.insert(shepherd::agents::checkout::TOKEN_VAR.to_owned());
+    all.insert(shepherd::agents::workdir::REVIEW_FILE_VAR.to_owned());
     all
 }
 

@@ -6,7 +6,7 @@
 //! exactly-once and no-duplicate-effect assertions. Each prints its figures (the
 //! numbers in docs/reliability.md).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -366,4 +366,259 @@ fn set_ci(fake: &FakeForgejo, prs: u64, state: &str, description: &str) {
         let sha = fake.head_sha(REPO, n);
         fake.set_status(REPO, &sha, "ci/test", state, description);
     }
+}
+
+/// The figures of one merge-lease drill.
+pub(crate) struct LeaseDrill {
+    /// PRs opened (green, approved, one target branch).
+    pub prs: u64,
+    /// Each kill: seconds since the start, whether the victim held the merge lease.
+    pub kills: Vec<(f64, bool)>,
+    /// For each kill of a lease holder, the time until the next merge call, when one came.
+    pub holder_gaps: Vec<Option<Duration>>,
+    /// PRs merged 60 s after the kills stopped.
+    pub merged_after_kills: usize,
+    /// Successful merges per PR number (1 each when nothing was merged twice).
+    pub merges_per_pr: HashMap<u64, usize>,
+    /// Merge calls whose `head_commit_id` was not the PR's head.
+    pub unpinned: usize,
+}
+
+/// (Issue 16) The merge lease under SIGKILL: 40 approved green bot PRs on one branch,
+/// 3 workers; every 3 s the worker holding the branch's merge lease (any worker when
+/// none holds it within 1.5 s) is SIGKILLed and a new one started, `kills` times, each
+/// merge call taking 500 ms in the fake so that holders die mid-hold. Returns what
+/// happened; [`merge_lease_holders_killed_every_three_seconds_all_prs_merge`] asserts.
+pub(crate) async fn merge_lease_drill(kills: usize) -> LeaseDrill {
+    const PRS: u64 = 40;
+    let started = Instant::now();
+    let redis = RedisServer::start();
+    let fake = FakeForgejo::start().await;
+    fake.create_repo(REPO);
+    let mut reviews = Vec::new();
+    for i in 0..PRS {
+        let body = format!("Change {i}.\n\nAutomated by CleverAgents Bot");
+        let n = fake.open_pr(
+            REPO,
+            crate::support::fake_forgejo::NewPr::new("agent-bot", &format!("Change {i}"))
+                .body(&body),
+        );
+        let sha = fake.head_sha(REPO, n);
+        fake.set_status(REPO, &sha, "ci/test", "success", "all green");
+        reviews.push((n, fake.add_review(REPO, n, "alice", "APPROVED")));
+    }
+    fake.inject(
+        crate::support::fake_forgejo::Fault::on("POST", &format!("/repos/{REPO}/pulls/*/merge"))
+            .delay(Duration::from_millis(500)),
+    );
+    // The scenarios' policy: "agent-bot" is a bot user (one approval), fast retries.
+    let mut policy = tempfile::NamedTempFile::new().expect("policy file");
+    std::io::Write::write_all(
+        &mut policy,
+        format!("[defaults]\n{}", crate::support::scenario::FAST_POLICY).as_bytes(),
+    )
+    .expect("write policy");
+    let policy_path = policy.path().display().to_string();
+    let serve = Shepherd::serve(&redis).await;
+    let (prefix, keys) = (serve.prefix().to_owned(), serve.keys());
+    let lease_key = keys.merge_lock(REPO, "main");
+    let mut spawned = 0usize;
+    let start = |spawned: &mut usize| {
+        *spawned += 1;
+        let name = format!("drill-w{spawned}");
+        let builder = Shepherd::builder(&redis)
+            .args(["work", "--consumer", name.as_str()])
+            .prefix(&prefix)
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "2")
+            .env("SHEPHERD_FORGEJO_URL", fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", fake.token())
+            .env("SHEPHERD_BOT_LOGIN", fake.bot_login())
+            .env("SHEPHERD_CONFIG", policy_path.as_str());
+        async move { (name, builder.start().await) }
+    };
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        workers.push(start(&mut spawned).await);
+    }
+    let client = reqwest::Client::new();
+    for (n, review) in reviews {
+        for hook in [fake.pr_opened(REPO, n), fake.pr_reviewed(REPO, n, review)] {
+            let delivery = crate::support::webhook::new_delivery();
+            let request = signed(&hook.body(), hook.event_type, &delivery);
+            assert_eq!(
+                post(&client, &serve.webhook_url(), &request).await.status(),
+                202
+            );
+        }
+    }
+    let mut conn = redis.conn().await;
+    let merge_path = format!("/repos/{REPO}/pulls/*/merge");
+    let mut kill_log = Vec::new();
+    let mut holder_kills = Vec::new();
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if fake.merges().len() as u64 == PRS {
+            break;
+        }
+        // The lease's holder, if one holds it within 1.5 s.
+        let until = Instant::now() + Duration::from_millis(1500);
+        let victim = loop {
+            let holder: Option<String> = redis::cmd("GET")
+                .arg(&lease_key)
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            let found = holder.and_then(|token| {
+                workers
+                    .iter()
+                    .position(|(name, _)| token.starts_with(&format!("{name}:")))
+            });
+            if found.is_some() || Instant::now() >= until {
+                break found;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let held = victim.is_some();
+        let i = victim.unwrap_or_else(|| rand::rng().random_range(0..workers.len()));
+        workers[i].1.kill();
+        let at = Instant::now();
+        kill_log.push((started.elapsed().as_secs_f64(), held));
+        if held {
+            holder_kills.push(at);
+        }
+        workers[i] = start(&mut spawned).await;
+    }
+    let kills_over = Instant::now();
+    let deadline = kills_over + Duration::from_secs(60);
+    while (fake.merges().len() as u64) < PRS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let merge_calls: Vec<Instant> = {
+        let mut at: Vec<Instant> = fake
+            .calls("POST", &merge_path)
+            .iter()
+            .map(|c| c.at)
+            .collect();
+        at.sort();
+        at
+    };
+    let holder_gaps = holder_kills
+        .iter()
+        .map(|k| merge_calls.iter().find(|c| *c > k).map(|c| *c - *k))
+        .collect();
+    let merges = fake.merges();
+    if std::env::var("DRILL_DEBUG").is_ok() {
+        let mut by: HashMap<String, usize> = HashMap::new();
+        for c in fake.all_calls() {
+            *by.entry(format!("{} {} {}", c.method, c.path, c.status))
+                .or_default() += 1;
+        }
+        eprintln!("calls: {by:#?}");
+    }
+    let mut merges_per_pr: HashMap<u64, usize> = HashMap::new();
+    for m in &merges {
+        *merges_per_pr.entry(m.number).or_default() += 1;
+    }
+    let unpinned = fake
+        .calls("POST", &merge_path)
+        .iter()
+        .filter(|c| {
+            let n: u64 = c
+                .path
+                .rsplit('/')
+                .nth(1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            c.body.get("head_commit_id").and_then(|v| v.as_str()) != Some(&fake.head_sha(REPO, n))
+        })
+        .count();
+    let drill = LeaseDrill {
+        prs: PRS,
+        kills: kill_log,
+        holder_gaps,
+        merged_after_kills: merges.len(),
+        merges_per_pr,
+        unpinned,
+    };
+    let gaps: Vec<String> = drill
+        .holder_gaps
+        .iter()
+        .map(|g| g.map_or("none".into(), |g| format!("{:.2}", g.as_secs_f64())))
+        .collect();
+    eprintln!(
+        "merge lease drill ({}): {} PRs, kills at (s, held the lease) {:?}; holder death → next \
+         merge call (s): [{}]; merged {} of {} (60 s after the kills stopped at {:.1} s); total {:?}",
+        std::env::var("BENCH_SHEPHERD_BIN").unwrap_or_else(|_| "this build".into()),
+        drill.prs,
+        drill.kills,
+        gaps.join(", "),
+        drill.merged_after_kills,
+        drill.prs,
+        (kills_over - started).as_secs_f64(),
+        started.elapsed()
+    );
+    drill
+}
+
+/// The merge lease drill (issue 16) with 8 kills: every PR merges, none twice, each
+/// pinned to its head, and every kill of a lease holder is followed by a merge call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_lease_holders_killed_every_three_seconds_all_prs_merge() {
+    let drill = merge_lease_drill(8).await;
+    assert!(
+        drill.kills.iter().any(|(_, held)| *held),
+        "the drill killed at least one lease holder: {:?}",
+        drill.kills
+    );
+    assert_eq!(
+        drill.merged_after_kills as u64, drill.prs,
+        "every PR merged after the kills stopped"
+    );
+    assert!(
+        drill.merges_per_pr.values().all(|&c| c == 1),
+        "no PR merged twice: {:?}",
+        drill.merges_per_pr
+    );
+    assert_eq!(
+        drill.unpinned, 0,
+        "every merge call pinned to the PR's head"
+    );
+    assert!(
+        drill.holder_gaps.iter().all(Option::is_some),
+        "a merge call followed every holder's death: {:?}",
+        drill.holder_gaps
+    );
+}
+
+/// The same drill for a benchmark (`bench/merge_lease.sh`): prints the figures for
+/// this build or `BENCH_SHEPHERD_BIN` and asserts nothing about them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: bench/merge_lease.sh"]
+async fn bench_merge_lease_drill() {
+    let kills = std::env::var("BENCH_LEASE_KILLS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(8);
+    let drill = merge_lease_drill(kills).await;
+    let gaps: Vec<f64> = drill
+        .holder_gaps
+        .iter()
+        .flatten()
+        .map(Duration::as_secs_f64)
+        .collect();
+    println!(
+        "BENCH_LEASE merged={} prs={} holder_kills={} gaps_found={} gap_max_s={:.2} gap_median_s={:.2}",
+        drill.merged_after_kills,
+        drill.prs,
+        drill.holder_gaps.len(),
+        gaps.len(),
+        gaps.iter().copied().fold(0.0, f64::max),
+        median(&gaps)
+    );
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

@@ -1059,3 +1059,101 @@ async fn sticky_and_one_off_comments_are_idempotent() {
     );
     assert_eq!(fake.comments_on(REPO, n).len(), 3);
 }
+
+/// A reviewer agent's formal review, posted with its own token: stored as that user's
+/// review of the named commit with its inline comments, the PR's `updated_at` moved,
+/// the review webhook queued with the reviewer as sender; a review of one's own PR
+/// and a change request without a body are refused with 422, as Forgejo does.
+#[tokio::test]
+async fn a_reviewer_posts_a_formal_review_as_its_own_user() {
+    use shepherd::forgejo::{NewReview, NewReviewComment};
+    let fake = FakeForgejo::start().await;
+    fake.add_user_token("rev-agent", "rev-agent-token");
+    let (n, head) = ready_pr(&fake);
+    let before = fake.issue(REPO, n).updated_at;
+    std::thread::sleep(Duration::from_millis(1100));
+    let reviewer = ForgejoClient::new(
+        &fake.url(),
+        SecretString::from("rev-agent-token".to_owned()),
+        ClientOptions::default(),
+    )
+    .expect("client");
+    let review = NewReview {
+        event: "REQUEST_CHANGES".into(),
+        body: "Handle the empty list.".into(),
+        commit_id: head.clone(),
+        comments: vec![NewReviewComment {
+            path: "src/lib.rs".into(),
+            body: "here".into(),
+            new_position: 12,
+            old_position: 0,
+        }],
+    };
+    let posted = reviewer
+        .create_review(REPO, n, &review)
+        .await
+        .expect("posted");
+    assert_eq!(posted.state, "REQUEST_CHANGES");
+    assert_eq!(posted.user.as_ref().unwrap().login, "rev-agent");
+    assert_eq!(posted.commit_id, head);
+    assert!(posted.official && !posted.stale);
+    let listed = client(&fake).list_reviews(REPO, n).await.expect("reviews");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].body, "Handle the empty list.");
+    let inline = client(&fake)
+        .review_comments(REPO, n, posted.id)
+        .await
+        .expect("inline comments");
+    assert_eq!(
+        (inline[0].path.as_str(), inline[0].position),
+        ("src/lib.rs", 12)
+    );
+    assert_ne!(fake.issue(REPO, n).updated_at, before, "updated_at moved");
+    let hooks = fake.take_outbox();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0].event_type, "pull_request_review_rejected");
+    assert_eq!(hooks[0].payload["sender"]["login"], "rev-agent");
+    assert_eq!(
+        hooks[0].payload["review"]["content"],
+        "Handle the empty list."
+    );
+    // The author cannot approve or reject its own PR.
+    fake.add_user_token("alice", "alice-token");
+    let alice = ForgejoClient::new(
+        &fake.url(),
+        SecretString::from("alice-token".to_owned()),
+        ClientOptions::default(),
+    )
+    .expect("client");
+    let approve = NewReview {
+        event: "APPROVED".into(),
+        body: String::new(),
+        commit_id: String::new(),
+        comments: Vec::new(),
+    };
+    let err = alice.create_review(REPO, n, &approve).await.unwrap_err();
+    assert_eq!(err.status(), Some(422), "{err}");
+    assert!(!err.is_retryable());
+    let empty = NewReview {
+        event: "REQUEST_CHANGES".into(),
+        ..approve.clone()
+    };
+    assert_eq!(
+        reviewer
+            .create_review(REPO, n, &empty)
+            .await
+            .unwrap_err()
+            .status(),
+        Some(422)
+    );
+    // An approval without a commit is for the head.
+    let ok = reviewer
+        .create_review(REPO, n, &approve)
+        .await
+        .expect("approved");
+    assert_eq!(
+        (ok.state.as_str(), ok.commit_id.as_str()),
+        ("APPROVED", head.as_str())
+    );
+    fake.assert_calls_match_openapi();
+}

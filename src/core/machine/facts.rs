@@ -375,8 +375,21 @@ pub(crate) fn schedule_merge_retry(due_ms: i64, fx: &mut Fx) {
 
 /// No merge before `not_before_ms`; the timer then lets the record try again.
 fn back_off_merge(r: &mut PrRecord, not_before_ms: i64, fx: &mut Fx) {
-    r.merge = MergeState::Backoff { not_before_ms };
+    r.merge = MergeState::Backoff {
+        not_before_ms,
+        lease_wait: false,
+    };
     schedule_merge_retry(not_before_ms, fx);
+}
+
+/// The merge lease was busy: try again when its holder releases it (the releaser wakes
+/// the timer early) or, should the holder have died, at `fallback_ms`.
+fn wait_for_lease(r: &mut PrRecord, fallback_ms: i64, fx: &mut Fx) {
+    r.merge = MergeState::Backoff {
+        not_before_ms: fallback_ms,
+        lease_wait: true,
+    };
+    schedule_merge_retry(fallback_ms, fx);
 }
 
 /// A PR snapshot, unless an equally new or newer one is already known.
@@ -552,7 +565,12 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         }
         TimerKind::ClaimExpiry { work_id } => work::on_expiry(&mut r.work, work_id, now, fx),
         TimerKind::MergeRetry => match &r.merge {
-            MergeState::Backoff { not_before_ms } if now >= *not_before_ms => {
+            // A lease wait ends whenever its timer fires: early means woken by the
+            // lease's releaser.
+            MergeState::Backoff {
+                not_before_ms,
+                lease_wait,
+            } if *lease_wait || now >= *not_before_ms => {
                 r.merge = MergeState::Idle;
                 true
             }
@@ -608,7 +626,7 @@ fn on_outcome(
         }
         EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {
             let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
-            back_off_merge(r, now.saturating_add(delay), fx);
+            wait_for_lease(r, now.saturating_add(delay), fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {

@@ -8,7 +8,8 @@
 //! so repeating a step emits nothing new.
 //!
 //! Files: `facts` (events → facts), `plan` (`decide`: phase, reason, wanted action),
-//! `work` (claims, attempts, escalation, stuck), `reconcile` (wanted vs in flight →
+//! `work` (claims, attempts, escalation, stuck), `review` (reviewer agents: when a
+//! `review` is wanted, whose approvals count, rounds), `reconcile` (wanted vs in flight →
 //! effects), `commands` (`/shepherd …` with trust), `issue` (`step_issue`).
 
 mod commands;
@@ -17,6 +18,7 @@ mod issue;
 mod plan;
 mod queue;
 mod reconcile;
+mod review;
 mod work;
 
 #[cfg(test)]
@@ -140,6 +142,7 @@ pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> T
     if !relevant {
         return noop(record, event);
     }
+    review::note_verdicts(&mut r, policy);
     let plan = plan::plan(&r, policy, now_ms);
     reconcile::reconcile(&mut r, &plan, !from_bot, now_ms, policy, &mut fx);
     if r == *record && fx.is_empty() {

@@ -3,11 +3,12 @@
 //! review-feedback > ready-to-merge; holds, merges in flight and active work come
 //! first; awaiting-ci and awaiting-review explain why nothing is wanted.
 
-use super::super::effect::{ChangeRequest, FailingCheck, WorkContext, WorkKind};
+use super::super::effect::{ChangeRequest, FailingCheck, ReviewRequest, WorkContext, WorkKind};
 use super::super::event::{CiContext, CiState, PrSnapshot, PrState, ReviewFact, ReviewState};
 use super::super::ids::{RepoName, Sha};
 use super::super::policy::{MergeMode, Policy};
 use super::super::record::{ConflictFact, Hold, MergeState, PrRecord};
+use super::review::{self, ReviewWant};
 use super::{Phase, work};
 
 /// What the record wants done now.
@@ -28,6 +29,11 @@ pub(crate) enum Want {
     },
     /// Stop: a human must act.
     NeedsHuman {
+        /// Why.
+        reason: String,
+    },
+    /// Stop: the reviewer agents' rounds ran out (needs-human with the round history).
+    ReviewRoundsExhausted {
         /// Why.
         reason: String,
     },
@@ -172,8 +178,6 @@ pub(crate) fn is_bot_pr(pr: &PrSnapshot, policy: &Policy) -> bool {
 
 /// Review facts relevant to merging and to `review-feedback`.
 struct ReviewView {
-    /// Counted approvals (latest review APPROVED, official, not stale or dismissed).
-    approvals: u32,
     /// Reviewers whose latest review requests changes (not dismissed): blocks merging.
     blocking: Vec<String>,
     /// Change requests not yet addressed (on the head, not stale): wants work.
@@ -187,7 +191,6 @@ struct ReviewView {
 /// Evaluates the latest reviews against the head.
 fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
     let mut v = ReviewView {
-        approvals: 0,
         blocking: Vec::new(),
         active: Vec::new(),
         unofficial: Vec::new(),
@@ -197,11 +200,8 @@ fn review_view(r: &PrRecord, head: Option<&Sha>) -> ReviewView {
     };
     for review in reviews.latest.values() {
         match review.state {
-            ReviewState::Approved => {
-                if review.official && !review.stale && !review.dismissed {
-                    v.approvals += 1;
-                }
-            }
+            // Counted by `review::approvals` (reviewer agents count by policy).
+            ReviewState::Approved => {}
             ReviewState::RequestChanges => {
                 if review.dismissed {
                     continue;
@@ -289,19 +289,24 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
     if !rv.blocking.is_empty() {
         out.push(format!("changes requested by {}", rv.blocking.join(", ")));
     }
-    let need = match is_bot_pr(pr, policy) {
-        true => policy.approvals_bot,
-        false => policy.approvals_human,
-    };
-    if rv.approvals < need {
-        let more = need - rv.approvals;
+    let need = review::needed(pr, policy);
+    let approvals = review::approvals(r, pr, policy);
+    if approvals < need {
+        let more = need - approvals;
         let s = if more == 1 { "" } else { "s" };
         out.push(format!("waiting for {more} more approval{s}"));
     }
-    if let MergeState::Backoff { not_before_ms } = r.merge
+    if let MergeState::Backoff {
+        not_before_ms,
+        lease_wait,
+    } = r.merge
         && now_ms < not_before_ms
     {
-        out.push("Forgejo asked to try the merge again later".into());
+        out.push(if lease_wait {
+            "waiting for the target branch's merge lease (another merge is in progress)".into()
+        } else {
+            "Forgejo asked to try the merge again later".into()
+        });
     }
     out
 }
@@ -321,7 +326,7 @@ fn phase_of(kind: WorkKind) -> Phase {
         WorkKind::ReviewFeedback => Phase::ReviewFeedback,
         WorkKind::MergeConflicts => Phase::MergeConflicts,
         WorkKind::ReadyToMerge => Phase::Merging,
-        WorkKind::StaleCheck | WorkKind::IssueImpl => Phase::AwaitingReview,
+        WorkKind::StaleCheck | WorkKind::IssueImpl | WorkKind::Review => Phase::AwaitingReview,
     }
 }
 
@@ -409,7 +414,7 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         let mut ids: Vec<String> = rv
             .active
             .iter()
-            .map(|c| format!("{}#{}", c.reviewer, c.review_id))
+            .map(|c| review::change_request_signature(&c.reviewer, c.review_id, &c.body, policy))
             .collect();
         ids.sort();
         let why = format!("changes requested by {}", rv.blocking.join(", "));
@@ -465,6 +470,45 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             }
         },
     };
+    let mut reason = first.clone();
+    match review::wanted(r, pr, policy) {
+        ReviewWant::Nothing => {}
+        ReviewWant::Dispatch {
+            reviewer,
+            round,
+            head,
+        } => {
+            let context = WorkContext {
+                review: Some(ReviewRequest {
+                    reviewer,
+                    round,
+                    max_rounds: policy.max_review_rounds,
+                }),
+                ..WorkContext::default()
+            };
+            let why = format!(
+                "{first}; review round {round} of {} by a reviewer agent",
+                policy.max_review_rounds
+            );
+            return want_work(
+                r,
+                policy,
+                WorkKind::Review,
+                format!("review:{head}"),
+                context,
+                &why,
+            );
+        }
+        ReviewWant::Exhausted { reason } => {
+            return Plan {
+                phase: Phase::NeedsHuman,
+                reason: reason.clone(),
+                want: Want::ReviewRoundsExhausted { reason },
+            };
+        }
+        // Still a stale check in a lull, but the reason says who must act.
+        ReviewWant::WaitingForHuman { reason: why } => reason = why,
+    }
     let stale_ms = i64::try_from(policy.stale_after_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     let lull = r.last_activity_ms > 0 && now.saturating_sub(r.last_activity_ms) >= stale_ms;
     if lull && r.stale_checked_at != Some(r.last_activity_ms) {
@@ -481,7 +525,12 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             &why,
         );
     }
-    let why = super::queue::approvals_note(r, first).unwrap_or_else(|| first.clone());
+    // The queue's note on stale approvals, unless a reviewer's wait says more.
+    let why = if reason == *first {
+        super::queue::approvals_note(r, first).unwrap_or(reason)
+    } else {
+        reason
+    };
     Plan::idle(phase, why)
 }
 

@@ -10,7 +10,7 @@ use super::super::record::{AttemptOutcome, MergeState, PrRecord};
 use super::super::texts::{self, StatusState};
 use super::facts::{MERGE_TIMEOUT_MS, VERIFY_TIMEOUT_MS, ci_poll_delay_ms, schedule_merge_retry};
 use super::plan::{self, CiView, Plan, Want};
-use super::{Fx, work};
+use super::{Fx, review, work};
 
 /// Emits what it takes to move from what is in flight to what `plan` wants.
 /// `allow_dispatch` is false for events the bot caused (they never start work).
@@ -47,10 +47,19 @@ pub(crate) fn reconcile(
                     context: context.clone(),
                 };
                 work::dispatch(&mut r.work, spec, now, policy, fx);
+                if *kind == super::super::effect::WorkKind::Review {
+                    review::on_dispatch(r, now);
+                }
             }
         }
         Want::NeedsHuman { reason } => {
             work::enter_needs_human(&mut r.work, reason, r.number, now, policy, fx);
+        }
+        Want::ReviewRoundsExhausted { reason } => {
+            r.agent_review.exhausted = true;
+            let rounds = texts::review_rounds(&r.agent_review.rounds);
+            let (ws, n) = (&mut r.work, r.number);
+            work::enter_needs_human_with(ws, reason, &rounds, n, now, policy, fx);
         }
         Want::Merge { sha } => merge(r, sha, now, policy, fx),
     }
@@ -186,6 +195,16 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
             .into_iter()
             .take(UNOFFICIAL_KEPT)
             .collect(),
+        review: r
+            .agent_review
+            .rounds
+            .last()
+            .map(|round| texts::ReviewStatus {
+                round: u32::try_from(r.agent_review.rounds.len()).unwrap_or(u32::MAX),
+                max_rounds: policy.max_review_rounds,
+                reviewer: round.reviewer.to_string(),
+                verdict: round.verdict,
+            }),
     };
     let mut key = serde_json::json!([
         state.phase,
@@ -207,6 +226,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && let Some(parts) = key.as_array_mut()
     {
         parts.push(serde_json::json!([place.position, place.head]));
+    }
+    // Likewise only once a reviewer agent was asked: the round and its verdict.
+    if let Some(review) = &state.review
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!([review.round, review.verdict]));
     }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {

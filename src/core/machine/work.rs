@@ -244,6 +244,19 @@ pub(crate) fn enter_needs_human(
     policy: &Policy,
     fx: &mut Fx,
 ) {
+    enter_needs_human_with(ws, reason, "", number, now, policy, fx);
+}
+
+/// [`enter_needs_human`] with `more` (e.g. the review rounds) appended to the comment.
+pub(crate) fn enter_needs_human_with(
+    ws: &mut WorkState,
+    reason: &str,
+    more: &str,
+    number: u64,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
     if matches!(ws.hold, Some(Hold::NeedsHuman { .. })) {
         return;
     }
@@ -252,7 +265,11 @@ pub(crate) fn enter_needs_human(
         since_ms: now,
         label_seen: false,
     });
-    let text = super::super::texts::needs_human(reason, &ws.attempts, |t| policy.tier_name(t));
+    let mut text = super::super::texts::needs_human(reason, &ws.attempts, |t| policy.tier_name(t));
+    if !more.is_empty() {
+        text.push('\n');
+        text.push_str(more);
+    }
     fx.comment(number, text);
 }
 
@@ -279,8 +296,19 @@ pub(crate) fn observe_hold_label(
 /// emitting only differences from what was asked for before.
 pub(crate) fn sync_labels(ws: &mut WorkState, open: bool, policy: &Policy, fx: &mut Fx) {
     let mut want = std::collections::BTreeSet::new();
-    if open && ws.active.is_some() {
-        want.insert(policy.label_claimed.clone());
+    if open && let Some(active) = &ws.active {
+        // A reviewer holds the PR under its own label: the two never show at once
+        // because a record has one active work item.
+        let label = match active.item.kind {
+            WorkKind::Review => &policy.label_claimed_reviewer,
+            WorkKind::CiFix
+            | WorkKind::ReviewFeedback
+            | WorkKind::MergeConflicts
+            | WorkKind::StaleCheck
+            | WorkKind::IssueImpl
+            | WorkKind::ReadyToMerge => &policy.label_claimed,
+        };
+        want.insert(label.clone());
     }
     if open && matches!(ws.hold, Some(Hold::NeedsHuman { .. })) {
         want.insert(policy.label_needs_human.clone());

@@ -3,10 +3,10 @@
 //! 1. Re-read the PR: already merged → `Merged` (a redelivered merge effect never
 //!    merges twice); closed or the head moved past the pinned sha → `HeadMoved`.
 //! 2. Take the merge lease of the target branch (`store::lock::Lease`: `SET NX PX`
-//!    with a few seconds of life, renewed every second while this executor works);
-//!    busy → `LockBusy`, retried when the holder's lease runs out. A SIGKILLed holder
-//!    blocks the branch for at most [`LEASE_TTL`] (or, when it died during the merge
-//!    call itself, that call's timeout).
+//!    with a few seconds of life, renewed every second while this executor works,
+//!    the merge call included); busy → `LockBusy`, retried when the holder's lease
+//!    runs out. A SIGKILLed holder blocks the branch for at most [`LEASE_TTL`],
+//!    wherever it died.
 //! 3. Re-check readiness against the API: the combined status of the head and the
 //!    reviews are read and folded, with the PR, into a fresh record by the core's own
 //!    `step`, and the core's `merge_blockers` must be empty. Otherwise the fresh reads
@@ -14,11 +14,14 @@
 //!    record also takes the stored record's hold and active work, which no API read
 //!    shows: a `/shepherd pause` (or needs-human) that arrived while this effect was
 //!    queued or parked for retry wins over it.
-//! 4. The fence: the renewals stop and the lease is extended to cover the merge call
-//!    (the Forgejo timeout and a margin) only if this taking still holds it; a holder
+//! 4. The fence: right before the merge call the lease is extended by a whole
+//!    lifetime only if this taking still holds it (compare-and-`PEXPIRE`); a holder
 //!    that lost its lease (renewals failed, a pause longer than its life) stops here
 //!    with `LockBusy` and never calls merge. Then `POST …/merge` with `Do`,
-//!    `head_commit_id` and `delete_branch_after_merge` — never `force_merge`.
+//!    `head_commit_id` and `delete_branch_after_merge` — never `force_merge`. The
+//!    renewals go on during the call: a holder that dies in it frees the branch within
+//!    [`LEASE_TTL`], and its call, if Forgejo still completes it, is pinned to its
+//!    head like any other (the next holder re-reads the PR first).
 //! 5. A 403/405/409/404 or an ambiguous answer (timeout, 5xx) is never retried
 //!    blindly: the PR is re-read; merged means `Merged`, anything else is reported as
 //!    the outcome (`Conflict`, `HeadMoved`, `TryAgain`, `FailedPermanent`). A 403 is
@@ -32,7 +35,7 @@ use crate::core::machine::{merge_blockers, step};
 use crate::core::policy::MergeStyle;
 use crate::core::record::PrRecord;
 use crate::forgejo::{self, Cause, MergeConflictKind, MergeRefusal, MergeRequest, PullRequest};
-use crate::store::lock::{Lease, Taken};
+use crate::store::lock::{self, Lease, Taken, Waiter};
 use crate::store::{Conn, commit, streams};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,10 +52,8 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 /// How often a living holder renews its merge lease.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
-/// Added to the Forgejo timeout when the fence extends the lease over the merge call.
-pub(super) const CALL_MARGIN: Duration = Duration::from_secs(2);
-
-/// The shortest and longest wait before a merge retries a busy lease.
+/// The least wait before a merge retries a busy lease (also added to the holder's
+/// remaining time, so the retry comes after the lease ran out).
 const BUSY_RETRY_MIN: Duration = Duration::from_millis(200);
 
 /// The parameters of a `Merge` effect.
@@ -87,7 +88,10 @@ impl Executor {
         if let Some(outcome) = settled(&pr, ask.head_sha) {
             return Ok(vec![outcome_event(effect, outcome)]);
         }
-        let lock_key = self.ctx.store.keys().merge_lock(repo, &pr.base.ref_name);
+        let keys = self.ctx.store.keys();
+        let lock_key = keys.merge_lock(repo, &pr.base.ref_name);
+        let waiters = keys.merge_waiters(repo, &pr.base.ref_name);
+        let waiter = Waiter::of_record(keys.shard_of(repo), &keys.pr_record(repo, effect.number));
         let mut conn = self.ctx.store.conn();
         let lease = match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL)
             .await?
@@ -95,14 +99,25 @@ impl Executor {
             Taken::Held(lease) => lease,
             Taken::Busy { holder, remaining } => {
                 tracing::info!(branch = %pr.base.ref_name, ?holder, ?remaining, "merge lease busy");
+                lock::add_waiter(&mut conn, &waiters, &waiter, now_ms()).await?;
                 return Ok(vec![outcome_event(effect, busy(remaining))]);
             }
         };
+        if let Err(e) = lock::remove_waiter(&mut conn, &waiters, &waiter).await {
+            tracing::warn!(error = %e, "leaving the merge waiters failed; a later wake skips it");
+        }
         let keeper = Keeper::start(lease.clone(), self.ctx.store.conn());
         let result = self.merge_locked(effect, &ask, &pr, &keeper).await;
         keeper.stop();
         if let Err(e) = lease.release(&mut conn).await {
             tracing::warn!(error = %e, "releasing the merge lease failed; it expires");
+        }
+        // The next PR waiting for this branch tries now instead of at its fallback.
+        match lock::wake_next_waiter(&mut conn, keys, &waiters, now_ms()).await {
+            Ok(woken) => tracing::debug!(?woken, "merge lease released"),
+            Err(e) => {
+                tracing::warn!(error = %e, "waking a merge waiter failed; it retries at its fallback")
+            }
         }
         result
     }
@@ -149,8 +164,7 @@ impl Executor {
             title: ask.title.clone(),
             message: ask.message.clone(),
         };
-        let cover = self.ctx.config.forgejo_timeout + CALL_MARGIN;
-        if !keeper.fence(cover).await? {
+        if !keeper.fence().await? {
             tracing::warn!(
                 lease = keeper.lease.key(),
                 "merge lease lost before the merge call; not merging"
@@ -262,6 +276,11 @@ impl Executor {
     }
 }
 
+/// Unix milliseconds now.
+pub(super) fn now_ms() -> i64 {
+    i64::try_from(crate::store::streams::now_ms()).unwrap_or(i64::MAX)
+}
+
 /// The outcome of a busy (or lost) lease: retry when the holder's lease runs out.
 pub(super) fn busy(remaining: Duration) -> MergeOutcome {
     let wait = remaining.clamp(BUSY_RETRY_MIN, LEASE_TTL) + BUSY_RETRY_MIN;
@@ -311,14 +330,17 @@ impl Keeper {
         }
     }
 
-    /// Stops the renewals and extends the lease to `cover` from now if this taking
-    /// still holds it: true means the protected call may be made.
-    pub(super) async fn fence(&self, cover: Duration) -> Result<bool, Failure> {
-        self.task.abort();
+    /// Extends the lease by a whole lifetime from now if this taking still holds it:
+    /// true means the protected call may be made (the renewals go on meanwhile).
+    pub(super) async fn fence(&self) -> Result<bool, Failure> {
         if self.lost.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        Ok(self.lease.extend(&mut self.conn.clone(), cover).await?)
+        let held = self.lease.renew(&mut self.conn.clone()).await?;
+        if !held {
+            self.lost.store(true, Ordering::SeqCst);
+        }
+        Ok(held)
     }
 
     pub(super) fn stop(&self) {

@@ -27,12 +27,12 @@ use crate::core::ids::{Scope, Sha};
 use crate::core::policy::{MergeStyle, UpdateStyle};
 use crate::core::queue::{HeadAction, HeadReading, QueueOp, head_action};
 use crate::forgejo::{Cause, PullRequest, UpdateOutcome};
-use crate::store::lock::{Lease, Taken};
+use crate::store::lock::{self, Lease, Taken, Waiter};
 use crate::store::{queue, streams};
 
 use super::Executor;
 use super::act::Failure;
-use super::merge::{CALL_MARGIN, Keeper, LEASE_TTL, MergeAsk, busy, outcome_event, settled};
+use super::merge::{Keeper, LEASE_TTL, MergeAsk, busy, now_ms, outcome_event, settled};
 
 /// How long a PR that is not the head waits before its record may ask again (ms).
 const NOT_HEAD_RETRY_MS: u64 = 1_000;
@@ -135,19 +135,28 @@ impl Executor {
             return Ok(events);
         }
         let lock_key = keys.merge_lock(repo, ask.branch);
+        let waiters = keys.merge_waiters(repo, ask.branch);
+        let waiter = Waiter::of_record(keys.shard_of(repo), &keys.pr_record(repo, effect.number));
         let lease =
             match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL).await? {
                 Taken::Held(lease) => lease,
                 Taken::Busy { holder, remaining } => {
                     tracing::info!(branch = ask.branch, ?holder, ?remaining, "merge lease busy");
+                    lock::add_waiter(&mut conn, &waiters, &waiter, now_ms()).await?;
                     return Ok(vec![outcome_event(effect, busy(remaining))]);
                 }
             };
+        if let Err(e) = lock::remove_waiter(&mut conn, &waiters, &waiter).await {
+            tracing::warn!(error = %e, "leaving the merge waiters failed; a later wake skips it");
+        }
         let keeper = Keeper::start(lease.clone(), self.ctx.store.conn());
         let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
         keeper.stop();
         if let Err(e) = lease.release(&mut conn).await {
             tracing::warn!(error = %e, "releasing the merge lease failed; it expires");
+        }
+        if let Err(e) = lock::wake_next_waiter(&mut conn, keys, &waiters, now_ms()).await {
+            tracing::warn!(error = %e, "waking a merge waiter failed; it retries at its fallback");
         }
         result
     }
@@ -225,8 +234,7 @@ impl Executor {
         tip: Sha,
     ) -> Result<MergeOutcome, Failure> {
         let repo = effect.repo.as_str();
-        let cover = self.ctx.config.forgejo_timeout + CALL_MARGIN;
-        if !keeper.fence(cover).await? {
+        if !keeper.fence().await? {
             tracing::warn!("merge lease lost before the update; not updating");
             return Ok(busy(std::time::Duration::ZERO));
         }

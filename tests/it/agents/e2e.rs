@@ -24,7 +24,7 @@ async fn open_red_pr(s: &Scenario) -> (u64, String) {
 }
 
 /// The stored record of PR `n`.
-async fn record(s: &Scenario, n: u64) -> Value {
+pub(super) async fn record(s: &Scenario, n: u64) -> Value {
     let mut conn = s.redis_conn();
     let data: Option<String> = redis::cmd("HGET")
         .arg(s.shepherd.keys().pr_record(REPO, n))

@@ -6,12 +6,18 @@
 //!   priority, deadline, two runners, a missing program.
 //! - `e2e`: the whole loop through `shepherd run` and the scenario harness: cancel by
 //!   a human push, the agent's own push then its result, a runner crash, escalation.
+//! - `review_runner`: `review` work in the runner alone: the verdict posted once as
+//!   the reviewer, and each way it can fail.
+//! - `review_e2e`: reviewer agents (issue 15): change request → feedback → push →
+//!   approval → merge, and three rounds of the same change request → needs-human.
 
 mod bench;
 mod context;
 mod e2e;
 mod opencode;
 mod opencode_loop;
+mod review_e2e;
+mod review_runner;
 mod runner;
 
 use std::path::PathBuf;
@@ -27,6 +33,9 @@ use crate::support::{poll_until_named, scenario::DEADLINE};
 
 /// The repository of the injected work items.
 pub const REPO: &str = "acme/agents";
+
+/// The reviewer agent named by injected `review` work items.
+pub const REVIEWER: &str = "rev-agent";
 
 /// A redis-server, a fake Forgejo, a key prefix and a folder for the agents' scripts
 /// and the marker files they write.
@@ -119,6 +128,7 @@ impl Rig {
             "merge-conflicts" => 50,
             "ci-fix" => 40,
             "review-feedback" => 30,
+            "review" => 25,
             "stale-check" => 20,
             _ => 10,
         };
@@ -132,6 +142,10 @@ impl Rig {
             "claim_expires_at": expires.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             "context": {"failing_checks": [], "change_requests": [], "attempts": []},
         });
+        let mut item = item;
+        if kind == "review" {
+            item["context"]["review"] = json!({"reviewer": REVIEWER, "round": 1, "max_rounds": 3});
+        }
         let keys = self.keys();
         let mut conn = self.conn.clone();
         let owner = format!("{scope}\t{repo}\t{number}");

@@ -147,7 +147,10 @@ impl Scenario {
     /// SIGKILL (nothing finished or cleaned up) and started again on the same Redis,
     /// key prefix, Forgejo and policy. Only for a scenario with one process.
     pub async fn restart(&mut self) {
-        assert!(self._worker.is_none(), "restart is for one-process scenarios");
+        assert!(
+            self._worker.is_none(),
+            "restart is for one-process scenarios"
+        );
         self.shepherd.kill();
         let b = Shepherd::builder(&*self._redis)
             .args(["run"])

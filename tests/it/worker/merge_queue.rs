@@ -45,7 +45,9 @@ async fn open_approved(s: &Scenario, n: usize) -> Vec<u64> {
 
 /// A writer approves PR `n`'s head (and the review webhook goes out).
 async fn approve(s: &Scenario, n: u64) {
-    let id = s.fake.with_model(|m| m.add_review(REPO, n, "reviewer", "APPROVED"));
+    let id = s
+        .fake
+        .with_model(|m| m.add_review(REPO, n, "reviewer", "APPROVED"));
     s.send(&s.fake.pr_reviewed(REPO, n, id)).await;
 }
 
@@ -106,13 +108,23 @@ fn assert_main_stayed_green(fake: &FakeForgejo) {
         assert_eq!(m.style, "fast-forward-only", "merge {i}: {m:?}");
         assert_eq!(m.head_commit_id.as_deref(), Some(m.merged_sha.as_str()));
         assert_eq!(m.tip_after, m.merged_sha, "the tested head is the new tip");
-        assert_eq!(ci_state(fake, &m.merged_sha), "success", "CI of merge point {i}");
+        assert_eq!(
+            ci_state(fake, &m.merged_sha),
+            "success",
+            "CI of merge point {i}"
+        );
         assert!(
-            m.body.get("force_merge").is_none_or(|v| v == &Value::Bool(false)),
+            m.body
+                .get("force_merge")
+                .is_none_or(|v| v == &Value::Bool(false)),
             "never force_merge"
         );
         if i > 0 {
-            assert_eq!(m.tip_before, ms[i - 1].tip_after, "merge {i} on the previous tip");
+            assert_eq!(
+                m.tip_before,
+                ms[i - 1].tip_after,
+                "merge {i} on the previous tip"
+            );
         }
     }
 }
@@ -141,7 +153,10 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
     let s = start(300, &[(4, 2)]).await;
     let prs = open_approved(&s, 5).await;
     assert_eq!(prs, vec![1, 2, 3, 4, 5]);
-    run_until(&s, "four merges and a ci-fix for #4", |f| merges(f).len() >= 4).await;
+    run_until(&s, "four merges and a ci-fix for #4", |f| {
+        merges(f).len() >= 4
+    })
+    .await;
     let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
     assert_eq!(order, vec![1, 2, 3, 5], "in order, #4 ejected");
     // Each PR after the first was updated onto the tip the previous merge made, and
@@ -155,7 +170,11 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
             .rev()
             .find(|u| u.0 == m.number)
             .unwrap_or_else(|| panic!("#{} was updated", m.number));
-        assert_eq!(up.3, prev.tip_after, "#{} tested on the tip of its moment", m.number);
+        assert_eq!(
+            up.3, prev.tip_after,
+            "#{} tested on the tip of its moment",
+            m.number
+        );
         assert_eq!(up.2, m.merged_sha, "#{} merged the tested head", m.number);
     }
     // #4 was updated onto a tip holding #2's changes, failed there, and went to ci-fix
@@ -171,10 +190,14 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
     let note = fix["context"]["note"].as_str().unwrap_or_default();
     assert!(note.contains("only on top of the new base"), "note: {note}");
     assert_eq!(fix["head_sha"], s.fake.head_sha(REPO, 4));
-    assert!(ups.iter().any(|u| u.0 == 4), "#4 was tested on top of the new base");
+    assert!(
+        ups.iter().any(|u| u.0 == 4),
+        "#4 was tested on top of the new base"
+    );
     // The agent pushes a fix (as the bot); a writer approves the new head.
     s.fake.push_fix(REPO, 4);
-    s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login())).await;
+    s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login()))
+        .await;
     approve(&s, 4).await;
     run_until(&s, "#4 merged after its fix", |f| merges(f).len() == 5).await;
     let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
@@ -212,7 +235,11 @@ async fn a_conflict_on_update_becomes_merge_conflicts_work() {
     let update_calls = s
         .fake
         .calls("POST", &format!("/repos/{REPO}/pulls/2/update"));
-    assert_eq!(update_calls.len(), 1, "the conflicting update is not retried");
+    assert_eq!(
+        update_calls.len(),
+        1,
+        "the conflicting update is not retried"
+    );
     assert_eq!(update_calls[0].status, 409);
     assert_main_stayed_green(&s.fake);
     s.fake.assert_calls_match_openapi();
@@ -246,7 +273,10 @@ async fn a_base_that_moves_during_the_test_means_another_update() {
     run_until(&s, "#1 merged", |f| merges(f).len() == 1).await;
     let ups = updates(&s.fake);
     assert_eq!(ups.len(), 2, "updated twice: {ups:?}");
-    assert_eq!(ups[1].3, moved_again, "the second update is onto the new tip");
+    assert_eq!(
+        ups[1].3, moved_again,
+        "the second update is onto the new tip"
+    );
     let m = &merges(&s.fake)[0];
     assert_eq!(m.tip_before, moved_again);
     assert_eq!(m.merged_sha, ups[1].2);

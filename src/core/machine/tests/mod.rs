@@ -7,6 +7,7 @@ mod hostile;
 mod issues;
 mod props;
 mod queue;
+mod review;
 mod table;
 mod walks;
 

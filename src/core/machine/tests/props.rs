@@ -83,7 +83,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => prop::collection::vec((0..3usize, 0..3u8, 0..3usize, prop::bool::weighted(0.15), prop::bool::weighted(0.1)), 0..4).prop_map(Op::Reviews),
         3 => (0..3u8).prop_map(Op::Result),
         3 => (0..5u8).prop_map(Op::Timer),
-        2 => (0..5u8).prop_map(Op::MergeOutcome),
+        2 => (0..6u8).prop_map(Op::MergeOutcome),
         1 => (0..5u8, 0..3u8).prop_map(|(c, s)| Op::Comment(c, s)),
         1 => any::<bool>().prop_map(Op::Permission),
         1 => Just(Op::Hint),
@@ -237,6 +237,7 @@ fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event
             1 => MergeOutcome::Conflict,
             2 => MergeOutcome::HeadMoved,
             3 => MergeOutcome::TryAgain,
+            4 => MergeOutcome::LockBusy { retry_ms: 5_200 },
             _ => MergeOutcome::FailedPermanent {
                 message: "protected".into(),
             },

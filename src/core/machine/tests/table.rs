@@ -1,6 +1,7 @@
 //! One transition at a time, asserting the full effect list.
 
 use super::*;
+use crate::core::machine::merge_blockers;
 use crate::core::policy::MergeMode;
 use crate::core::record::{AttemptOutcome, ConflictFact, Hold, MergeState};
 
@@ -519,6 +520,33 @@ fn merge_outcomes() {
         h.step(timer(TimerKind::MergeRetry, due)),
         lines(&["observe reviews", "timer merge-retry +60s"])
     );
+
+    // A busy merge lease: the fallback timer at the holder's remaining life, and the
+    // timer ends the wait whenever it fires (early: woken by the lease's releaser),
+    // while a "try again later" back-off ignores an early timer.
+    let mut h = in_flight();
+    assert_eq!(
+        h.step(merged(MergeOutcome::LockBusy { retry_ms: 5_000 })),
+        lines(&["timer merge-retry +5s", "status ready-to-merge"])
+    );
+    assert!(
+        merge_blockers(&h.r, &h.p, h.now)
+            .iter()
+            .any(|b| b.contains("merge lease")),
+        "{:?}",
+        merge_blockers(&h.r, &h.p, h.now)
+    );
+    h.later(1);
+    let woken = h.now;
+    assert_eq!(
+        h.step(timer(TimerKind::MergeRetry, woken)),
+        lines(&["observe reviews", "timer merge-retry +60s"])
+    );
+    let mut h = in_flight();
+    h.step(merged(MergeOutcome::TryAgain));
+    h.later(1);
+    let early = h.now;
+    assert!(step(&h.r, &timer(TimerKind::MergeRetry, early), h.now, &h.p).is_noop());
 
     let mut h = in_flight();
     let fx = h.step(merged(MergeOutcome::FailedPermanent {

@@ -7,6 +7,7 @@
 //! routes*.rs      /api/v1/… with real paths, fields, pagination and status codes
 //! api_log.rs      the call log as the Forgejo API checker reads it, and the check
 //! merge.rs        POST …/merge as Forgejo decides it (405/409/404/403/200)
+//! reviews.rs      POST …/pulls/{n}/reviews by any user, as Forgejo decides it (422/404/200)
 //! faults.rs       failure injection rules and the call log
 //! payloads.rs     webhook payloads for model changes
 //! queue.rs        the merge queue's parts: PR update, branch tips, simulated CI
@@ -21,9 +22,10 @@ pub mod faults;
 mod merge;
 pub mod model;
 mod outbox;
-pub mod queue;
 pub mod payloads;
+pub mod queue;
 mod render;
+mod reviews;
 mod routes;
 mod routes_context;
 mod routes_repo;
@@ -138,6 +140,7 @@ impl FakeForgejo {
             calls: Mutex::new(Vec::new()),
             token: token.to_owned(),
             bot_login: bot_login.to_owned(),
+            user_tokens: Mutex::new(Vec::new()),
             outbox: Mutex::new(Vec::new()),
         });
         lock(&shared.model).user_id(bot_login);
@@ -159,6 +162,12 @@ impl FakeForgejo {
     /// The accepted API token.
     pub fn token(&self) -> &str {
         &self.shared.token
+    }
+
+    /// Accepts `token` as the user `login` too (a reviewer agent's own token).
+    pub fn add_user_token(&self, login: &str, token: &str) {
+        lock(&self.shared.user_tokens).push((token.to_owned(), login.to_owned()));
+        self.with_model(|m| m.user_id(login));
     }
 
     /// The bot's login (the token's user).

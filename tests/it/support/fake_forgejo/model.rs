@@ -536,6 +536,26 @@ impl Model {
     /// writers are official, and an official review makes the same reviewer's earlier
     /// reviews unofficial, as Forgejo does.
     pub fn add_review(&mut self, repo: &str, number: u64, user: &str, state: &str) -> i64 {
+        let head = self.repo_mut(repo).issues[&number]
+            .pull
+            .as_ref()
+            .expect("not a PR")
+            .head_sha
+            .clone();
+        self.submit_review(repo, number, user, state, "", &head)
+    }
+
+    /// Records a review with `body` on `commit_id` (as `POST …/reviews` does: the
+    /// commit may be an older one; the review is stale when it is not the head).
+    pub fn submit_review(
+        &mut self,
+        repo: &str,
+        number: u64,
+        user: &str,
+        state: &str,
+        body: &str,
+        commit_id: &str,
+    ) -> i64 {
         let id = self.id();
         self.user_id(user);
         let r = self.repo_mut(repo);
@@ -545,6 +565,7 @@ impl Model {
             .expect("not a PR")
             .head_sha
             .clone();
+        let stale = commit_id != head;
         // Only approvals and change requests can be official, and only from writers
         // (users without an explicit permission count as writers here).
         let writer = r
@@ -564,9 +585,9 @@ impl Model {
             number,
             user: user.into(),
             state: state.into(),
-            body: String::new(),
-            commit_id: head,
-            stale: false,
+            body: body.into(),
+            commit_id: commit_id.into(),
+            stale,
             official,
             dismissed: false,
             submitted_at: now(),

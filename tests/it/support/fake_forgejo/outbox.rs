@@ -1,6 +1,8 @@
 //! The webhooks Forgejo itself would deliver after the bot's own writes: label changes
 //! (`pull_request_label` / `issue_label`), new comments, merges (`pull_request` closed,
-//! and `issues` closed for each issue the merge closed), all with the bot as `sender`.
+//! and `issues` closed for each issue the merge closed), all with the bot as `sender`;
+//! and after a formal review posted through the API by any user (a reviewer agent),
+//! `pull_request_review_*` with that user as `sender`.
 //! They collect in an outbox the test can drain and send, so scenarios can check that
 //! Shepherd ignores the echoes of its own actions.
 
@@ -38,14 +40,31 @@ pub fn emitted(
             .collect(),
         ("POST", ["pulls", n, "update"]) if reply.status == 200 => num(n)
             .map(|n| {
-                let mut w =
-                    payloads::pull_request(model, &repo, n, "pull_request_sync", "synchronized", bot);
+                let mut w = payloads::pull_request(
+                    model,
+                    &repo,
+                    n,
+                    "pull_request_sync",
+                    "synchronized",
+                    bot,
+                );
                 // As Forgejo sends it: the conflict check is still running.
                 w.payload["pull_request"]["mergeable"] = false.into();
                 w
             })
             .into_iter()
             .collect(),
+        ("POST", ["pulls", n, "reviews"]) if reply.status == 200 => {
+            let id = reply
+                .body
+                .as_ref()
+                .and_then(|b| b.get("id"))
+                .and_then(Value::as_i64);
+            match (num(n), id) {
+                (Some(n), Some(id)) => vec![payloads::review(model, &repo, n, id)],
+                _ => Vec::new(),
+            }
+        }
         ("POST", ["pulls", n, "merge"]) if matches!(reply.status, 200 | 403) => num(n)
             .map(|n| merge_events(model, &repo, n, bot))
             .unwrap_or_default(),

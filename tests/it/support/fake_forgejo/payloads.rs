@@ -33,6 +33,27 @@ fn repo_of<'a>(model: &'a Model, repo: &str) -> &'a RepoRow {
         .unwrap_or_else(|| panic!("no repository {repo}"))
 }
 
+/// `pull_request_review_approved|rejected|comment` / `reviewed` for review `id`, sent
+/// by its reviewer (forgejo-facts.md §3: `review.type` is the event type, `review.content`
+/// the body, no review id or commit).
+pub fn review(model: &Model, repo: &str, n: u64, review_id: i64) -> Webhook {
+    let review = model.repos[repo]
+        .reviews
+        .iter()
+        .find(|v| v.id == review_id)
+        .cloned()
+        .expect("no such review");
+    let event_type = match review.state.as_str() {
+        "APPROVED" => "pull_request_review_approved",
+        "REQUEST_CHANGES" => "pull_request_review_rejected",
+        _ => "pull_request_review_comment",
+    };
+    let mut w = pull_request(model, repo, n, event_type, "reviewed", &review.user);
+    w.payload["requested_reviewer"] = w.payload["sender"].clone();
+    w.payload["review"] = serde_json::json!({"type": event_type, "content": review.body});
+    w
+}
+
 /// A `PullRequestPayload` for PR `n` with `action`, sent by `sender`.
 pub fn pull_request(
     model: &Model,
@@ -274,24 +295,7 @@ impl FakeForgejo {
 
     /// `pull_request_review_approved|rejected|comment` / `reviewed` for review `id`.
     pub fn pr_reviewed(&self, repo: &str, n: u64, review_id: i64) -> Webhook {
-        let review = self.with_model(|m| {
-            m.repo_mut(repo)
-                .reviews
-                .iter()
-                .find(|v| v.id == review_id)
-                .cloned()
-                .expect("no such review")
-        });
-        let event_type = match review.state.as_str() {
-            "APPROVED" => "pull_request_review_approved",
-            "REQUEST_CHANGES" => "pull_request_review_rejected",
-            _ => "pull_request_review_comment",
-        };
-        let mut w =
-            self.with_model(|m| pull_request(m, repo, n, event_type, "reviewed", &review.user));
-        w.payload["requested_reviewer"] = w.payload["sender"].clone();
-        w.payload["review"] = serde_json::json!({"type": event_type, "content": review.body});
-        w
+        self.with_model(|m| review(m, repo, n, review_id))
     }
 
     /// `issue_comment` or `pull_request_comment` / `created` for comment `id`.

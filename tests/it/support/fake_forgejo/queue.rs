@@ -123,10 +123,21 @@ pub fn finish_due_runs(model: &mut Model) -> Vec<Webhook> {
     let mut hooks = Vec::new();
     for (repo, context, run) in done {
         let state = if run.green { "success" } else { "failure" };
-        let desc = if run.green { "Successful" } else { "Failing: tests failed" };
+        let desc = if run.green {
+            "Successful"
+        } else {
+            "Failing: tests failed"
+        };
         model.add_status(&repo, &run.sha, &context, state, desc);
         let run_id = model.id();
-        hooks.push(payloads::action_run(model, &repo, &run.sha, state, Some(run.pr), run_id));
+        hooks.push(payloads::action_run(
+            model,
+            &repo,
+            &run.sha,
+            state,
+            Some(run.pr),
+            run_id,
+        ));
     }
     hooks
 }
@@ -161,7 +172,8 @@ pub fn update(model: &mut Model, repo: &str, n: u64, query: &[(String, String)])
     let mut content = content_of(r, &pull.head_sha);
     content.extend(content_of(r, &tip));
     r.content.insert(head.clone(), content);
-    r.updates.push((n, pull.head_sha.clone(), head.clone(), tip.clone()));
+    r.updates
+        .push((n, pull.head_sha.clone(), head.clone(), tip.clone()));
     let dismiss = r.updates_change_diff && r.protection.dismiss_stale_approvals;
     let stale = r.updates_change_diff;
     r.branches.insert(pull.head_ref.clone(), head.clone());

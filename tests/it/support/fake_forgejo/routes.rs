@@ -27,6 +27,8 @@ pub struct Shared {
     pub token: String,
     /// Login of the token's user (the bot).
     pub bot_login: String,
+    /// Further users' tokens (`(token, login)`): reviewer agents post as themselves.
+    pub user_tokens: Mutex<Vec<(String, String)>>,
     /// Webhooks Forgejo would have sent for the bot's writes, oldest first.
     pub outbox: Mutex<Vec<Webhook>>,
 }
@@ -148,9 +150,9 @@ async fn answer(
     if !req.path().starts_with("/api/v1/") {
         return Reply::not_found();
     }
-    if !authorized(req, query, &shared.token) {
+    let Some(doer) = authorized(req, query, shared) else {
         return Reply::error(401, "token is required");
-    }
+    };
     let fault = take_fault(&mut lock(&shared.faults), method, path);
     let mut override_status = None;
     match fault {
@@ -175,11 +177,11 @@ async fn answer(
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let reply = {
         let mut model = lock(&shared.model);
-        let reply = route(&mut model, &shared.bot_login, method, &segs, query, body);
+        let reply = route(&mut model, &doer, method, &segs, query, body);
         if method != "GET" && (200..300).contains(&reply.status) {
             touch_target(&mut model, &segs);
         }
-        let hooks = emitted(&model, &shared.bot_login, method, &segs, &reply);
+        let hooks = emitted(&model, &doer, method, &segs, &reply);
         lock(&shared.outbox).extend(hooks);
         reply
     };
@@ -199,8 +201,9 @@ fn touch_target(model: &mut Model, segs: &[&str]) {
     }
 }
 
-/// `Authorization: token|bearer <T>` (any case), or `?token=` / `?access_token=`.
-fn authorized(req: &HttpRequest, query: &[(String, String)], token: &str) -> bool {
+/// The user of the request's token — `Authorization: token|bearer <T>` (any case),
+/// or `?token=` / `?access_token=` — when it is the bot's or another known user's.
+fn authorized(req: &HttpRequest, query: &[(String, String)], shared: &Shared) -> Option<String> {
     let header = req
         .headers()
         .get("authorization")
@@ -209,11 +212,19 @@ fn authorized(req: &HttpRequest, query: &[(String, String)], token: &str) -> boo
         .filter(|(scheme, _)| {
             scheme.eq_ignore_ascii_case("token") || scheme.eq_ignore_ascii_case("bearer")
         })
-        .is_some_and(|(_, t)| t.trim() == token);
-    header
-        || query
-            .iter()
-            .any(|(k, v)| (k == "token" || k == "access_token") && v == token)
+        .map(|(_, t)| t.trim().to_owned());
+    let param = query
+        .iter()
+        .find(|(k, _)| k == "token" || k == "access_token")
+        .map(|(_, v)| v.clone());
+    let token = header.or(param)?;
+    if token == shared.token {
+        return Some(shared.bot_login.clone());
+    }
+    lock(&shared.user_tokens)
+        .iter()
+        .find(|(t, _)| *t == token)
+        .map(|(_, login)| login.clone())
 }
 
 fn to_response(reply: Reply) -> HttpResponse {

@@ -40,6 +40,10 @@ pub fn route_repo(
                 .collect();
             paginate(items, query)
         }),
+        ("POST", ["pulls", n, "reviews"]) => match num(n) {
+            Some(n) => super::reviews::create(model, bot, repo, n, body),
+            None => Reply::not_found(),
+        },
         (_, ["pulls", n, "merge"]) => match num(n) {
             Some(n) => route_merge(model, bot, method, repo, n, body),
             None => Reply::not_found(),
