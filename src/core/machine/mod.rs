@@ -199,7 +199,7 @@ fn effect_label(kind: &EffectKind) -> String {
 #[derive(Debug, Clone, PartialEq)]
 enum Pending {
     /// A finished effect kind.
-    Kind(EffectKind),
+    Kind(Box<EffectKind>),
     /// A comment whose body gets the effect-id marker and footer at the end.
     Comment {
         /// Where.
@@ -219,7 +219,7 @@ pub(crate) struct Fx {
 impl Fx {
     /// Adds an effect.
     pub(crate) fn push(&mut self, kind: EffectKind) {
-        self.items.push(Pending::Kind(kind));
+        self.items.push(Pending::Kind(Box::new(kind)));
     }
 
     /// Adds a comment on issue/PR `number`.
@@ -247,7 +247,7 @@ impl Fx {
             .map(|(i, p)| {
                 let id = EffectId::new(repo, scope, number, version, i);
                 let kind = match p {
-                    Pending::Kind(k) => k,
+                    Pending::Kind(k) => *k,
                     Pending::Comment { number, text } => EffectKind::Comment {
                         number,
                         body: texts::finish_comment(&text, &id, &policy.comment_footer),

@@ -43,6 +43,57 @@ async fn open_approved(s: &Scenario, n: usize) -> Vec<u64> {
     prs
 }
 
+/// Opens `n` bot PRs on `main` and lets their CI finish (green on their own), then
+/// approves them one by one, each only once the previous one is in the queue (or
+/// merged): the queue's order is the PRs' order. Returns their numbers.
+async fn queue_in_order(s: &Scenario, n: usize) -> Vec<u64> {
+    let mut prs = Vec::new();
+    for i in 0..n {
+        let pr = s
+            .fake
+            .open_pr(REPO, NewPr::new("agent-bot", &format!("Change {i}")));
+        s.send(&s.fake.pr_opened(REPO, pr)).await;
+        prs.push(pr);
+    }
+    run_until(s, "CI of every PR's own head finished", |f| {
+        f.with_model(|m| m.repos[REPO].ci.as_ref().is_some_and(|c| c.runs.is_empty()))
+    })
+    .await;
+    for &pr in &prs {
+        approve(s, pr).await;
+        let end = Instant::now() + QUEUE_DEADLINE;
+        while !in_queue_or_merged(s, pr).await {
+            assert!(Instant::now() < end, "#{pr} entered the queue");
+            pump(s).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    prs
+}
+
+/// The PRs in `main`'s queue, read from Redis (the stored `core::queue::BranchQueue`).
+async fn queue_entries(s: &Scenario) -> Vec<u64> {
+    let key = s.shepherd.keys().merge_queue(REPO, "main");
+    let mut conn = s.redis_conn();
+    let data: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("data")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET the queue");
+    let Some(data) = data else { return Vec::new() };
+    let q: Value = serde_json::from_str(&data).expect("queue JSON");
+    q["entries"]
+        .as_array()
+        .map(|es| es.iter().filter_map(|e| e["number"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// PR `n` is in `main`'s queue or merged.
+async fn in_queue_or_merged(s: &Scenario, n: u64) -> bool {
+    merges(&s.fake).iter().any(|m| m.number == n) || queue_entries(s).await.contains(&n)
+}
+
 /// A writer approves PR `n`'s head (and the review webhook goes out).
 async fn approve(s: &Scenario, n: u64) {
     let id = s
@@ -151,7 +202,7 @@ async fn work_for(s: &Scenario, kind: &str, n: u64) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed() {
     let s = start(300, &[(4, 2)]).await;
-    let prs = open_approved(&s, 5).await;
+    let prs = queue_in_order(&s, 5).await;
     assert_eq!(prs, vec![1, 2, 3, 4, 5]);
     run_until(&s, "four merges and a ci-fix for #4", |f| {
         merges(f).len() >= 4
@@ -253,23 +304,17 @@ async fn a_base_that_moves_during_the_test_means_another_update() {
     let s = start(1_500, &[]).await;
     // Someone else moves main before and while #1 is tested.
     open_approved(&s, 1).await;
-    let moved = s.fake.with_model(|m| {
-        let r = m.repo_mut(REPO);
-        let sha = crate::support::fake_forgejo::model::fake_sha(424_242);
-        r.branches.insert("main".into(), sha.clone());
-        sha
-    });
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    let moved = s.fake.branch_tip(REPO, "main");
+    s.send(&push).await;
     run_until(&s, "#1 updated onto the moved tip", |f| {
         updates(f).iter().any(|u| u.3 == moved)
     })
     .await;
     // While its CI runs, main moves again.
-    let moved_again = s.fake.with_model(|m| {
-        let r = m.repo_mut(REPO);
-        let sha = crate::support::fake_forgejo::model::fake_sha(434_343);
-        r.branches.insert("main".into(), sha.clone());
-        sha
-    });
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    let moved_again = s.fake.branch_tip(REPO, "main");
+    s.send(&push).await;
     run_until(&s, "#1 merged", |f| merges(f).len() == 1).await;
     let ups = updates(&s.fake);
     assert_eq!(ups.len(), 2, "updated twice: {ups:?}");

@@ -407,6 +407,20 @@ impl FakeForgejo {
         self.with_model(|m| m.repo_mut(repo).branches[branch].clone())
     }
 
+    /// Someone else pushes a commit to `branch` (no PR's changes): its tip moves to a
+    /// fresh sha. Returns the `push` webhook Forgejo sends for it (sender `pusher`).
+    pub fn push_to_branch(&self, repo: &str, branch: &str, pusher: &str) -> Webhook {
+        self.with_model(|m| {
+            let sha = fake_sha(m.id() as u64 + 7_000_000);
+            let r = m.repo_mut(repo);
+            let before = r.branches.insert(branch.to_owned(), sha.clone());
+            let before = before.unwrap_or_default();
+            let content = queue::content_of(r, &before);
+            r.content.insert(sha.clone(), content);
+            payloads::push(m, repo, branch, &before, &sha, pusher)
+        })
+    }
+
     /// Head sha of PR `n`.
     pub fn head_sha(&self, repo: &str, n: u64) -> String {
         self.issue(repo, n).pull.expect("a PR").head_sha
