@@ -205,6 +205,17 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
                 reviewer: round.reviewer.to_string(),
                 verdict: round.verdict,
             }),
+        queue: r.queue.membership.as_ref().map(|m| {
+            let place = r.queue.place.as_ref().filter(|_| m.parked.is_none());
+            texts::QueueStatus {
+                branch: m.branch.clone(),
+                position: place.and_then(|p| p.position),
+                length: place.map_or(0, |p| p.length),
+                testing: place.is_some_and(|p| p.head),
+                parked: m.parked,
+                priority: m.priority,
+            }
+        }),
     };
     let mut key = serde_json::json!([
         state.phase,
@@ -221,11 +232,13 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     {
         parts.push(serde_json::json!(state.unofficial_change_requests));
     }
-    // Likewise only in the merge queue: the position and headship.
-    if let Some(place) = &r.queue.place
+    // Likewise only in the merge queue: the position, headship, parking, priority.
+    if let Some(q) = &state.queue
         && let Some(parts) = key.as_array_mut()
     {
-        parts.push(serde_json::json!([place.position, place.head]));
+        parts.push(serde_json::json!([
+            q.position, q.testing, q.parked, q.priority
+        ]));
     }
     // Likewise only once a reviewer agent was asked: the round and its verdict.
     if let Some(review) = &state.review
