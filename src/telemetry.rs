@@ -423,6 +423,7 @@ impl Metrics {
         repo: &str,
         op: &crate::core::queue::QueueOp,
         queue: &crate::core::queue::BranchQueue,
+        changed: bool,
     ) {
         use crate::core::queue::{Departure, QueueAction};
         let m = &self.merge_queue;
@@ -430,6 +431,10 @@ impl Metrics {
         m.length
             .with_label_values(&labels)
             .set(i64::try_from(queue.order().len()).unwrap_or(i64::MAX));
+        if !changed {
+            // A redelivered or stale op: counted when it first changed the queue.
+            return;
+        }
         match &op.action {
             QueueAction::Park { reason } | QueueAction::Requeue { reason } => {
                 m.ejections.with_label_values(&[reason.as_str()]).inc();

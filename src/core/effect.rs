@@ -90,6 +90,11 @@ pub enum EffectKind {
         style: MergeStyle,
         /// `delete_branch_after_merge`.
         delete_branch: bool,
+        /// Whether the head may be updated once more (`merge_queue_max_updates` not
+        /// reached this turn): when not and the tip moved, the outcome is `BaseMoved`
+        /// and the PR goes to the back of the queue.
+        #[serde(default = "yes")]
+        may_update: bool,
     },
     /// Read something from the API; the result comes back as an `Observed*` event.
     Observe(ObserveWhat),
@@ -418,6 +423,11 @@ pub mod rfc3339_ms {
         let s = String::deserialize(d)?;
         from_text(&s).ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}")))
     }
+}
+
+/// Serde default of a flag that was always true before it existed.
+fn yes() -> bool {
+    true
 }
 
 #[cfg(test)]

@@ -61,8 +61,6 @@ pub struct QueueStatus {
     /// 1-based position among the PRs waiting to be tested (1 = being tested), once
     /// the queue said; `None` while parked or before the queue answered.
     pub position: Option<u32>,
-    /// PRs waiting to be tested in the queue, as last told.
-    pub length: u32,
     /// Being tested (the queue's head).
     pub testing: bool,
     /// Parked (ejected, keeping its ticket) and why.
@@ -166,7 +164,7 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
                 reason.as_str()
             ),
             (None, true, _) => "being tested (head of the queue)".to_owned(),
-            (None, false, Some(p)) => format!("position {p} of {}", q.length),
+            (None, false, Some(p)) => format!("position {p}"),
             (None, false, None) => "entering".to_owned(),
         };
         text.push_str(&format!(
@@ -320,7 +318,6 @@ mod tests {
             queue: Some(QueueStatus {
                 branch: "main".into(),
                 position: None,
-                length: 3,
                 testing: false,
                 parked: Some(crate::core::queue::Ejection::CiFailed),
                 priority: crate::core::queue::Priority::High,

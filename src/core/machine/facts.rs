@@ -639,8 +639,10 @@ fn on_outcome(
             true
         }
         EffectOutcome::Merge(MergeOutcome::BaseMoved) => {
-            // The tip moved under the merge: the next advance updates again.
+            // The tip moved under the merge: the next advance updates again, unless
+            // the turn's updates ran out (then the PR goes to the back).
             r.merge = MergeState::Idle;
+            super::queue::on_base_moved(r, policy);
             true
         }
         EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }) => {

@@ -25,14 +25,14 @@ fn joined(r: &PrRecord) -> Option<&QueueMembership> {
     r.queue.membership.as_ref().filter(|m| m.parked.is_none())
 }
 
-/// The position text of a joined record.
+/// The position text of a joined record. Without the queue's length: a PR is told
+/// when its own position changes, not each time others join behind it (the status
+/// page and `inspect` read the queue itself).
 fn position_text(r: &PrRecord, branch: &str) -> String {
     match &r.queue.place {
         Some(Place {
-            position: Some(p),
-            length,
-            ..
-        }) => format!("position {p} of {length} in the merge queue of `{branch}`"),
+            position: Some(p), ..
+        }) => format!("position {p} in the merge queue of `{branch}`"),
         Some(_) | None => format!("entering the merge queue of `{branch}`"),
     }
 }
@@ -61,13 +61,14 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
             want: Want::Nothing,
         };
     }
-    if r.queue.updates >= policy.merge_queue_max_updates && policy.merge_queue_max_updates > 0 {
+    if out_of_updates(r, policy) {
         // The base kept moving: `sync` sends the PR to the back of the queue.
         return Plan {
             phase: Phase::Queued,
             reason: format!(
-                "the tip of `{branch}` moved {} times while testing: back of the queue",
-                r.queue.updates
+                "the tip of `{branch}` moved again after {} updates while testing: \
+                 back of the merge queue",
+                policy.merge_queue_max_updates
             ),
             want: Want::Nothing,
         };
@@ -142,6 +143,26 @@ pub(crate) fn ci_note(r: &PrRecord) -> Option<String> {
     })
 }
 
+/// Whether the head may be updated onto the tip once more this turn at the head.
+pub(crate) fn may_update(r: &PrRecord, policy: &Policy) -> bool {
+    let max = policy.merge_queue_max_updates;
+    max == 0 || r.queue.updates < max
+}
+
+/// The tip moved again after the turn's last allowed update: the PR goes to the back
+/// (its count is pushed past the bound; going to the back resets it).
+pub(crate) fn on_base_moved(r: &mut PrRecord, policy: &Policy) {
+    if !may_update(r, policy) {
+        r.queue.updates = policy.merge_queue_max_updates.saturating_add(1);
+    }
+}
+
+/// Updated `merge_queue_max_updates` times and the tip moved again.
+fn out_of_updates(r: &PrRecord, policy: &Policy) -> bool {
+    let max = policy.merge_queue_max_updates;
+    max > 0 && r.queue.updates > max
+}
+
 /// The PR's target branch.
 fn base_branch(r: &PrRecord) -> String {
     r.pr.as_ref()
@@ -183,8 +204,7 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
         };
     }
     if plan.phase == Phase::Queued {
-        let max = policy.merge_queue_max_updates;
-        if max > 0 && r.queue.updates >= max {
+        if out_of_updates(r, policy) {
             return Wish::Requeue(Ejection::BaseMoving);
         }
         let same = member.is_some_and(|m| m.parked.is_none() && m.priority == r.queue.priority);

@@ -122,6 +122,7 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
             update_style: policy.merge_queue_update_style,
             style: policy.merge_style,
             delete_branch: policy.delete_branch,
+            may_update: super::queue::may_update(r, policy),
         }),
         false => fx.push(EffectKind::Merge {
             head_sha: sha.clone(),
@@ -210,7 +211,6 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
             texts::QueueStatus {
                 branch: m.branch.clone(),
                 position: place.and_then(|p| p.position),
-                length: place.map_or(0, |p| p.length),
                 testing: place.is_some_and(|p| p.head),
                 parked: m.parked,
                 priority: m.priority,

@@ -157,6 +157,7 @@ impl Executor {
                 update_style,
                 style,
                 delete_branch,
+                may_update,
             } => {
                 let ask = super::queue::AdvanceAsk {
                     head_sha,
@@ -164,6 +165,7 @@ impl Executor {
                     update_style: *update_style,
                     style: *style,
                     delete_branch: *delete_branch,
+                    may_update: *may_update,
                     queued_ms,
                 };
                 self.queue_advance(effect, ask).await

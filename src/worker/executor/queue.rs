@@ -49,6 +49,8 @@ pub(super) struct AdvanceAsk<'a> {
     pub style: MergeStyle,
     /// `delete_branch_after_merge`.
     pub delete_branch: bool,
+    /// The record may have its head updated once more this turn.
+    pub may_update: bool,
     /// When the effect was queued.
     pub queued_ms: u64,
 }
@@ -74,7 +76,7 @@ impl Executor {
         );
         self.ctx
             .metrics
-            .queue_op(effect.repo.as_str(), op, &applied.queue);
+            .queue_op(effect.repo.as_str(), op, &applied.queue, applied.changed);
         let merged = matches!(
             op.action,
             crate::core::queue::QueueAction::Leave {
@@ -185,6 +187,10 @@ impl Executor {
         match action {
             HeadAction::Merged => Ok(vec![outcome_event(effect, MergeOutcome::Merged)]),
             HeadAction::HeadMoved => Ok(vec![outcome_event(effect, MergeOutcome::HeadMoved)]),
+            HeadAction::Update { tip } if !ask.may_update => {
+                tracing::info!(%tip, "the tip moved again and the turn's updates ran out");
+                Ok(vec![outcome_event(effect, MergeOutcome::BaseMoved)])
+            }
             HeadAction::Update { tip } => {
                 let outcome = self.update(effect, ask, keeper, tip).await?;
                 self.ctx.metrics.queue_update(repo, ask.branch, &outcome);

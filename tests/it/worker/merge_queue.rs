@@ -29,24 +29,17 @@ async fn start(ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
     s
 }
 
-/// Opens `n` bot PRs on `main`, each approved by a writer; returns their numbers.
-async fn open_approved(s: &Scenario, n: usize) -> Vec<u64> {
-    let mut prs = Vec::new();
-    for i in 0..n {
-        let pr = s
-            .fake
-            .open_pr(REPO, NewPr::new("agent-bot", &format!("Change {i}")));
-        s.send(&s.fake.pr_opened(REPO, pr)).await;
-        approve(s, pr).await;
-        prs.push(pr);
-    }
-    prs
-}
-
 /// Opens `n` bot PRs on `main` and lets their CI finish (green on their own), then
 /// approves them one by one, each only once the previous one is in the queue (or
 /// merged): the queue's order is the PRs' order. Returns their numbers.
 async fn queue_in_order(s: &Scenario, n: usize) -> Vec<u64> {
+    let prs = open_green(s, n).await;
+    approve_in_order(s, &prs).await;
+    prs
+}
+
+/// Opens `n` bot PRs on `main` and lets the CI of their own heads finish (green).
+async fn open_green(s: &Scenario, n: usize) -> Vec<u64> {
     let mut prs = Vec::new();
     for i in 0..n {
         let pr = s
@@ -59,7 +52,12 @@ async fn queue_in_order(s: &Scenario, n: usize) -> Vec<u64> {
         f.with_model(|m| m.repos[REPO].ci.as_ref().is_some_and(|c| c.runs.is_empty()))
     })
     .await;
-    for &pr in &prs {
+    prs
+}
+
+/// Approves `prs` one by one, each once the previous one is in the queue (or merged).
+async fn approve_in_order(s: &Scenario, prs: &[u64]) {
+    for &pr in prs {
         approve(s, pr).await;
         let end = Instant::now() + QUEUE_DEADLINE;
         while !in_queue_or_merged(s, pr).await {
@@ -68,7 +66,98 @@ async fn queue_in_order(s: &Scenario, n: usize) -> Vec<u64> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    prs
+}
+
+/// Holds the simulated CI: runs started from now on finish only on [`release_ci`].
+fn hold_ci(s: &Scenario) {
+    s.fake.with_model(|m| {
+        if let Some(ci) = m.repo_mut(REPO).ci.as_mut() {
+            ci.duration = Duration::from_secs(3_600);
+        }
+    });
+}
+
+/// Lets every held CI run finish at once, and later ones after `ms`.
+fn release_ci(s: &Scenario, ms: u64) {
+    s.fake.with_model(|m| {
+        if let Some(ci) = m.repo_mut(REPO).ci.as_mut() {
+            ci.duration = Duration::from_millis(ms);
+            let now = Instant::now();
+            ci.runs.iter_mut().for_each(|r| r.due = now);
+        }
+    });
+}
+
+/// Delivers the echoes of Shepherd's writes only (no CI run finishes).
+async fn pump_outbox(s: &Scenario) {
+    for hook in s.fake.take_outbox() {
+        s.send(&hook).await;
+    }
+}
+
+/// A comment by the repository's owner (a writer: its commands run).
+async fn command(s: &Scenario, n: u64, body: &str) {
+    let id = s.fake.add_comment(REPO, n, "acme", body);
+    s.send(&s.fake.comment_created(REPO, id)).await;
+}
+
+/// Waits for a bot comment on PR `n` containing `text` (delivering echoes meanwhile).
+async fn wait_bot_comment(s: &Scenario, n: u64, text: &str) {
+    let end = Instant::now() + QUEUE_DEADLINE;
+    loop {
+        let found = s
+            .fake
+            .comments_on(REPO, n)
+            .iter()
+            .any(|c| c.user == s.fake.bot_login() && c.body.contains(text));
+        if found {
+            return;
+        }
+        if Instant::now() > end {
+            let bodies: Vec<String> = s
+                .fake
+                .comments_on(REPO, n)
+                .into_iter()
+                .map(|c| c.body)
+                .collect();
+            panic!("no bot comment on #{n} with {text:?}: {bodies:#?}");
+        }
+        pump_outbox(s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the stored queue of `main` holds exactly `expected`, in queue order.
+async fn wait_queue_order(s: &Scenario, expected: &[u64]) {
+    let end = Instant::now() + QUEUE_DEADLINE;
+    loop {
+        let order = queue_order(s).await;
+        if order == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "queue order {order:?}, expected {expected:?}"
+        );
+        pump_outbox(s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The PRs of `main`'s queue that are in line (not parked), in order, as the core's
+/// own `BranchQueue::order` computes it from the stored queue.
+async fn queue_order(s: &Scenario) -> Vec<u64> {
+    let key = s.shepherd.keys().merge_queue(REPO, "main");
+    let mut conn = s.redis_conn();
+    let data: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("data")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET the queue");
+    let Some(data) = data else { return Vec::new() };
+    let q: shepherd::core::queue::BranchQueue = serde_json::from_str(&data).expect("queue JSON");
+    q.order().iter().map(|e| e.number).collect()
 }
 
 /// The PRs in `main`'s queue, read from Redis (the stored `core::queue::BranchQueue`).
@@ -240,15 +329,27 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
     };
     let note = fix["context"]["note"].as_str().unwrap_or_default();
     assert!(note.contains("only on top of the new base"), "note: {note}");
+    // The failing sha is the head the queue's update made, on top of #2's changes.
+    let ups = updates(&s.fake);
+    let up4 = ups
+        .iter()
+        .rev()
+        .find(|u| u.0 == 4)
+        .expect("#4 was tested on top of the new base");
+    assert_eq!(fix["head_sha"], up4.2.as_str());
     assert_eq!(fix["head_sha"], s.fake.head_sha(REPO, 4));
-    assert!(
-        ups.iter().any(|u| u.0 == 4),
-        "#4 was tested on top of the new base"
-    );
+    assert_eq!(ci_state(&s.fake, &up4.2), "failure");
+    assert!(note.contains(&up4.3), "the note names the base: {note}");
     // The agent pushes a fix (as the bot); a writer approves the new head.
     s.fake.push_fix(REPO, 4);
     s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login()))
         .await;
+    let work_id = fix["id"].as_str().expect("a work id").to_owned();
+    assert_eq!(
+        s.report(&work_id, "succeeded", None).await,
+        202,
+        "result accepted"
+    );
     approve(&s, 4).await;
     run_until(&s, "#4 merged after its fix", |f| merges(f).len() == 5).await;
     let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
@@ -273,7 +374,7 @@ async fn a_conflict_on_update_becomes_merge_conflicts_work() {
     s.fake.with_model(|m| {
         m.repo_mut(REPO).update_conflicts.insert(2);
     });
-    open_approved(&s, 3).await;
+    queue_in_order(&s, 3).await;
     run_until(&s, "#1 and #3 merged", |f| merges(f).len() >= 2).await;
     let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
     assert_eq!(order, vec![1, 3]);
@@ -302,16 +403,16 @@ async fn a_conflict_on_update_becomes_merge_conflicts_work() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_base_that_moves_during_the_test_means_another_update() {
     let s = start(1_500, &[]).await;
-    // Someone else moves main before and while #1 is tested.
-    open_approved(&s, 1).await;
+    let prs = open_green(&s, 1).await;
+    // Someone else moves main before #1 is ready, and again while it is tested.
     let push = s.fake.push_to_branch(REPO, "main", "someone");
     let moved = s.fake.branch_tip(REPO, "main");
     s.send(&push).await;
+    approve_in_order(&s, &prs).await;
     run_until(&s, "#1 updated onto the moved tip", |f| {
         updates(f).iter().any(|u| u.3 == moved)
     })
     .await;
-    // While its CI runs, main moves again.
     let push = s.fake.push_to_branch(REPO, "main", "someone");
     let moved_again = s.fake.branch_tip(REPO, "main");
     s.send(&push).await;
@@ -326,6 +427,56 @@ async fn a_base_that_moves_during_the_test_means_another_update() {
     assert_eq!(m.tip_before, moved_again);
     assert_eq!(m.merged_sha, ups[1].2);
     assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
+
+/// A tip that keeps moving: after `merge_queue_max_updates` (3) updates in one turn
+/// and one more move, the head goes to the back of the queue with the reason
+/// `base-moving` (status page, metrics) and the next PR is tested; once the tip holds
+/// still, the first one merges too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tip_that_keeps_moving_sends_the_head_to_the_back() {
+    let s = start(800, &[]).await;
+    let prs = open_green(&s, 2).await;
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    approve_in_order(&s, &prs[..1]).await;
+    // Each time #1 is updated, main moves again while its CI runs.
+    let end = Instant::now() + QUEUE_DEADLINE;
+    let mut seen = 0;
+    while seen < 3 {
+        assert!(Instant::now() < end, "#1 updated three times");
+        let n = updates(&s.fake).iter().filter(|u| u.0 == 1).count();
+        if n > seen {
+            seen = n;
+            let push = s.fake.push_to_branch(REPO, "main", "someone");
+            s.send(&push).await;
+            if seen == 3 {
+                // #2 enters behind #1 now, so it is next when #1 goes to the back.
+                approve_in_order(&s, &prs[1..]).await;
+            }
+        }
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run_until(&s, "both merged", |f| merges(f).len() == 2).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![2, 1], "#1 went to the back");
+    let ups = updates(&s.fake);
+    assert_eq!(
+        ups.iter().filter(|u| u.0 == 1).count(),
+        4,
+        "three updates in its first turn, one in its second: {ups:?}"
+    );
+    assert_main_stayed_green(&s.fake);
+    let page = s.status_page().await;
+    assert!(page.contains("ejections: base-moving 1"), "{page}");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("shepherd_merge_queue_ejections_total{reason=\"base-moving\"} 1"),
+        "{metrics}"
+    );
+    s.fake.assert_calls_match_openapi();
 }
 
 /// Every Shepherd process is killed (SIGKILL) while the queue's head is being tested
@@ -334,7 +485,7 @@ async fn a_base_that_moves_during_the_test_means_another_update() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_mid_queue_resumes_without_double_updates_or_merges() {
     let mut s = start(1_000, &[]).await;
-    open_approved(&s, 3).await;
+    queue_in_order(&s, 3).await;
     run_until(&s, "#2 updated (its CI running)", |f| {
         updates(f).iter().any(|u| u.0 == 2)
     })
@@ -354,6 +505,89 @@ async fn a_restart_mid_queue_resumes_without_double_updates_or_merges() {
             .fake
             .calls("POST", &format!("/repos/{REPO}/pulls/{n}/merge"));
         assert_eq!(merge_calls.len(), 1, "#{n} merged with one call");
+        let update_calls = s
+            .fake
+            .calls("POST", &format!("/repos/{REPO}/pulls/{n}/update"));
+        let expected = usize::from(n > 1);
+        assert_eq!(
+            update_calls.len(),
+            expected,
+            "#{n}: one update call at most"
+        );
     }
     assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
+
+/// The operator's commands through PR comments: `/shepherd queue` answers with the
+/// PR's place and why; `/shepherd priority high` puts a PR before every `normal` one
+/// (behind the head under test); `/shepherd dequeue` takes a PR out (it does not merge
+/// while out, though ready); `/shepherd queue` brings it back. The queue shows on the
+/// status page, in `inspect` and in the metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_commands_queue_priority_and_dequeue() {
+    let s = start(200, &[]).await;
+    let prs = open_green(&s, 4).await;
+    // #1 merges at once (built on the tip, green); #2 is updated and its CI held.
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    wait_queue_order(&s, &[2, 3, 4]).await;
+
+    command(&s, 3, "/shepherd queue").await;
+    wait_bot_comment(
+        &s,
+        3,
+        "Merge queue: position 2 in the merge queue of `main`",
+    )
+    .await;
+    let out = s.cli(&["inspect", &format!("{REPO}#3")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("queue     main: position 2 of 3, waiting, priority normal"),
+        "{text}"
+    );
+    let page = s.status_page().await;
+    assert!(page.contains("id=\"merge-queues\""), "{page}");
+    assert!(
+        page.contains("<td>1</td><td>acme/widgets#2</td><td>testing</td>"),
+        "{page}"
+    );
+
+    // #4 goes before #3, never before the head under test.
+    command(&s, 4, "/shepherd priority high").await;
+    wait_queue_order(&s, &[2, 4, 3]).await;
+    // Once #3's record was told (its status comment shows it), it answers with it.
+    wait_bot_comment(&s, 3, "Merge queue of `main`: position 3 · priority normal").await;
+    command(&s, 3, "/shepherd queue").await;
+    wait_bot_comment(&s, 3, "Merge queue: position 3 in the merge queue").await;
+
+    // #3 is taken out: it stays ready but is not tested or merged.
+    command(&s, 3, "/shepherd dequeue").await;
+    wait_queue_order(&s, &[2, 4]).await;
+    release_ci(&s, 200);
+    run_until(&s, "#2 and #4 merged", |f| merges(f).len() == 3).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 4]);
+    s.wait_idle().await;
+    assert_eq!(s.phase(REPO, 3).await, "ready-to-merge");
+    assert!(
+        merges(&s.fake).iter().all(|m| m.number != 3),
+        "not merged while out"
+    );
+
+    // Back in: it is updated onto the tip #4 made, tested there, and merged.
+    command(&s, 3, "/shepherd queue").await;
+    run_until(&s, "#3 merged", |f| merges(f).len() == 4).await;
+    assert_main_stayed_green(&s.fake);
+    let metrics = s.metrics().await;
+    for line in [
+        "shepherd_merge_queue_merged_total{branch=\"main\",repo=\"acme/widgets\"} 4",
+        "shepherd_merge_queue_length{branch=\"main\",repo=\"acme/widgets\"} 0",
+        "shepherd_merge_queue_updates_total{outcome=\"updated\"} 3",
+        "shepherd_merge_queue_wait_seconds_count{branch=\"main\",repo=\"acme/widgets\"} 4",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    s.fake.assert_calls_match_openapi();
 }

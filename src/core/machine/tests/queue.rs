@@ -278,8 +278,12 @@ impl Sim {
                     self.outcome(k, EffectOutcome::Queue(place));
                 }
             }
-            EffectKind::QueueAdvance { head_sha, .. } => {
-                let out = self.advance(n, head_sha);
+            EffectKind::QueueAdvance {
+                head_sha,
+                may_update,
+                ..
+            } => {
+                let out = self.advance(n, head_sha, *may_update);
                 self.outcome(n, EffectOutcome::Merge(out));
             }
             EffectKind::Observe(what) => {
@@ -310,7 +314,7 @@ impl Sim {
     }
 
     /// `QueueAdvance`, as the executor decides it (same pure functions).
-    fn advance(&mut self, n: u64, pinned: &Sha) -> MergeOutcome {
+    fn advance(&mut self, n: u64, pinned: &Sha, may_update: bool) -> MergeOutcome {
         let w = self.prs[&n].clone();
         if w.state == PrState::Merged {
             return MergeOutcome::Merged;
@@ -332,6 +336,7 @@ impl Sim {
         match head_action(&reading) {
             HeadAction::Merged => MergeOutcome::Merged,
             HeadAction::HeadMoved => MergeOutcome::HeadMoved,
+            HeadAction::Update { .. } if !may_update => MergeOutcome::BaseMoved,
             HeadAction::Update { tip } => {
                 assert_ne!(w.base, self.tip, "an update of a PR already on the tip");
                 let head = self.fresh();
