@@ -591,3 +591,57 @@ async fn operator_commands_queue_priority_and_dequeue() {
     }
     s.fake.assert_calls_match_openapi();
 }
+
+/// Branch protection dismisses stale approvals and the update changes the PR's diff:
+/// the update's new head has no approval any more. The PR says so plainly and waits
+/// (no second update, no loop); a re-approval brings it back, and it merges without
+/// another update (it is on the tip already).
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_dismissed_by_the_update_are_reported_and_wait_for_re_approval() {
+    let s = start(200, &[]).await;
+    s.fake.set_protection(
+        REPO,
+        crate::support::fake_forgejo::Protection {
+            dismiss_stale_approvals: true,
+            ..Default::default()
+        },
+    );
+    s.fake
+        .with_model(|m| m.repo_mut(REPO).updates_change_diff = true);
+    queue_in_order(&s, 2).await;
+    run_until(&s, "#1 merged and #2 updated", |f| {
+        merges(f).len() == 1 && updates(f).iter().any(|u| u.0 == 2)
+    })
+    .await;
+    run_until(&s, "#2 says it waits for re-approval", |f| {
+        f.comments_on(REPO, 2)
+            .iter()
+            .any(|c| c.body.contains("re-approve to re-enter the merge queue"))
+    })
+    .await;
+    s.wait_idle().await;
+    pump(&s).await;
+    s.wait_idle().await;
+    assert_eq!(
+        merges(&s.fake).len(),
+        1,
+        "#2 is not merged without approval"
+    );
+    let update_calls = s
+        .fake
+        .calls("POST", &format!("/repos/{REPO}/pulls/2/update"));
+    assert_eq!(update_calls.len(), 1, "no loop of updates");
+    assert_eq!(s.phase(REPO, 2).await, "awaiting-review");
+    approve(&s, 2).await;
+    run_until(&s, "#2 merged after re-approval", |f| merges(f).len() == 2).await;
+    let update_calls = s
+        .fake
+        .calls("POST", &format!("/repos/{REPO}/pulls/2/update"));
+    assert_eq!(
+        update_calls.len(),
+        1,
+        "already on the tip: not updated again"
+    );
+    assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
