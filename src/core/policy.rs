@@ -193,8 +193,9 @@ policy_settings! {
     merge_queue: bool = false;
     /// How the queue brings its head onto the branch tip (`POST …/pulls/{n}/update`).
     merge_queue_update_style: UpdateStyle = UpdateStyle::Merge;
-    /// Updates of the queue's head onto a moving tip before it goes to the back of
-    /// the queue (with a visible reason).
+    /// Updates of the queue's head onto a moving tip in one turn at the head; when the
+    /// tip moves again after that many, the PR goes to the back of the queue (reason
+    /// `base-moving`). 0 = no bound.
     merge_queue_max_updates: u32 = 3;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
