@@ -645,3 +645,71 @@ async fn approvals_dismissed_by_the_update_are_reported_and_wait_for_re_approval
     assert_main_stayed_green(&s.fake);
     s.fake.assert_calls_match_openapi();
 }
+
+/// The merge queue's throughput (`bench/merge_queue.sh`; figures in
+/// docs/benchmarks.md): `n` green PRs made ready at once (approved together), the
+/// simulated CI taking `BENCH_QUEUE_CI_MS` (2000) per run, with the queue on and off.
+/// Prints the time from ready to merged per PR and the PRs merged per hour; asserts
+/// only that the queue kept its guarantees.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "benchmark: bench/merge_queue.sh"]
+async fn bench_merge_queue_throughput() {
+    let ci_ms: u64 = std::env::var("BENCH_QUEUE_CI_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let sizes: Vec<usize> = std::env::var("BENCH_QUEUE_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 10]);
+    for queue in [false, true] {
+        for &n in &sizes {
+            let policy = match queue {
+                true => QUEUE_POLICY,
+                false => "merge_queue = false\n",
+            };
+            let s = Scenario::start(policy).await;
+            s.fake
+                .simulate_ci(REPO, SimCi::new(CI, Duration::from_millis(ci_ms)));
+            let prs = open_green(&s, n).await;
+            let runs_before = s
+                .fake
+                .with_model(|m| m.repos[REPO].ci.as_ref().map_or(0, |c| c.finished.len()));
+            let t0 = Instant::now();
+            for &pr in &prs {
+                approve(&s, pr).await;
+            }
+            run_until(&s, "every PR merged", |f| merges(f).len() == n).await;
+            let mut secs: Vec<f64> = prs
+                .iter()
+                .map(|pr| {
+                    let calls = s
+                        .fake
+                        .calls("POST", &format!("/repos/{REPO}/pulls/{pr}/merge"));
+                    let merged = calls.iter().find(|c| c.status == 200).expect("merged");
+                    merged.at.duration_since(t0).as_secs_f64()
+                })
+                .collect();
+            secs.sort_by(f64::total_cmp);
+            let span = secs.last().copied().unwrap_or_default().max(1e-3);
+            let runs = s
+                .fake
+                .with_model(|m| m.repos[REPO].ci.as_ref().map_or(0, |c| c.finished.len()))
+                - runs_before;
+            let serial_per_hour = 3_600_000.0 / ci_ms as f64;
+            println!(
+                "BENCH merge_queue queue={} n={n} ci_ms={ci_ms} ready_to_merged_s: min={:.2} median={:.2} max={:.2} \
+                 prs_per_hour={:.0} serial_bound_per_hour={serial_per_hour:.0} ci_runs_after_ready={runs} updates={}",
+                if queue { "on" } else { "off" },
+                secs[0],
+                secs[secs.len() / 2],
+                span,
+                n as f64 / span * 3600.0,
+                updates(&s.fake).len(),
+            );
+            if queue {
+                assert_main_stayed_green(&s.fake);
+            }
+        }
+    }
+}
