@@ -147,21 +147,16 @@ async fn wait_queue_order(s: &Scenario, expected: &[u64]) {
 /// The PRs of `main`'s queue that are in line (not parked), in order, as the core's
 /// own `BranchQueue::order` computes it from the stored queue.
 async fn queue_order(s: &Scenario) -> Vec<u64> {
-    let key = s.shepherd.keys().merge_queue(REPO, "main");
-    let mut conn = s.redis_conn();
-    let data: Option<String> = redis::cmd("HGET")
-        .arg(&key)
-        .arg("data")
-        .query_async(&mut conn)
+    stored_queue(s)
         .await
-        .expect("HGET the queue");
-    let Some(data) = data else { return Vec::new() };
-    let q: shepherd::core::queue::BranchQueue = serde_json::from_str(&data).expect("queue JSON");
-    q.order().iter().map(|e| e.number).collect()
+        .order()
+        .iter()
+        .map(|e| e.number)
+        .collect()
 }
 
-/// The PRs in `main`'s queue, read from Redis (the stored `core::queue::BranchQueue`).
-async fn queue_entries(s: &Scenario) -> Vec<u64> {
+/// `main`'s queue as stored in Redis (an empty one before the first op).
+async fn stored_queue(s: &Scenario) -> shepherd::core::queue::BranchQueue {
     let key = s.shepherd.keys().merge_queue(REPO, "main");
     let mut conn = s.redis_conn();
     let data: Option<String> = redis::cmd("HGET")
@@ -170,12 +165,20 @@ async fn queue_entries(s: &Scenario) -> Vec<u64> {
         .query_async(&mut conn)
         .await
         .expect("HGET the queue");
-    let Some(data) = data else { return Vec::new() };
-    let q: Value = serde_json::from_str(&data).expect("queue JSON");
-    q["entries"]
-        .as_array()
-        .map(|es| es.iter().filter_map(|e| e["number"].as_u64()).collect())
-        .unwrap_or_default()
+    let Some(data) = data else {
+        return shepherd::core::queue::BranchQueue::new("main");
+    };
+    serde_json::from_str(&data).expect("queue JSON")
+}
+
+/// The PRs in `main`'s queue (in line or parked), read from Redis.
+async fn queue_entries(s: &Scenario) -> Vec<u64> {
+    stored_queue(s)
+        .await
+        .entries
+        .iter()
+        .map(|e| e.number)
+        .collect()
 }
 
 /// PR `n` is in `main`'s queue or merged.
@@ -340,6 +343,18 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
     assert_eq!(fix["head_sha"], s.fake.head_sha(REPO, 4));
     assert_eq!(ci_state(&s.fake, &up4.2), "failure");
     assert!(note.contains(&up4.3), "the note names the base: {note}");
+    // Ejected, it keeps its ticket (its place in line) while parked.
+    let q = stored_queue(&s).await;
+    let e4 = q
+        .entries
+        .iter()
+        .find(|e| e.number == 4)
+        .expect("#4 keeps its entry");
+    assert_eq!(
+        (e4.parked, e4.ticket),
+        (Some(shepherd::core::queue::Ejection::CiFailed), 4),
+        "parked, with the ticket it joined with"
+    );
     // The agent pushes a fix (as the bot); a writer approves the new head.
     s.fake.push_fix(REPO, 4);
     s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login()))
