@@ -22,7 +22,12 @@ const QUEUE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Starts a scenario with the queue on and a simulated CI of `ci_ms` per run.
 async fn start(ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
-    let s = Scenario::start(QUEUE_POLICY).await;
+    start_with("", ci_ms, breaks).await
+}
+
+/// [`start`] with more policy lines.
+async fn start_with(extra: &str, ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
+    let s = Scenario::start(&format!("{QUEUE_POLICY}{extra}")).await;
     let mut ci = SimCi::new(CI, Duration::from_millis(ci_ms));
     ci.breaks = breaks.to_vec();
     s.fake.simulate_ci(REPO, ci);
@@ -382,10 +387,10 @@ async fn five_prs_merge_in_order_and_the_one_broken_by_the_combination_is_fixed(
 }
 
 /// An update that conflicts (409) sends the PR to `merge-conflicts`; the queue moves
-/// on to the next PR, which merges.
+/// on to the next PR, which merges. Updates use the policy's style (`rebase` here).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_conflict_on_update_becomes_merge_conflicts_work() {
-    let s = start(200, &[]).await;
+    let s = start_with("merge_queue_update_style = \"rebase\"\n", 200, &[]).await;
     s.fake.with_model(|m| {
         m.repo_mut(REPO).update_conflicts.insert(2);
     });
@@ -408,6 +413,14 @@ async fn a_conflict_on_update_becomes_merge_conflicts_work() {
         "the conflicting update is not retried"
     );
     assert_eq!(update_calls[0].status, 409);
+    // The policy's update style, on every update (#3's too).
+    let styles: Vec<_> = s
+        .fake
+        .calls("POST", &format!("/repos/{REPO}/pulls/*/update"))
+        .iter()
+        .map(|c| c.query_param("style").map(str::to_owned))
+        .collect();
+    assert_eq!(styles, vec![Some("rebase".to_owned()); 2], "{styles:?}");
     assert_main_stayed_green(&s.fake);
     s.fake.assert_calls_match_openapi();
 }
