@@ -6,6 +6,8 @@
 #
 # Env: BENCH_QUEUE_CI_MS (2000: the simulated CI's fixed duration per run)
 #      BENCH_QUEUE_SIZES (1,10: PRs made ready at once)  RUNS (1)
+#      BENCH_QUEUE_BASE_MOVED (0; 1: the branch moves after the PRs' own CI and before
+#      they become ready, so every PR needs an update and a CI run)
 #
 # Runs the ignored test `worker::merge_queue::bench_merge_queue_throughput`: the real
 # `shepherd run` on a real redis-server and the fake Forgejo with a simulated CI of

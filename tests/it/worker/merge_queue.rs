@@ -690,6 +690,9 @@ async fn bench_merge_queue_throughput() {
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 10]);
+    // BENCH_QUEUE_BASE_MOVED=1: main moves after the PRs' own CI and before they are
+    // ready, so that no PR is on the tip when it becomes ready.
+    let moved = std::env::var("BENCH_QUEUE_BASE_MOVED").is_ok_and(|v| v == "1");
     for queue in [false, true] {
         for &n in &sizes {
             let policy = match queue {
@@ -700,6 +703,11 @@ async fn bench_merge_queue_throughput() {
             s.fake
                 .simulate_ci(REPO, SimCi::new(CI, Duration::from_millis(ci_ms)));
             let prs = open_green(&s, n).await;
+            if moved {
+                // The branch moved since the PRs' CI ran: every PR needs an update.
+                let push = s.fake.push_to_branch(REPO, "main", "someone");
+                s.send(&push).await;
+            }
             let runs_before = s
                 .fake
                 .with_model(|m| m.repos[REPO].ci.as_ref().map_or(0, |c| c.finished.len()));
@@ -726,7 +734,7 @@ async fn bench_merge_queue_throughput() {
                 - runs_before;
             let serial_per_hour = 3_600_000.0 / ci_ms as f64;
             println!(
-                "BENCH merge_queue queue={} n={n} ci_ms={ci_ms} ready_to_merged_s: min={:.2} median={:.2} max={:.2} \
+                "BENCH merge_queue queue={} base_moved={moved} n={n} ci_ms={ci_ms} ready_to_merged_s: min={:.2} median={:.2} max={:.2} \
                  prs_per_hour={:.0} serial_bound_per_hour={serial_per_hour:.0} ci_runs_after_ready={runs} updates={}",
                 if queue { "on" } else { "off" },
                 secs[0],
