@@ -749,3 +749,85 @@ async fn bench_merge_queue_throughput() {
         }
     }
 }
+
+/// Lets the held CI runs of PR `n` finish now.
+fn release_ci_of(s: &Scenario, n: u64) {
+    s.fake.with_model(|m| {
+        if let Some(ci) = m.repo_mut(REPO).ci.as_mut() {
+            let now = Instant::now();
+            ci.runs
+                .iter_mut()
+                .filter(|r| r.pr == n)
+                .for_each(|r| r.due = now);
+        }
+    });
+}
+
+/// Waits until `cond` holds, delivering webhooks (held CI runs stay held).
+async fn run_until_held(s: &Scenario, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
+    let end = Instant::now() + QUEUE_DEADLINE;
+    while !cond(&s.fake) {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        pump(s).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An ejected PR keeps its place: #4 breaks only on top of #2; it is ejected to
+/// `ci-fix` while #5 takes the head and #6 waits; once its fix is green and approved it
+/// re-enters ahead of #6 (its old position), behind the head under test, and merges
+/// before #6. The CI runs finish one PR at a time, as the test releases them.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ejected_pr_re_enters_at_its_old_position() {
+    let s = start(200, &[(4, 2)]).await;
+    let prs = open_green(&s, 6).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    for n in [2, 3] {
+        run_until_held(&s, "the head updated", |f| {
+            updates(f).iter().any(|u| u.0 == n)
+        })
+        .await;
+        release_ci_of(&s, n);
+        run_until_held(&s, "the head merged", |f| {
+            merges(f).iter().any(|m| m.number == n)
+        })
+        .await;
+    }
+    run_until_held(&s, "#4 updated", |f| updates(f).iter().any(|u| u.0 == 4)).await;
+    release_ci_of(&s, 4);
+    let end = Instant::now() + QUEUE_DEADLINE;
+    let fix = loop {
+        if let Some(item) = work_for(&s, "ci-fix", 4).await.into_iter().next() {
+            break item;
+        }
+        assert!(Instant::now() < end, "ci-fix for #4");
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // #5 is the head now (its CI held), #6 waits behind it.
+    wait_queue_order(&s, &[5, 6]).await;
+    s.fake.push_fix(REPO, 4);
+    s.send(&s.fake.pr_synchronized(REPO, 4, s.fake.bot_login()))
+        .await;
+    let work_id = fix["id"].as_str().expect("a work id").to_owned();
+    assert_eq!(s.report(&work_id, "succeeded", None).await, 202);
+    release_ci_of(&s, 4);
+    approve(&s, 4).await;
+    let end = Instant::now() + QUEUE_DEADLINE;
+    while queue_order(&s).await != [5, 4, 6] {
+        assert!(
+            Instant::now() < end,
+            "#4 back at its old place: {:?}",
+            queue_order(&s).await
+        );
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    release_ci(&s, 200);
+    run_until(&s, "every PR merged", |f| merges(f).len() == 6).await;
+    let order: Vec<u64> = merges(&s.fake).iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 3, 5, 4, 6]);
+    assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
