@@ -17,9 +17,9 @@
 //! shutdown    one cancellation token; SIGINT and SIGTERM
 //! core/       PURE: ids, events, record, machine (step/decide), route (which records
 //!             an event reaches), effects, policy, command parser, comment texts,
-//!             normalization of Forgejo payloads
+//!             normalization of Forgejo payloads, the branches' merge queues
 //! store/      Redis: keys, Lua scripts, streams, the one consumer loop, CAS commit,
-//!             timers, locks, archive
+//!             timers, locks, merge queues, archive
 //! forgejo/    reqwest client for the endpoints effects need; typed errors
 //! worker/     consume loop, executor (effects → Forgejo/dispatch), timers, resync
 //! agents/     `shepherd agents`: runs the coding agents of work items (context from

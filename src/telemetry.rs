@@ -68,6 +68,8 @@ pub struct Metrics {
     pub ci_poll_reads: prometheus::Histogram,
     /// The agent runner's families (`shepherd agents`).
     pub agents: AgentMetrics,
+    /// The merge queue's families (issue 16).
+    pub merge_queue: QueueMetrics,
     /// Reviewer agents' rounds (`review` work), counted by the workers.
     pub reviews: ReviewMetrics,
 }
@@ -116,6 +118,82 @@ impl ReviewMetrics {
             Box::new(self.dispatched.clone()),
             Box::new(self.verdicts.clone()),
             Box::new(self.rounds_per_merged_pr.clone()),
+        ]
+    }
+}
+
+/// Metrics of the merge queues, updated by the executor as it applies queue ops and
+/// advances heads. Labels: repository and branch (bounded by the repositories served),
+/// ejection reason and update outcome (fixed sets). Updates per merge is
+/// `merge_queue_updates_total{outcome="updated"} / merge_queue_merged_total`.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    /// PRs waiting to be tested (head included) per branch, after the last op.
+    pub length: IntGaugeVec,
+    /// PRs merged through the queue, per branch.
+    pub merged: IntCounterVec,
+    /// Time from first entering the queue to the merge.
+    pub wait: HistogramVec,
+    /// Ejections (parks and moves to the back) by reason.
+    pub ejections: IntCounterVec,
+    /// Updates of a head onto the tip by outcome (`updated`, `conflict`, `other`).
+    pub updates: IntCounterVec,
+}
+
+impl QueueMetrics {
+    fn new() -> Self {
+        let rb = &["repo", "branch"];
+        Self {
+            length: IntGaugeVec::new(
+                Opts::new(
+                    "merge_queue_length",
+                    "PRs waiting in a branch's merge queue",
+                ),
+                rb,
+            )
+            .expect("valid metric"),
+            merged: IntCounterVec::new(
+                Opts::new("merge_queue_merged_total", "PRs merged through the queue"),
+                rb,
+            )
+            .expect("valid metric"),
+            wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "merge_queue_wait_seconds",
+                    "Time in the merge queue, first entry to merge",
+                )
+                .buckets(vec![
+                    1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0,
+                ]),
+                rb,
+            )
+            .expect("valid metric"),
+            ejections: IntCounterVec::new(
+                Opts::new(
+                    "merge_queue_ejections_total",
+                    "Merge queue ejections by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            updates: IntCounterVec::new(
+                Opts::new(
+                    "merge_queue_updates_total",
+                    "Updates of a queue head onto its branch tip by outcome",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.length.clone()),
+            Box::new(self.merged.clone()),
+            Box::new(self.wait.clone()),
+            Box::new(self.ejections.clone()),
+            Box::new(self.updates.clone()),
         ]
     }
 }
@@ -292,6 +370,7 @@ impl Metrics {
         )
         .expect("valid metric");
         let agents = AgentMetrics::new();
+        let merge_queue = QueueMetrics::new();
         let reviews = ReviewMetrics::new();
         for c in [
             Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
@@ -310,6 +389,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(agents.collectors())
+        .chain(merge_queue.collectors())
         .chain(reviews.collectors())
         {
             registry
@@ -332,8 +412,71 @@ impl Metrics {
             resync_prs,
             ci_poll_reads,
             agents,
+            merge_queue,
             reviews,
         }
+    }
+
+    /// Counts a merge-queue op applied to `queue` (the queue after it).
+    pub fn queue_op(
+        &self,
+        repo: &str,
+        op: &crate::core::queue::QueueOp,
+        queue: &crate::core::queue::BranchQueue,
+        changed: bool,
+    ) {
+        use crate::core::queue::{Departure, QueueAction};
+        let m = &self.merge_queue;
+        let labels = [repo, op.branch.as_str()];
+        m.length
+            .with_label_values(&labels)
+            .set(i64::try_from(queue.order().len()).unwrap_or(i64::MAX));
+        if !changed {
+            // A redelivered or stale op: counted when it first changed the queue.
+            return;
+        }
+        match &op.action {
+            QueueAction::Park { reason } | QueueAction::Requeue { reason } => {
+                m.ejections.with_label_values(&[reason.as_str()]).inc();
+            }
+            QueueAction::Leave {
+                reason: Departure::Merged,
+            } => m.merged.with_label_values(&labels).inc(),
+            QueueAction::Join { .. }
+            | QueueAction::Leave {
+                reason: Departure::Closed | Departure::Dequeued,
+            } => {}
+        }
+    }
+
+    /// Counts the outcome of updating a queue head onto its tip.
+    pub fn queue_update(
+        &self,
+        _repo: &str,
+        _branch: &str,
+        outcome: &crate::core::event::MergeOutcome,
+    ) {
+        use crate::core::event::MergeOutcome;
+        let label = match outcome {
+            MergeOutcome::Updated { .. } => "updated",
+            MergeOutcome::Conflict => "conflict",
+            MergeOutcome::Merged
+            | MergeOutcome::HeadMoved
+            | MergeOutcome::TryAgain
+            | MergeOutcome::LockBusy { .. }
+            | MergeOutcome::BaseMoved
+            | MergeOutcome::FailedPermanent { .. } => "other",
+        };
+        self.merge_queue.updates.with_label_values(&[label]).inc();
+    }
+
+    /// Observes the time in queue of a PR merged through it.
+    pub fn queue_merged_after(&self, repo: &str, branch: &str, waited_ms: i64) {
+        let secs = waited_ms.max(0) as f64 / 1000.0;
+        self.merge_queue
+            .wait
+            .with_label_values(&[repo, branch])
+            .observe(secs);
     }
 
     /// Renders every family in the Prometheus text format.

@@ -374,6 +374,7 @@ mod samples {
                     summary: Some("Tried a fix.".into()),
                     started_at: Some(0),
                 }],
+                note: None,
                 review: (kind == WorkKind::Review).then(|| ReviewRequest {
                     reviewer: "reviewer-agent".parse().expect("a login"),
                     round: 2,

@@ -21,6 +21,17 @@ pub enum Command {
     Status,
     /// On an issue: ask for `issue-impl` (like adding the trigger label).
     Implement,
+    /// Merge queue: (re-)enter the queue after a `dequeue`, and answer with the PR's
+    /// position and why.
+    Queue,
+    /// Merge queue: the PR's position class (`high` goes before every `normal` entry;
+    /// the head under test is never overtaken).
+    Priority {
+        /// `high` or `normal`.
+        level: crate::core::queue::Priority,
+    },
+    /// Merge queue: take the PR out of its queue until `/shepherd queue`.
+    Dequeue,
 }
 
 /// The word that starts a command.
@@ -79,6 +90,17 @@ fn parse_line(line: &str) -> Option<Command> {
         "resume" => Some(Command::Resume),
         "status" => Some(Command::Status),
         "implement" => Some(Command::Implement),
+        "queue" => Some(Command::Queue),
+        "dequeue" => Some(Command::Dequeue),
+        "priority" => match words.next()?.to_ascii_lowercase().as_str() {
+            "high" => Some(Command::Priority {
+                level: crate::core::queue::Priority::High,
+            }),
+            "normal" => Some(Command::Priority {
+                level: crate::core::queue::Priority::Normal,
+            }),
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -94,6 +116,25 @@ mod tests {
         assert_eq!(parse("/shepherd"), vec![]);
         assert_eq!(parse("please /shepherd retry"), vec![]);
         assert_eq!(parse("/shepherdretry"), vec![]);
+    }
+
+    #[test]
+    fn parses_the_queue_commands() {
+        use crate::core::queue::Priority;
+        let body = "/shepherd queue\n/shepherd priority HIGH\n/shepherd priority urgent\n/shepherd priority\n/shepherd priority normal\n/shepherd dequeue";
+        assert_eq!(
+            parse(body),
+            vec![
+                Command::Queue,
+                Command::Priority {
+                    level: Priority::High
+                },
+                Command::Priority {
+                    level: Priority::Normal
+                },
+                Command::Dequeue,
+            ]
+        );
     }
 
     #[test]

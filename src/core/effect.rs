@@ -77,6 +77,31 @@ pub enum EffectKind {
         /// `MergeMessageField`, when set.
         message: Option<String>,
     },
+    /// Apply an op to the target branch's merge queue (`core::queue`); the PRs whose
+    /// place changed are told with [`crate::core::event::EffectOutcome::Queue`].
+    Queue(crate::core::queue::QueueOp),
+    /// Advance the head of the merge queue: update it onto the branch tip when it is
+    /// not built on it, else merge it pinned to `head_sha` (fast-forward only where the
+    /// repository allows it, `style` otherwise) while the tip is still its base. The
+    /// outcome comes back as [`crate::core::event::EffectOutcome::Merge`]. Never
+    /// `force_merge`.
+    QueueAdvance {
+        /// The head whose CI passed on top of the tip (`head_commit_id`).
+        head_sha: Sha,
+        /// Target branch.
+        branch: String,
+        /// `style` of the update.
+        update_style: crate::core::policy::UpdateStyle,
+        /// `Do` when the repository does not allow fast-forward-only merges.
+        style: MergeStyle,
+        /// `delete_branch_after_merge`.
+        delete_branch: bool,
+        /// Whether the head may be updated once more (`merge_queue_max_updates` not
+        /// reached this turn): when not and the tip moved, the outcome is `BaseMoved`
+        /// and the PR goes to the back of the queue.
+        #[serde(default = "yes")]
+        may_update: bool,
+    },
     /// Read something from the API; the result comes back as an `Observed*` event.
     Observe(ObserveWhat),
     /// Fire a timer later (same timer id replaces an earlier schedule).
@@ -94,6 +119,8 @@ impl EffectKind {
             EffectKind::UpsertComment { .. } => EffectKindName::UpsertComment,
             EffectKind::Comment { .. } => EffectKindName::Comment,
             EffectKind::Merge { .. } => EffectKindName::Merge,
+            EffectKind::Queue(_) => EffectKindName::Queue,
+            EffectKind::QueueAdvance { .. } => EffectKindName::QueueAdvance,
             EffectKind::Observe(_) => EffectKindName::Observe,
             EffectKind::Schedule(_) => EffectKindName::Schedule,
         }
@@ -118,6 +145,10 @@ pub enum EffectKindName {
     Comment,
     /// `Merge`.
     Merge,
+    /// `Queue`.
+    Queue,
+    /// `QueueAdvance`.
+    QueueAdvance,
     /// `Observe`.
     Observe,
     /// `Schedule`.
@@ -280,6 +311,10 @@ pub struct WorkContext {
     pub change_requests: Vec<ChangeRequest>,
     /// Earlier attempts on this record, oldest first.
     pub attempts: Vec<AttemptSummary>,
+    /// What else the agent must know about the problem, e.g. that CI failed only on
+    /// top of the new base the merge queue updated the PR onto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Who reviews and which round it is (for `review` only; absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewRequest>,
@@ -398,6 +433,11 @@ pub mod rfc3339_ms {
         let s = String::deserialize(d)?;
         from_text(&s).ok_or_else(|| serde::de::Error::custom(format!("not RFC 3339: {s:?}")))
     }
+}
+
+/// Serde default of a flag that was always true before it existed.
+fn yes() -> bool {
+    true
 }
 
 #[cfg(test)]

@@ -120,6 +120,17 @@ pub enum MergeOutcome {
         /// How long to wait, in milliseconds.
         retry_ms: u64,
     },
+    /// Merge queue: the head was updated onto the branch tip `onto` (a new head
+    /// follows as a `pull_request_sync`); CI runs again on it.
+    Updated {
+        /// The tip the head is now built on.
+        onto: Sha,
+        /// The head the update replaced (the pinned one).
+        from: Sha,
+    },
+    /// Merge queue: the tip moved between the checks and the merge (a
+    /// fast-forward-only merge that could not fast-forward); the head is updated again.
+    BaseMoved,
     /// Anything else (protection refused, not allowed, …): a human must look.
     FailedPermanent {
         /// Forgejo's message.
@@ -131,8 +142,11 @@ pub enum MergeOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "type")]
 pub enum EffectOutcome {
-    /// The result of a `Merge`.
+    /// The result of a `Merge` (or a `QueueAdvance`).
     Merge(MergeOutcome),
+    /// The PR's place in its branch's merge queue changed (after a `Queue` op of any
+    /// PR of that branch).
+    Queue(crate::core::queue::Place),
     /// Any other effect failed after the retry budget.
     Failed {
         /// Which kind of effect.

@@ -45,6 +45,27 @@ pub enum MergeStyle {
     FastForwardOnly,
 }
 
+/// How a PR branch is brought onto its base's tip (`style` of Forgejo's
+/// `POST …/pulls/{index}/update`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpdateStyle {
+    /// Merge the base into the head (the PR's commits stay as they are).
+    Merge,
+    /// Rebase the head onto the base (linear; the PR's commits are rewritten).
+    Rebase,
+}
+
+impl UpdateStyle {
+    /// The API's name of the style.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateStyle::Merge => "merge",
+            UpdateStyle::Rebase => "rebase",
+        }
+    }
+}
+
 /// Who merges a ready PR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -173,6 +194,16 @@ policy_settings! {
     /// three. Every other status, and the last one, is written at once; 0 writes
     /// every status at once.
     status_settle_secs: u64 = 10;
+    /// The merge queue (issue 16): a ready PR enters its target branch's queue and is
+    /// merged only after CI passed on top of the branch tip. Off by default, so that
+    /// turning Shepherd's new version on changes nothing for existing repositories.
+    merge_queue: bool = false;
+    /// How the queue brings its head onto the branch tip (`POST …/pulls/{n}/update`).
+    merge_queue_update_style: UpdateStyle = UpdateStyle::Merge;
+    /// Updates of the queue's head onto a moving tip in one turn at the head; when the
+    /// tip moves again after that many, the PR goes to the back of the queue (reason
+    /// `base-moving`). 0 = no bound.
+    merge_queue_max_updates: u32 = 3;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();
@@ -307,6 +338,12 @@ impl Policy {
             .any(|v| v.trim().is_empty())
         {
             return Err(invalid("agents/models", "a name or model id is empty"));
+        }
+        if self.merge_queue && self.merge_mode == MergeMode::Dispatch {
+            return Err(invalid(
+                "merge_queue",
+                "needs merge_mode = \"auto\" (the executor tests and merges the queue's head)",
+            ));
         }
         if self.ci_poll_initial_secs == 0 || self.ci_poll_max_secs < self.ci_poll_initial_secs {
             return Err(invalid(

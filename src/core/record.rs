@@ -68,6 +68,9 @@ pub struct PrRecord {
     /// a later full read and by a new head.
     #[serde(default)]
     pub approval_hints: BTreeMap<Login, ApprovalHint>,
+    /// The PR's part in its branch's merge queue (policy `merge_queue`).
+    #[serde(default)]
+    pub queue: QueueFacts,
     /// Reviewer agents' rounds on this PR (`review` work).
     #[serde(default, skip_serializing_if = "AgentReview::is_empty")]
     pub agent_review: AgentReview,
@@ -78,6 +81,56 @@ pub struct PrRecord {
 pub struct ApprovalHint {
     /// When the webhook was stepped (unix ms); a reviews read taken later drops it.
     pub at_ms: i64,
+}
+
+/// What a PR record knows and has asked of its target branch's merge queue
+/// (`core::queue`). Level-triggered like the rest: `membership` is what the record
+/// last asked for, and a differing wish sends a new op.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueFacts {
+    /// What the record last asked of the queue (None: never asked, or left).
+    #[serde(default)]
+    pub membership: Option<QueueMembership>,
+    /// Where the queue last said the PR stands (its notices carry it).
+    #[serde(default)]
+    pub place: Option<crate::core::queue::Place>,
+    /// Position class (`/shepherd priority`).
+    #[serde(default)]
+    pub priority: crate::core::queue::Priority,
+    /// The record version of the last op sent: only a place that reflects it counts.
+    #[serde(default)]
+    pub sent_version: u64,
+    /// `/shepherd dequeue`: stays out of the queue until `/shepherd queue`.
+    #[serde(default)]
+    pub dequeued: bool,
+    /// Updates onto a moving tip during the current turn at the head.
+    #[serde(default)]
+    pub updates: u32,
+    /// Updates over the PR's life (metrics: updates per merge).
+    #[serde(default)]
+    pub updates_total: u32,
+    /// The head an update replaced: until a new head arrives the record waits for it
+    /// (it does not ask to merge the old head again).
+    #[serde(default)]
+    pub updated_from: Option<Sha>,
+    /// The head the last update produced (set when it arrives).
+    #[serde(default)]
+    pub updated_head: Option<Sha>,
+    /// The tip the last update built the PR on; a CI failure on the head that update
+    /// produced failed "only on top of the new base".
+    #[serde(default)]
+    pub updated_onto: Option<Sha>,
+}
+
+/// What a PR asked of its branch's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMembership {
+    /// Target branch.
+    pub branch: String,
+    /// Joined (to be tested), or parked with the reason, keeping its ticket.
+    pub parked: Option<crate::core::queue::Ejection>,
+    /// The priority it joined with.
+    pub priority: crate::core::queue::Priority,
 }
 
 /// Reviewer-agent rounds of one PR: one per `review` dispatch, so at most one per
@@ -479,6 +532,7 @@ impl PrRecord {
             status_pending_since_ms: None,
             status_posted: false,
             approval_hints: BTreeMap::new(),
+            queue: QueueFacts::default(),
             agent_review: AgentReview::default(),
         }
     }

@@ -48,6 +48,25 @@ pub struct StatusState {
     /// The reviewer agents' latest round and its verdict (absent before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewStatus>,
+    /// The PR's place in its branch's merge queue (absent when not in one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+}
+
+/// A PR's place in its branch's merge queue, shown in the status comment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// Target branch.
+    pub branch: String,
+    /// 1-based position among the PRs waiting to be tested (1 = being tested), once
+    /// the queue said; `None` while parked or before the queue answered.
+    pub position: Option<u32>,
+    /// Being tested (the queue's head).
+    pub testing: bool,
+    /// Parked (ejected, keeping its ticket) and why.
+    pub parked: Option<crate::core::queue::Ejection>,
+    /// `/shepherd priority`.
+    pub priority: crate::core::queue::Priority,
 }
 
 /// The reviewer agents' round shown in the status comment.
@@ -136,6 +155,22 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
             review.round,
             review.max_rounds,
             code(&one_line(&review.reviewer)),
+        ));
+    }
+    if let Some(q) = &state.queue {
+        let at = match (q.parked, q.testing, q.position) {
+            (Some(reason), _, _) => format!(
+                "parked ({}), keeping its place until it is ready again",
+                reason.as_str()
+            ),
+            (None, true, _) => "being tested (head of the queue)".to_owned(),
+            (None, false, Some(p)) => format!("position {p}"),
+            (None, false, None) => "entering".to_owned(),
+        };
+        text.push_str(&format!(
+            "\n\nMerge queue of {}: {at} · priority {}",
+            code(&one_line(&q.branch)),
+            q.priority.as_str()
         ));
     }
     format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
@@ -280,8 +315,19 @@ mod tests {
                 reviewer: "rev-bot".into(),
                 verdict: Some(ReviewVerdict::ChangesRequested),
             }),
+            queue: Some(QueueStatus {
+                branch: "main".into(),
+                position: None,
+                testing: false,
+                parked: Some(crate::core::queue::Ejection::CiFailed),
+                priority: crate::core::queue::Priority::High,
+            }),
         };
         let body = status_comment(&state, "--footer");
+        assert!(
+            body.contains("Merge queue of `main`: parked (ci-failed)"),
+            "{body}"
+        );
         assert!(body.contains("changes requested by `mallory`"), "{body}");
         assert!(
             body.contains("Agent review: round 2 of 3 by `rev-bot` · verdict: changes-requested"),
@@ -306,6 +352,7 @@ mod tests {
             version: 1,
             unofficial_change_requests: (0..20).map(|i| format!("sock{i}")).collect(),
             review: None,
+            queue: None,
         };
         let body = status_comment(&state, "--footer");
         assert!(body.contains("`sock9`, and 10 more"), "{body}");

@@ -64,6 +64,13 @@ pub fn endpoint(method: &str, path: &str) -> String {
             (_, _, "commits") => "{ref}",
             (_, _, "statuses") => "{sha}",
             (_, _, "collaborators") => "{collaborator}",
+            // Branch names may hold slashes: everything after `branches` is the name.
+            (true, _, _) if i >= 4 && segs[3] == "branches" => {
+                if i == 4 {
+                    out.push("{branch}");
+                }
+                continue;
+            }
             _ => seg,
         };
         out.push(templ);

@@ -6,6 +6,7 @@
 //! context.rs    the agents' context: raw diff, changed files, review comments, comments since
 //! labels.rs     repository labels, issue labels by name / by id, LabelCache per repo
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
+//! queue.rs      the merge queue: POST …/pulls/{n}/update, a branch's tip, merge settings
 //! reviews.rs    POST …/pulls/{n}/reviews: a reviewer agent's formal review
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
@@ -27,6 +28,7 @@ mod endpoints;
 mod error;
 mod labels;
 mod merge;
+mod queue;
 mod reviews;
 mod types;
 
@@ -37,6 +39,7 @@ pub use context::{CappedDiff, FileList};
 pub use endpoints::{CommentWrite, combine_states};
 pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
+pub use queue::{Branch, BranchCommit, RepoSettings, UpdateOutcome};
 pub use reviews::{NewReview, NewReviewComment};
 pub use types::{
     BranchInfo, ChangedFile, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,

@@ -89,6 +89,10 @@ pub struct PullRequest {
     /// Base branch and its current tip.
     #[serde(deserialize_with = "null_default")]
     pub base: BranchInfo,
+    /// The commit the head is built on (`git merge-base` of head and base, as Forgejo
+    /// last computed it): equal to the base's tip when the PR is up to date with it.
+    #[serde(deserialize_with = "null_default")]
+    pub merge_base: String,
     /// Last update.
     pub updated_at: Option<DateTime<FixedOffset>>,
     /// Conversation comments (`None` when the answer did not carry the count).

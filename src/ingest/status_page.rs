@@ -119,6 +119,7 @@ pub fn render(o: &Overview) -> String {
     cards(&mut h, o);
     needs_human(&mut h, o);
     phases(&mut h, o);
+    merge_queues(&mut h, o);
     active_work(&mut h, o);
     running_agents(&mut h, o);
     queues(&mut h, o);
@@ -213,6 +214,57 @@ fn phases(h: &mut String, o: &Overview) {
                 esc(&p.tier_name),
                 p.active.as_ref().map_or("—".to_owned(), |a| esc(&a.kind)),
                 p.review.as_ref().map_or("—".to_owned(), |r| esc(&r.line()))
+            );
+        }
+        h.push_str("</table>");
+    }
+}
+
+/// The merge queue of each branch that has one: position, PR, state, priority, time
+/// in queue (in its current state, and since it first entered).
+fn merge_queues(h: &mut String, o: &Overview) {
+    if o.merge_queues.is_empty() {
+        return;
+    }
+    h.push_str("<h2 id=\"merge-queues\">Merge queues</h2>");
+    for q in &o.merge_queues {
+        let ejections: Vec<String> = (q.ejections.iter())
+            .map(|(reason, n)| format!("{} {n}", esc(reason)))
+            .collect();
+        let _ = write!(
+            h,
+            "<h3 id=\"queue-{0}-{1}\">{0} · {1} ({2} in line, {3} merged{4})</h3>",
+            esc(&q.repo),
+            esc(&q.branch),
+            q.entries
+                .iter()
+                .filter(|(_, s)| s.position.is_some())
+                .count(),
+            q.merged,
+            match ejections.is_empty() {
+                true => String::new(),
+                false => format!(", ejections: {}", ejections.join(", ")),
+            }
+        );
+        if q.entries.is_empty() {
+            h.push_str("<p class=\"muted\">Empty.</p>");
+            continue;
+        }
+        h.push_str(
+            "<table><tr><th>Position</th><th>PR</th><th>State</th><th>Priority</th>\
+             <th>In this state for</th><th>In queue for</th></tr>",
+        );
+        for (number, s) in &q.entries {
+            let _ = write!(
+                h,
+                "<tr class=\"queued\"><td>{}</td><td>{}#{number}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td></tr>",
+                s.position.map_or("—".to_owned(), |p| p.to_string()),
+                esc(&q.repo),
+                esc(&s.state),
+                esc(&s.priority),
+                duration(o.now_ms - s.since_ms),
+                duration(o.now_ms - s.entered_ms)
             );
         }
         h.push_str("</table>");
@@ -341,7 +393,74 @@ mod tests {
             active: None,
             version: 3,
             review: None,
+            merge_queue: None,
         }
+    }
+
+    #[test]
+    fn renders_merge_queues_per_branch() {
+        use crate::core::queue::{BranchQueue, Ejection, Priority, QueueAction, QueueOp};
+        let mut q = BranchQueue::new("main");
+        let op = |number, version, action| QueueOp {
+            branch: "main".into(),
+            number,
+            version,
+            action,
+        };
+        let join = |priority| QueueAction::Join { priority };
+        q.apply(&op(7, 1, join(Priority::Normal)), 1_000);
+        q.apply(&op(8, 1, join(Priority::Normal)), 2_000);
+        q.apply(&op(9, 1, join(Priority::High)), 3_000);
+        let park = QueueAction::Park {
+            reason: Ejection::CiFailed,
+        };
+        q.apply(&op(8, 2, park), 4_000);
+        let summary = crate::ops::status::BranchQueueSummary {
+            repo: "o/r".into(),
+            branch: "main".into(),
+            entries: crate::ops::status::queue_spots(&q),
+            merged: 4,
+            ejections: vec![("ci-failed".into(), 1)],
+        };
+        let order: Vec<(u64, &str)> = (summary.entries.iter())
+            .map(|(n, s)| (*n, s.state.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [(7, "testing"), (9, "waiting"), (8, "parked: ci-failed")],
+            "head, then priority, then the parked"
+        );
+        let o = Overview {
+            now_ms: 63_000,
+            merge_queues: vec![summary],
+            ..Overview::default()
+        };
+        let html = render(&o);
+        assert!(html.contains("id=\"merge-queues\""), "{html}");
+        assert!(
+            html.contains("o/r · main (2 in line, 4 merged, ejections: ci-failed 1)"),
+            "{html}"
+        );
+        let rows: Vec<&str> = html.split("<tr class=\"queued\">").skip(1).collect();
+        assert_eq!(rows.len(), 3);
+        assert!(
+            rows[0]
+                .starts_with("<td>1</td><td>o/r#7</td><td>testing</td><td>normal</td><td>1m</td>"),
+            "{}",
+            rows[0]
+        );
+        assert!(
+            rows[1].starts_with("<td>2</td><td>o/r#9</td><td>waiting</td><td>high</td>"),
+            "{}",
+            rows[1]
+        );
+        assert!(
+            rows[2].starts_with("<td>—</td><td>o/r#8</td><td>parked: ci-failed</td>"),
+            "{}",
+            rows[2]
+        );
+        let none = render(&Overview::default());
+        assert!(!none.contains("merge-queues"), "no section without queues");
     }
 
     #[test]

@@ -256,6 +256,14 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
     if let Some(r) = &s.review {
         out += &format!("review    {}\n", r.line());
     }
+    if let Some(q) = &s.merge_queue {
+        out += &format!(
+            "queue     {} for {} (entered {} ago)\n",
+            q.line(),
+            duration(now - q.since_ms),
+            duration(now - q.entered_ms)
+        );
+    }
     match &s.active {
         Some(a) => {
             out += &format!(
@@ -401,8 +409,13 @@ pub fn render_line(s: &PrSummary, now: i64) -> String {
             )
         })
         .unwrap_or_default();
+    let queue = s
+        .merge_queue
+        .as_ref()
+        .map(|q| format!("  queue {}", q.line()))
+        .unwrap_or_default();
     format!(
-        "#{:<5} {:<16} {:>7}  {}{work}  — {}",
+        "#{:<5} {:<16} {:>7}  {}{work}{queue}  — {}",
         s.number, s.phase, age, s.title, s.reason
     )
 }

@@ -16,6 +16,7 @@ use crate::core::record::{Hold, PrRecord};
 use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::{self, history_fields};
 use crate::store::keys::{AGENTS_GROUP, EXECUTORS_GROUP, WORKERS_GROUP};
+use crate::store::queue as store_queue;
 use crate::store::{archive, markers, streams};
 
 /// History entries read back to find when the current phase began.
@@ -50,6 +51,125 @@ pub struct PrSummary {
     /// The reviewer agents' latest round, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewSummary>,
+    /// Its place in its branch's merge queue, when it is in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_queue: Option<QueueSpot>,
+}
+
+/// One PR's place in its target branch's merge queue (from the stored queue).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSpot {
+    /// Target branch.
+    pub branch: String,
+    /// 1-based position among the PRs waiting to be tested (1 = being tested); `None`
+    /// while parked.
+    pub position: Option<u32>,
+    /// PRs waiting to be tested in the whole queue.
+    pub length: u32,
+    /// `testing` (the head), `waiting`, or `parked: <reason>` (ejected, keeping its
+    /// ticket until it is ready again).
+    pub state: String,
+    /// `high` or `normal` (`/shepherd priority`).
+    pub priority: String,
+    /// Since when it waits in its current state of the queue (unix ms; re-entering
+    /// after a parking restarts it).
+    pub since_ms: i64,
+    /// When it first entered the queue (unix ms).
+    pub entered_ms: i64,
+}
+
+impl QueueSpot {
+    /// One line: `main: position 2 of 3, waiting, priority normal`.
+    pub fn line(&self) -> String {
+        let at = match self.position {
+            Some(p) => format!("position {p} of {}", self.length),
+            None => "not in line".to_owned(),
+        };
+        format!(
+            "{}: {at}, {}, priority {}",
+            self.branch, self.state, self.priority
+        )
+    }
+}
+
+/// The merge queue of one target branch, in order: the PR being tested first, then
+/// those waiting, then the parked ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BranchQueueSummary {
+    /// Repository.
+    pub repo: String,
+    /// Target branch.
+    pub branch: String,
+    /// Its PRs, in queue order.
+    pub entries: Vec<(u64, QueueSpot)>,
+    /// PRs merged through it so far.
+    pub merged: u64,
+    /// Ejections so far, by reason.
+    pub ejections: Vec<(String, u64)>,
+}
+
+/// The spots of every PR in `q`, in queue order (head, waiting, parked).
+pub fn queue_spots(q: &crate::core::queue::BranchQueue) -> Vec<(u64, QueueSpot)> {
+    let places = q.places();
+    let order = q.order();
+    let length = u32::try_from(order.len()).unwrap_or(u32::MAX);
+    order
+        .into_iter()
+        .chain(q.parked())
+        .map(|e| {
+            let place = places.get(&e.number);
+            let state = match (e.parked, q.head == Some(e.number)) {
+                (Some(reason), _) => format!("parked: {}", reason.as_str()),
+                (None, true) => "testing".to_owned(),
+                (None, false) => "waiting".to_owned(),
+            };
+            let spot = QueueSpot {
+                branch: q.branch.clone(),
+                position: place.and_then(|p| p.position),
+                length,
+                state,
+                priority: e.priority.as_str().to_owned(),
+                since_ms: e.since_ms,
+                entered_ms: e.entered_ms,
+            };
+            (e.number, spot)
+        })
+        .collect()
+}
+
+/// The merge queues of `repo`, one per target branch that has one.
+pub async fn repo_queues(ops: &Ops, repo: &RepoName) -> Result<Vec<BranchQueueSummary>, OpsError> {
+    let mut conn = ops.conn();
+    let mut out = Vec::new();
+    for branch in store_queue::branches(&mut conn, &ops.keys, repo.as_str()).await? {
+        let q = store_queue::load(&mut conn, &ops.keys, repo.as_str(), &branch).await?;
+        out.push(BranchQueueSummary {
+            repo: repo.to_string(),
+            branch,
+            entries: queue_spots(&q),
+            merged: q.stats.merged,
+            ejections: (q.stats.ejections.iter())
+                .map(|(e, n)| (e.as_str().to_owned(), *n))
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// PR `record`'s spot in its branch's queue, read from the stored queue.
+async fn queue_spot(
+    ops: &Ops,
+    conn: &mut Conn,
+    record: &PrRecord,
+) -> Result<Option<QueueSpot>, OpsError> {
+    let Some(m) = &record.queue.membership else {
+        return Ok(None);
+    };
+    let q = store_queue::load(conn, &ops.keys, record.repo.as_str(), &m.branch).await?;
+    Ok(queue_spots(&q)
+        .into_iter()
+        .find(|(n, _)| *n == record.number)
+        .map(|(_, spot)| spot))
 }
 
 /// The reviewer agents' latest round of a PR.
@@ -131,6 +251,9 @@ pub struct Overview {
     /// runner's heartbeat is recent; oldest first.
     #[serde(default)]
     pub agents: Vec<AgentRun>,
+    /// The merge queues of every known repository (policy `merge_queue`).
+    #[serde(default)]
+    pub merge_queues: Vec<BranchQueueSummary>,
 }
 
 /// How old a runner's heartbeat may be for its items to show as live: its heartbeat
@@ -179,6 +302,7 @@ pub async fn summarize(
     let d = decide(record, &policy, now);
     let phase = d.phase.as_str().to_owned();
     let phase_since_ms = phase_since(conn, history_key, &phase).await?;
+    let merge_queue = queue_spot(ops, conn, record).await?;
     Ok(PrSummary {
         repo: record.repo.to_string(),
         number: record.number,
@@ -207,6 +331,7 @@ pub async fn summarize(
             reviewer: r.reviewer.to_string(),
             verdict: r.verdict.map(|v| v.as_str().to_owned()),
         }),
+        merge_queue,
     })
 }
 
@@ -274,6 +399,7 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     out.agents = agent_runs::live(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
     for repo in super::resync::known(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
+        out.merge_queues.extend(repo_queues(ops, &repo).await?);
     }
     Ok(out)
 }
@@ -286,6 +412,7 @@ pub fn by_phase(prs: &[PrSummary]) -> Vec<(String, Vec<&PrSummary>)> {
         Phase::CiFix,
         Phase::ReviewFeedback,
         Phase::ReadyToMerge,
+        Phase::Queued,
         Phase::Merging,
         Phase::AwaitingReview,
         Phase::AwaitingCi,

@@ -210,6 +210,28 @@ impl Keys {
         )
     }
 
+    /// The merge queue of a target branch (a hash: `v` = version, the compare-and-set
+    /// guard, and `data` = the `core::queue::BranchQueue` JSON). Tagged with the
+    /// repository's shard like its PR records.
+    pub fn merge_queue(&self, repo: &str, branch: &str) -> String {
+        format!(
+            "{}:queue:{}:{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase(),
+            branch
+        )
+    }
+
+    /// The set of branches of a repository that have a merge queue (status page,
+    /// `inspect`, metrics), tagged like the queues.
+    pub fn merge_queues(&self, repo: &str) -> String {
+        format!(
+            "{}:queues:{}",
+            self.tag(self.shard_of(repo)),
+            repo.to_lowercase()
+        )
+    }
+
     /// Sorted set of the records waiting for a branch's merge lease (member: the
     /// record's timer member `<record key>/merge-retry`, score: when it began to wait);
     /// the lease's releaser wakes the oldest (`store::lock::wake_next_waiter`).

@@ -1,5 +1,6 @@
 //! Redis: keys, Lua scripts, streams and the one consumer loop, compare-and-set
-//! commits, timers, locks, the archive, dead letters and the fleet's markers.
+//! commits, timers, locks, the merge queues, the archive, dead letters and the fleet's
+//! markers.
 //! Everything that touches Redis lives under this module: the rest of the crate calls
 //! named functions here, never a raw command.
 
@@ -44,6 +45,7 @@ mod error;
 pub mod event_entry;
 pub mod lock;
 pub mod markers;
+pub mod queue;
 pub mod repos;
 pub mod status_comment;
 pub mod streams;

@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use secrecy::SecretString;
-use shepherd::core::policy::MergeStyle;
+use shepherd::core::policy::{MergeStyle, UpdateStyle};
 use shepherd::forgejo::{
     BreakerConfig, BreakerState, ClientOptions, ForgejoClient, ForgejoError, MergeConflictKind,
-    MergeOutcome, MergeRefusal, MergeRequest,
+    MergeOutcome, MergeRefusal, MergeRequest, UpdateOutcome,
 };
 use shepherd::telemetry::Metrics;
 
@@ -1155,5 +1155,142 @@ async fn a_reviewer_posts_a_formal_review_as_its_own_user() {
         (ok.state.as_str(), ok.commit_id.as_str()),
         ("APPROVED", head.as_str())
     );
+    fake.assert_calls_match_openapi();
+}
+
+/// The merge queue's endpoints as Forgejo v15 answers them: a branch's tip, the
+/// repository's merge styles, `POST …/update` (200 with a new head built on the tip
+/// and a `pull_request_sync` from the bot; 500 with an empty message when the PR is
+/// already on the tip; 409 on a conflict; 422 once merged), and a `fast-forward-only`
+/// merge that answers 500 with an empty message when the tip is not the head's base.
+#[tokio::test]
+async fn queue_endpoints_update_branch_tips_and_fast_forward_only() {
+    let fake = FakeForgejo::start().await;
+    let c = client(&fake);
+    let a = fake.open_pr(REPO, NewPr::new("agent-bot", "A"));
+    let b = fake.open_pr(REPO, NewPr::new("agent-bot", "B"));
+    let tip0 = fake.branch_tip(REPO, "main");
+    assert_eq!(c.branch_tip(REPO, "main").await.unwrap(), tip0);
+    assert!(
+        c.repo_settings(REPO)
+            .await
+            .unwrap()
+            .allow_fast_forward_only_merge
+    );
+    assert!(c.branch_tip(REPO, "no-such-branch").await.is_err());
+
+    // #a is built on the tip: an update is Forgejo's "up to date", a bare 500.
+    let up = c.update_pull(REPO, a, UpdateStyle::Rebase).await.unwrap();
+    match &up {
+        UpdateOutcome::Ambiguous {
+            error: ForgejoError::Status { code, message, .. },
+        } => assert_eq!(
+            (*code, message.as_str()),
+            (500, ""),
+            "the message is blanked"
+        ),
+        other => panic!("up to date is a bare 500: {other:?}"),
+    }
+    let calls = fake.calls("POST", &format!("/repos/{REPO}/pulls/{a}/update"));
+    assert_eq!(calls.len(), 1, "an update is never retried by the client");
+    assert_eq!(calls[0].query_param("style"), Some("rebase"));
+    assert_eq!(
+        fake.head_sha(REPO, a),
+        c.get_pull(REPO, a).await.unwrap().head.sha
+    );
+
+    // Fast-forward #a: the tip becomes its head.
+    let head_a = fake.head_sha(REPO, a);
+    let mut ff = merge_request(&head_a);
+    ff.style = MergeStyle::FastForwardOnly;
+    assert!(c.merge(REPO, a, &ff).await.unwrap().is_merged());
+    assert_eq!(c.branch_tip(REPO, "main").await.unwrap(), head_a);
+
+    // #b is built on the old tip: fast-forward-only cannot, and says nothing.
+    let head_b = fake.head_sha(REPO, b);
+    let mut ff = merge_request(&head_b);
+    ff.style = MergeStyle::FastForwardOnly;
+    let o = c.merge(REPO, b, &ff).await.unwrap();
+    assert!(matches!(o, MergeOutcome::Ambiguous { .. }), "{o:?}");
+    assert!(!c.is_merged(REPO, b).await.unwrap());
+    assert_eq!(
+        c.branch_tip(REPO, "main").await.unwrap(),
+        head_a,
+        "tip unchanged"
+    );
+    fake.take_outbox();
+
+    // Update #b onto the tip: a new head whose base is the tip, and the sync webhook.
+    let up = c.update_pull(REPO, b, UpdateStyle::Merge).await.unwrap();
+    assert!(matches!(up, UpdateOutcome::Updated), "{up:?}");
+    let pr = c.get_pull(REPO, b).await.unwrap();
+    assert_ne!(pr.head.sha, head_b);
+    assert_eq!(pr.merge_base, head_a, "built on the tip");
+    let out = fake.take_outbox();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].event_type, "pull_request_sync");
+    assert_eq!(out[0].payload["action"], "synchronized");
+    assert_eq!(out[0].payload["sender"]["login"], fake.bot_login());
+    assert_eq!(
+        out[0].payload["pull_request"]["head"]["sha"],
+        pr.head.sha.as_str()
+    );
+    // Now it fast-forwards, pinned to the new head.
+    let mut ff = merge_request(&pr.head.sha);
+    ff.style = MergeStyle::FastForwardOnly;
+    assert!(c.merge(REPO, b, &ff).await.unwrap().is_merged());
+    assert_eq!(c.branch_tip(REPO, "main").await.unwrap(), pr.head.sha);
+    let merges = fake.merges();
+    assert_eq!(merges[1].tip_before, head_a);
+    assert_eq!(merges[1].tip_after, pr.head.sha);
+
+    // A merged PR cannot be updated (422); a conflicting update is 409.
+    let up = c.update_pull(REPO, a, UpdateStyle::Merge).await.unwrap();
+    assert!(
+        matches!(up, UpdateOutcome::Refused { code: 422, .. }),
+        "{up:?}"
+    );
+    let d = fake.open_pr(REPO, NewPr::new("agent-bot", "D"));
+    fake.push_to_branch(REPO, "main", "someone");
+    fake.with_model(|m| {
+        m.repo_mut(REPO).update_conflicts.insert(d);
+    });
+    let up = c.update_pull(REPO, d, UpdateStyle::Rebase).await.unwrap();
+    assert!(matches!(up, UpdateOutcome::Conflict { .. }), "{up:?}");
+
+    // Dismiss-stale-approvals protection and an update that changes the diff: the
+    // approval on the old head is dismissed.
+    fake.set_protection(
+        REPO,
+        Protection {
+            dismiss_stale_approvals: true,
+            ..Protection::default()
+        },
+    );
+    let e = fake.open_pr(REPO, NewPr::new("agent-bot", "E"));
+    fake.with_model(|m| m.add_review(REPO, e, "reviewer", "APPROVED"));
+    fake.push_to_branch(REPO, "main", "someone");
+    fake.with_model(|m| m.repo_mut(REPO).updates_change_diff = true);
+    let up = c.update_pull(REPO, e, UpdateStyle::Rebase).await.unwrap();
+    assert!(matches!(up, UpdateOutcome::Updated), "{up:?}");
+    let reviews = c.list_reviews(REPO, e).await.unwrap();
+    assert!(
+        reviews.iter().all(|r| r.dismissed && r.stale),
+        "{reviews:?}"
+    );
+
+    // A repository without fast-forward-only: the setting says so, and the merge is 405.
+    fake.with_model(|m| m.repo_mut(REPO).no_fast_forward = true);
+    assert!(
+        !c.repo_settings(REPO)
+            .await
+            .unwrap()
+            .allow_fast_forward_only_merge
+    );
+    let head_e = fake.head_sha(REPO, e);
+    let mut ff = merge_request(&head_e);
+    ff.style = MergeStyle::FastForwardOnly;
+    let o = c.merge(REPO, e, &ff).await.unwrap();
+    assert!(matches!(o, MergeOutcome::NotAllowed { .. }), "{o:?}");
     fake.assert_calls_match_openapi();
 }

@@ -36,6 +36,19 @@ pub(crate) struct CommandEffects {
     pub retry: bool,
     /// `issue-impl` was requested (issues only; ignored on PRs).
     pub implement: bool,
+    /// A merge-queue command (PRs only; the last one of a comment wins).
+    pub queue: Option<QueueCommand>,
+}
+
+/// A merge-queue command for the PR record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueCommand {
+    /// `/shepherd queue`.
+    Enter,
+    /// `/shepherd priority …`.
+    Priority(crate::core::queue::Priority),
+    /// `/shepherd dequeue`.
+    Dequeue,
 }
 
 /// Whether a user may give commands.
@@ -213,5 +226,8 @@ fn execute(
         }
         Command::Status => out.refresh_status = true,
         Command::Implement => out.implement = true,
+        Command::Queue => out.queue = Some(QueueCommand::Enter),
+        Command::Priority { level } => out.queue = Some(QueueCommand::Priority(*level)),
+        Command::Dequeue => out.queue = Some(QueueCommand::Dequeue),
     }
 }

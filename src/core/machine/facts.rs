@@ -193,7 +193,7 @@ fn comment(
             policy,
             fx,
         );
-        after_commands(r, status);
+        after_commands(r, status, now, policy, fx);
     }
     true
 }
@@ -304,14 +304,23 @@ fn permission(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
         policy,
         fx,
     );
-    after_commands(r, status);
+    after_commands(r, status, now, policy, fx);
     true
 }
 
 /// What executed commands ask of the PR record beyond its work state.
-fn after_commands(r: &mut PrRecord, status: commands::CommandEffects) {
+fn after_commands(
+    r: &mut PrRecord,
+    status: commands::CommandEffects,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
     if status.refresh_status {
         r.status_comment = None;
+    }
+    if let Some(c) = status.queue {
+        super::queue::on_command(r, c, now, policy, fx);
     }
     if status.retry && matches!(r.merge, MergeState::Backoff { .. }) {
         r.merge = MergeState::Idle;
@@ -456,6 +465,7 @@ fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mu
         work::resume(&mut r.work);
     }
     schedule_mergeability(now, policy, fx);
+    super::queue::on_new_head(r);
     let head = r.head_sha().cloned();
     prune_ci(&mut r.ci, head.as_ref());
 }
@@ -624,6 +634,7 @@ fn on_outcome(
             r.merge = MergeState::Idle;
             true
         }
+        EffectOutcome::Queue(place) => super::queue::on_place(r, place),
         // A late or duplicated outcome of a merge that is no longer in flight.
         EffectOutcome::Merge(m) if !in_flight && *m != MergeOutcome::Merged => false,
         EffectOutcome::Merge(MergeOutcome::Conflict) => {
@@ -649,6 +660,17 @@ fn on_outcome(
             back_off_merge(r, now.saturating_add(delay), fx);
             true
         }
+        EffectOutcome::Merge(MergeOutcome::Updated { onto, from }) => {
+            super::queue::on_updated(r, onto, from);
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::BaseMoved) => {
+            // The tip moved under the merge: the next advance updates again, unless
+            // the turn's updates ran out (then the PR goes to the back).
+            r.merge = MergeState::Idle;
+            super::queue::on_base_moved(r, policy);
+            true
+        }
         EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }) => {
             r.merge = MergeState::Idle;
             let reason = format!("Merging failed: {message}");
@@ -671,6 +693,8 @@ fn on_outcome(
             | EffectKindName::UpsertComment
             | EffectKindName::Comment
             | EffectKindName::Merge
+            | EffectKindName::Queue
+            | EffectKindName::QueueAdvance
             | EffectKindName::Observe
             | EffectKindName::Schedule => false,
         },

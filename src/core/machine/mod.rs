@@ -16,6 +16,7 @@ mod commands;
 mod facts;
 mod issue;
 mod plan;
+mod queue;
 mod reconcile;
 mod review;
 mod work;
@@ -54,6 +55,9 @@ pub enum Phase {
     AwaitingReview,
     /// Every merge condition holds.
     ReadyToMerge,
+    /// In its target branch's merge queue: waiting, or (the head) being updated onto
+    /// the tip, tested and merged.
+    Queued,
     /// A merge is in flight.
     Merging,
     /// Merged.
@@ -76,6 +80,7 @@ impl Phase {
             Phase::MergeConflicts => "merge-conflicts",
             Phase::AwaitingReview => "awaiting-review",
             Phase::ReadyToMerge => "ready-to-merge",
+            Phase::Queued => "queued",
             Phase::Merging => "merging",
             Phase::Merged => "merged",
             Phase::Closed => "closed",
@@ -183,6 +188,8 @@ fn effect_label(kind: &EffectKind) -> String {
         EffectKind::UpsertComment { .. } => "status comment".into(),
         EffectKind::Comment { number, .. } => format!("comment #{number}"),
         EffectKind::Merge { head_sha, .. } => format!("merge {head_sha}"),
+        EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
+        EffectKind::QueueAdvance { head_sha, .. } => format!("advance queue {head_sha}"),
         EffectKind::Observe(w) => format!("observe {w:?}"),
         EffectKind::Schedule(t) => format!("timer {}", t.kind.name()),
     }
@@ -192,7 +199,7 @@ fn effect_label(kind: &EffectKind) -> String {
 #[derive(Debug, Clone, PartialEq)]
 enum Pending {
     /// A finished effect kind.
-    Kind(EffectKind),
+    Kind(Box<EffectKind>),
     /// A comment whose body gets the effect-id marker and footer at the end.
     Comment {
         /// Where.
@@ -212,7 +219,7 @@ pub(crate) struct Fx {
 impl Fx {
     /// Adds an effect.
     pub(crate) fn push(&mut self, kind: EffectKind) {
-        self.items.push(Pending::Kind(kind));
+        self.items.push(Pending::Kind(Box::new(kind)));
     }
 
     /// Adds a comment on issue/PR `number`.
@@ -240,7 +247,7 @@ impl Fx {
             .map(|(i, p)| {
                 let id = EffectId::new(repo, scope, number, version, i);
                 let kind = match p {
-                    Pending::Kind(k) => k,
+                    Pending::Kind(k) => *k,
                     Pending::Comment { number, text } => EffectKind::Comment {
                         number,
                         body: texts::finish_comment(&text, &id, &policy.comment_footer),

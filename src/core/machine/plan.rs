@@ -390,11 +390,16 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         );
     }
     if let CiView::Failing(failing) = ci_view(r, policy) {
+        let note = super::queue::ci_note(r);
+        let mut why = format!("CI failing: {}", names_of(&failing));
+        if let Some(note) = &note {
+            why = format!("{why} ({note})");
+        }
         let context = WorkContext {
             failing_checks: failing.iter().map(failing_check).collect(),
+            note,
             ..WorkContext::default()
         };
-        let why = format!("CI failing: {}", names_of(&failing));
         return want_work(
             r,
             policy,
@@ -437,6 +442,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return Plan::idle(Phase::AwaitingCi, "head commit unknown");
         };
         return match policy.merge_mode {
+            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy),
             MergeMode::Auto => Plan {
                 phase: Phase::ReadyToMerge,
                 reason: format!("every merge condition holds for {sha}"),
@@ -452,6 +458,9 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             ),
         };
     };
+    if let Some(queued) = super::queue::testing_plan(r, policy, &blockers) {
+        return queued;
+    }
     let phase = match ci_view(r, policy) {
         CiView::Missing | CiView::Pending(_) => Phase::AwaitingCi,
         CiView::Success | CiView::Failing(_) => match r.merge {
@@ -516,7 +525,13 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             &why,
         );
     }
-    Plan::idle(phase, reason)
+    // The queue's note on stale approvals, unless a reviewer's wait says more.
+    let why = if reason == *first {
+        super::queue::approvals_note(r, first).unwrap_or(reason)
+    } else {
+        reason
+    };
+    Plan::idle(phase, why)
 }
 
 /// A failing context for a work item.

@@ -66,6 +66,7 @@ pub(crate) fn reconcile(
     if !matches!(plan.want, Want::Merge { .. }) && matches!(r.merge, MergeState::Verifying { .. }) {
         r.merge = MergeState::Idle;
     }
+    super::queue::sync(r, plan, policy, fx);
     ci_poll(r, now, policy, fx);
     let open = r.is_open();
     work::sync_labels(&mut r.work, open, policy, fx);
@@ -95,13 +96,27 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
         MergeState::InFlight { .. } => return,
         MergeState::Verifying { .. } | MergeState::Idle | MergeState::Backoff { .. } => {}
     }
-    fx.push(EffectKind::Merge {
-        head_sha: sha.clone(),
-        style: policy.merge_style,
-        delete_branch: policy.delete_branch,
-        title: None,
-        message: None,
-    });
+    match super::queue::is_head(r) && policy.merge_queue {
+        true => fx.push(EffectKind::QueueAdvance {
+            head_sha: sha.clone(),
+            branch: r
+                .pr
+                .as_ref()
+                .map(|p| p.base_ref.clone())
+                .unwrap_or_default(),
+            update_style: policy.merge_queue_update_style,
+            style: policy.merge_style,
+            delete_branch: policy.delete_branch,
+            may_update: super::queue::may_update(r, policy),
+        }),
+        false => fx.push(EffectKind::Merge {
+            head_sha: sha.clone(),
+            style: policy.merge_style,
+            delete_branch: policy.delete_branch,
+            title: None,
+            message: None,
+        }),
+    }
     r.merge = MergeState::InFlight {
         sha: sha.clone(),
         since_ms: now,
@@ -176,6 +191,16 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
                 reviewer: round.reviewer.to_string(),
                 verdict: round.verdict,
             }),
+        queue: r.queue.membership.as_ref().map(|m| {
+            let place = r.queue.place.as_ref().filter(|_| m.parked.is_none());
+            texts::QueueStatus {
+                branch: m.branch.clone(),
+                position: place.and_then(|p| p.position),
+                testing: place.is_some_and(|p| p.head),
+                parked: m.parked,
+                priority: m.priority,
+            }
+        }),
     };
     let mut key = serde_json::json!([
         state.phase,
@@ -191,6 +216,14 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && let Some(parts) = key.as_array_mut()
     {
         parts.push(serde_json::json!(state.unofficial_change_requests));
+    }
+    // Likewise only in the merge queue: the position, headship, parking, priority.
+    if let Some(q) = &state.queue
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!([
+            q.position, q.testing, q.parked, q.priority
+        ]));
     }
     // Likewise only once a reviewer agent was asked: the round and its verdict.
     if let Some(review) = &state.review
@@ -259,6 +292,7 @@ fn short_lived(r: &PrRecord, phase: Phase) -> bool {
         | Phase::ReviewFeedback
         | Phase::MergeConflicts
         | Phase::AwaitingReview
+        | Phase::Queued
         | Phase::Merged
         | Phase::Closed
         | Phase::NeedsHuman

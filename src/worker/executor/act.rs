@@ -150,6 +150,26 @@ impl Executor {
                 };
                 self.merge(effect, request).await
             }
+            EffectKind::Queue(op) => self.queue_op(effect, op).await,
+            EffectKind::QueueAdvance {
+                head_sha,
+                branch,
+                update_style,
+                style,
+                delete_branch,
+                may_update,
+            } => {
+                let ask = super::queue::AdvanceAsk {
+                    head_sha,
+                    branch,
+                    update_style: *update_style,
+                    style: *style,
+                    delete_branch: *delete_branch,
+                    may_update: *may_update,
+                    queued_ms,
+                };
+                self.queue_advance(effect, ask).await
+            }
             // The commit script turns these into timers; one here has nothing to do.
             EffectKind::Schedule(_) => Ok(Vec::new()),
         }

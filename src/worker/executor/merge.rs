@@ -123,7 +123,7 @@ impl Executor {
     }
 
     /// Steps 3–5, under the lease.
-    async fn merge_locked(
+    pub(super) async fn merge_locked(
         &self,
         effect: &Effect,
         ask: &MergeAsk<'_>,
@@ -277,12 +277,12 @@ impl Executor {
 }
 
 /// Unix milliseconds now.
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     i64::try_from(crate::store::streams::now_ms()).unwrap_or(i64::MAX)
 }
 
 /// The outcome of a busy (or lost) lease: retry when the holder's lease runs out.
-fn busy(remaining: Duration) -> MergeOutcome {
+pub(super) fn busy(remaining: Duration) -> MergeOutcome {
     let wait = remaining.clamp(BUSY_RETRY_MIN, LEASE_TTL) + BUSY_RETRY_MIN;
     MergeOutcome::LockBusy {
         retry_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -292,7 +292,7 @@ fn busy(remaining: Duration) -> MergeOutcome {
 /// Renews a merge lease every [`RENEW_EVERY`] while its holder works, on a task of its
 /// own (a slow Forgejo read does not delay the renewal). A renewal that finds the lease
 /// gone marks it lost; [`Keeper::fence`] then refuses.
-struct Keeper {
+pub(super) struct Keeper {
     lease: Lease,
     conn: Conn,
     lost: Arc<AtomicBool>,
@@ -300,7 +300,7 @@ struct Keeper {
 }
 
 impl Keeper {
-    fn start(lease: Lease, conn: Conn) -> Keeper {
+    pub(super) fn start(lease: Lease, conn: Conn) -> Keeper {
         let lost = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn({
             let (lease, mut conn, lost) = (lease.clone(), conn.clone(), lost.clone());
@@ -332,7 +332,7 @@ impl Keeper {
 
     /// Extends the lease by a whole lifetime from now if this taking still holds it:
     /// true means the protected call may be made (the renewals go on meanwhile).
-    async fn fence(&self) -> Result<bool, Failure> {
+    pub(super) async fn fence(&self) -> Result<bool, Failure> {
         if self.lost.load(Ordering::SeqCst) {
             return Ok(false);
         }
@@ -343,7 +343,7 @@ impl Keeper {
         Ok(held)
     }
 
-    fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.task.abort();
     }
 }
@@ -355,7 +355,7 @@ impl Drop for Keeper {
 }
 
 /// The outcome a PR read already decides: merged, closed, or a moved head.
-fn settled(pr: &PullRequest, head: &Sha) -> Option<MergeOutcome> {
+pub(super) fn settled(pr: &PullRequest, head: &Sha) -> Option<MergeOutcome> {
     if pr.merged {
         return Some(MergeOutcome::Merged);
     }

@@ -24,6 +24,7 @@
 mod act;
 mod merge;
 mod observe;
+mod queue;
 pub mod retry;
 
 use std::collections::HashMap;
@@ -402,8 +403,12 @@ fn retry_fields(entry: &Entry, tries: u32, first_try: u64) -> Vec<(String, Strin
 /// failure; a dispatch names its work item so the claim ends.
 fn failure_event(effect: &Effect, message: String, budget_spent: bool) -> Event {
     let outcome = match &effect.kind {
-        EffectKind::Merge { .. } if budget_spent => EffectOutcome::Merge(MergeOutcome::TryAgain),
-        EffectKind::Merge { .. } => EffectOutcome::Merge(MergeOutcome::FailedPermanent { message }),
+        EffectKind::Merge { .. } | EffectKind::QueueAdvance { .. } if budget_spent => {
+            EffectOutcome::Merge(MergeOutcome::TryAgain)
+        }
+        EffectKind::Merge { .. } | EffectKind::QueueAdvance { .. } => {
+            EffectOutcome::Merge(MergeOutcome::FailedPermanent { message })
+        }
         EffectKind::Dispatch(item) => EffectOutcome::Failed {
             kind: effect.kind.name(),
             work_id: Some(item.id.clone()),
@@ -414,6 +419,7 @@ fn failure_event(effect: &Effect, message: String, budget_spent: bool) -> Event 
         | EffectKind::RemoveLabels { .. }
         | EffectKind::UpsertComment { .. }
         | EffectKind::Comment { .. }
+        | EffectKind::Queue(_)
         | EffectKind::Observe(_)
         | EffectKind::Schedule(_) => EffectOutcome::Failed {
             kind: effect.kind.name(),

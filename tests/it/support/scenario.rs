@@ -53,6 +53,8 @@ pub struct Scenario {
     http: reqwest::Client,
     /// The policy file (deleted on drop).
     _policy: tempfile::NamedTempFile,
+    /// The extra environment of the processes (for [`Scenario::restart`]).
+    env: Vec<(String, String)>,
 }
 
 impl Scenario {
@@ -134,7 +136,34 @@ impl Scenario {
             conn,
             http: reqwest::Client::new(),
             _policy: policy,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         }
+    }
+
+    /// A crash and a restart of every Shepherd process: `shepherd run` is killed with
+    /// SIGKILL (nothing finished or cleaned up) and started again on the same Redis,
+    /// key prefix, Forgejo and policy. Only for a scenario with one process.
+    pub async fn restart(&mut self) {
+        assert!(
+            self._worker.is_none(),
+            "restart is for one-process scenarios"
+        );
+        self.shepherd.kill();
+        let b = Shepherd::builder(&*self._redis)
+            .args(["run"])
+            .prefix(self.shepherd.prefix())
+            .env("SHEPHERD_FORGEJO_URL", self.fake.url())
+            .env("SHEPHERD_FORGEJO_TOKEN", self.fake.token())
+            .env("SHEPHERD_BOT_LOGIN", self.fake.bot_login())
+            .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
+            .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
+            .env("SHEPHERD_CONFIG", self._policy.path().display().to_string())
+            .env("SHEPHERD_RECLAIM_IDLE_SECS", "15");
+        let b = self.env.iter().fold(b, |b, (k, v)| b.env(k, v.clone()));
+        self.shepherd = b.start().await;
     }
 
     /// `shepherd agents` for this scenario (same Redis, key prefix, Forgejo and policy

@@ -7,6 +7,7 @@ mod economy;
 mod hostile;
 mod issues;
 mod props;
+mod queue;
 mod review;
 mod table;
 mod walks;
@@ -235,6 +236,8 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
             delete_branch,
             ..
         } => format!("merge {} {style:?} delete={delete_branch}", short(head_sha)),
+        EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
+        EffectKind::QueueAdvance { head_sha, .. } => format!("advance {}", short(head_sha)),
         EffectKind::Observe(ObserveWhat::Pr) => "observe pr".into(),
         EffectKind::Observe(ObserveWhat::Reviews) => "observe reviews".into(),
         EffectKind::Observe(ObserveWhat::CombinedStatus { sha }) => {

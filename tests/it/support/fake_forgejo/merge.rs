@@ -48,8 +48,28 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
         let conflict = json!({"Style": style, "StdOut": "", "StdErr": "CONFLICT (content): Merge conflict in src/lib.rs", "Err": {}});
         return Reply::json(409, conflict);
     }
-    let merge_sha = fake_sha(merge_id as u64 + 1_000_000);
     let r = model.repos.get_mut(repo).expect("checked above");
+    let tip_before = r.branches.get(&pull.base_ref).cloned().unwrap_or_default();
+    let merge_sha = match style {
+        "fast-forward-only" => {
+            if r.no_fast_forward {
+                return Reply::error(405, "fast-forward-only merge style is not allowed");
+            }
+            // The tip must be an ancestor of the head (the head is built on it);
+            // git's "Not possible to fast-forward" is not mapped: 500, empty message.
+            if pull.merge_base != tip_before {
+                return Reply::error(500, "");
+            }
+            pull.head_sha.clone()
+        }
+        _ => {
+            let sha = fake_sha(merge_id as u64 + 1_000_000);
+            let mut content = super::queue::content_of(r, &tip_before);
+            content.extend(super::queue::content_of(r, &pull.head_sha));
+            r.content.insert(sha.clone(), content);
+            sha
+        }
+    };
     let is_default = pull.base_ref == r.default_branch;
     r.branches.insert(pull.base_ref.clone(), merge_sha.clone());
     let issue = r.issues.get_mut(&number).expect("checked above");
@@ -88,6 +108,8 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
         head_commit_id: pinned.map(str::to_owned),
         merged_sha: pull.head_sha.clone(),
         body: body.clone(),
+        tip_before,
+        tip_after: merge_sha_after(model, repo, &pull.base_ref),
         closed_issues,
     });
     if delete && undeletable {
@@ -100,6 +122,15 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
         );
     }
     Reply::empty(200)
+}
+
+/// The tip of `branch` now.
+fn merge_sha_after(model: &Model, repo: &str, branch: &str) -> String {
+    model.repos[repo]
+        .branches
+        .get(branch)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The checks of `CheckPullMergeable`, in Forgejo's order.

@@ -10,6 +10,7 @@
 //! reviews.rs      POST …/pulls/{n}/reviews by any user, as Forgejo decides it (422/404/200)
 //! faults.rs       failure injection rules and the call log
 //! payloads.rs     webhook payloads for model changes
+//! queue.rs        the merge queue's parts: PR update, branch tips, simulated CI
 //! ```
 //!
 //! Tests change the model with the mutators below ([`FakeForgejo::open_pr`],
@@ -22,6 +23,7 @@ mod merge;
 pub mod model;
 mod outbox;
 pub mod payloads;
+pub mod queue;
 mod render;
 mod reviews;
 mod routes;
@@ -337,8 +339,23 @@ impl FakeForgejo {
                 merge_commit_sha: None,
                 merged_by: None,
                 files: Vec::new(),
+                merge_base: String::new(),
             };
             let n = m.open_issue(repo, &pr.author, &pr.title, &pr.body, Some(pull));
+            // Built on the base's tip of now; its commit holds this PR's changes on
+            // top of what that tip holds.
+            let r = m.repo_mut(repo);
+            let p = r.issues[&n].pull.clone().expect("a PR");
+            let tip = r.branches.get(&p.base_ref).cloned().unwrap_or_default();
+            let mut content = queue::content_of(r, &tip);
+            content.insert(n);
+            r.content.insert(p.head_sha.clone(), content);
+            r.issues
+                .get_mut(&n)
+                .and_then(|i| i.pull.as_mut())
+                .expect("a PR")
+                .merge_base = tip;
+            queue::start_ci(m, repo, n, &p.head_sha);
             for name in &pr.labels {
                 let id = m.ensure_label(repo, name, "ededed");
                 m.repo_mut(repo)
@@ -360,6 +377,48 @@ impl FakeForgejo {
     /// Pushes `sha` to PR `n`'s head branch (reviews on older heads go stale).
     pub fn push(&self, repo: &str, n: u64, sha: &str) {
         self.with_model(|m| m.push(repo, n, sha));
+    }
+
+    /// Pushes a fix to PR `n` (a fresh head): the PR no longer breaks CI with others
+    /// (see [`queue::SimCi::breaks`]). Returns the new head.
+    pub fn push_fix(&self, repo: &str, n: u64) -> String {
+        self.with_model(|m| {
+            let sha = fake_sha(m.id() as u64 + 5_000_000);
+            if let Some(ci) = m.repo_mut(repo).ci.as_mut() {
+                ci.fixed.insert(n);
+            }
+            m.push(repo, n, &sha);
+            sha
+        })
+    }
+
+    /// Turns the simulated CI on for `repo` (statuses of new heads after `duration`).
+    pub fn simulate_ci(&self, repo: &str, ci: queue::SimCi) {
+        self.with_model(|m| m.repo_mut(repo).ci = Some(ci));
+    }
+
+    /// Finishes the simulated CI runs that are due; returns their webhooks.
+    pub fn finish_ci_runs(&self) -> Vec<Webhook> {
+        self.with_model(queue::finish_due_runs)
+    }
+
+    /// The tip of `branch`.
+    pub fn branch_tip(&self, repo: &str, branch: &str) -> String {
+        self.with_model(|m| m.repo_mut(repo).branches[branch].clone())
+    }
+
+    /// Someone else pushes a commit to `branch` (no PR's changes): its tip moves to a
+    /// fresh sha. Returns the `push` webhook Forgejo sends for it (sender `pusher`).
+    pub fn push_to_branch(&self, repo: &str, branch: &str, pusher: &str) -> Webhook {
+        self.with_model(|m| {
+            let sha = fake_sha(m.id() as u64 + 7_000_000);
+            let r = m.repo_mut(repo);
+            let before = r.branches.insert(branch.to_owned(), sha.clone());
+            let before = before.unwrap_or_default();
+            let content = queue::content_of(r, &before);
+            r.content.insert(sha.clone(), content);
+            payloads::push(m, repo, branch, &before, &sha, pusher)
+        })
     }
 
     /// Head sha of PR `n`.

@@ -62,6 +62,9 @@ pub struct PullData {
     pub merged_by: Option<String>,
     /// The files the PR changes (its diff and `…/files` are made from them).
     pub files: Vec<FileRow>,
+    /// The base commit the head is built on (the API's `merge_base`): the base's tip
+    /// when the PR was opened or last updated onto it.
+    pub merge_base: String,
 }
 
 /// One file a PR changes.
@@ -280,6 +283,10 @@ pub struct MergeRecord {
     pub merged_sha: String,
     /// The request body as sent.
     pub body: Value,
+    /// The target branch's tip before the merge.
+    pub tip_before: String,
+    /// Its tip after (the head itself for a fast-forward).
+    pub tip_after: String,
     /// Issues the merge closed (`Closes #N` in the PR body).
     pub closed_issues: Vec<u64>,
 }
@@ -315,6 +322,18 @@ pub struct RepoRow {
     pub permissions: HashMap<String, String>,
     /// Branch protection.
     pub protection: Protection,
+    /// The simulated CI (merge queue scenarios), if any.
+    pub ci: Option<super::queue::SimCi>,
+    /// Which PRs' changes each commit contains (the simulated CI's input).
+    pub content: HashMap<String, std::collections::BTreeSet<u64>>,
+    /// PRs whose update onto the base conflicts (409).
+    pub update_conflicts: HashSet<u64>,
+    /// Updates change the PR's diff (reviews go stale; dismissed under protection).
+    pub updates_change_diff: bool,
+    /// `allow_fast_forward_only_merge` is off.
+    pub no_fast_forward: bool,
+    /// Every update done: (PR, old head, new head, the tip it was built on).
+    pub updates: Vec<(u64, String, String, String)>,
 }
 
 impl RepoRow {
@@ -498,7 +517,7 @@ impl Model {
         pull.head_sha = sha.into();
         let head_ref = pull.head_ref.clone();
         issue.updated_at = now();
-        r.branches.insert(head_ref, sha.into());
+        let old = r.branches.insert(head_ref, sha.into()).unwrap_or_default();
         for review in r.reviews.iter_mut().filter(|x| x.number == number) {
             if review.commit_id != sha {
                 review.stale = true;
@@ -507,6 +526,10 @@ impl Model {
                 }
             }
         }
+        // New commits on the old head: the same PRs' changes.
+        let content = super::queue::content_of(r, &old);
+        r.content.insert(sha.to_owned(), content);
+        super::queue::start_ci(self, repo, number, sha);
     }
 
     /// Records a review on the PR's current head. Approvals and change requests by

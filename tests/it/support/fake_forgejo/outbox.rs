@@ -38,6 +38,22 @@ pub fn emitted(
             .map(|id| payloads::comment(model, &repo, id, "created"))
             .into_iter()
             .collect(),
+        ("POST", ["pulls", n, "update"]) if reply.status == 200 => num(n)
+            .map(|n| {
+                let mut w = payloads::pull_request(
+                    model,
+                    &repo,
+                    n,
+                    "pull_request_sync",
+                    "synchronized",
+                    bot,
+                );
+                // As Forgejo sends it: the conflict check is still running.
+                w.payload["pull_request"]["mergeable"] = false.into();
+                w
+            })
+            .into_iter()
+            .collect(),
         ("POST", ["pulls", n, "reviews"]) if reply.status == 200 => {
             let id = reply
                 .body

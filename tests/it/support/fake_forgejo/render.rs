@@ -246,7 +246,7 @@ pub fn pull(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
         "allow_maintainer_edit": false,
         "base": {"label": p.base_ref, "ref": p.base_ref, "sha": base_sha, "repo_id": r.id, "repo": repo_json},
         "head": {"label": p.head_ref, "ref": p.head_ref, "sha": p.head_sha, "repo_id": r.id, "repo": repo_json},
-        "merge_base": base_sha,
+        "merge_base": if p.merge_base.is_empty() { base_sha.clone() } else { p.merge_base.clone() },
         "due_date": null,
         "created_at": i.created_at,
         "updated_at": i.updated_at,

@@ -84,6 +84,14 @@ pub fn route_repo(
             None => Reply::not_found(),
         },
         ("GET", ["collaborators", user, "permission"]) => permission(model, repo, user),
+        ("GET", []) => super::queue::repo(model, repo),
+        ("POST", ["pulls", n, "update"]) => match num(n) {
+            Some(n) => super::queue::update(model, repo, n, query),
+            None => Reply::not_found(),
+        },
+        ("GET", ["branches", name @ ..]) if !name.is_empty() => {
+            super::queue::branch(model, repo, &name.join("/"))
+        }
         _ => Reply::not_found(),
     }
 }

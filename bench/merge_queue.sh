@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Merge-queue throughput (issue 16), recorded in docs/benchmarks.md.
+#
+#   bench/merge_queue.sh
+#   BENCH_QUEUE_CI_MS=5000 BENCH_QUEUE_SIZES=1,10,20 bench/merge_queue.sh
+#
+# Env: BENCH_QUEUE_CI_MS (2000: the simulated CI's fixed duration per run)
+#      BENCH_QUEUE_SIZES (1,10: PRs made ready at once)  RUNS (1)
+#      BENCH_QUEUE_BASE_MOVED (0; 1: the branch moves after the PRs' own CI and before
+#      they become ready, so every PR needs an update and a CI run)
+#
+# Runs the ignored test `worker::merge_queue::bench_merge_queue_throughput`: the real
+# `shepherd run` on a real redis-server and the fake Forgejo with a simulated CI of
+# fixed duration. For each size, N bot PRs are opened and their own CI finishes green,
+# then all N are approved at once; the queue off (the baseline: merge as soon as ready,
+# no re-test on the new base) and on (each PR updated onto the tip and re-tested) are
+# measured in the same run. Prints the time from ready to merged (min, median, max),
+# the PRs merged per hour, the serial bound (one CI run per PR: 3600 / D) and the CI
+# runs and updates the queue needed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+RUNS="${RUNS:-1}"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+for i in $(seq 1 "$RUNS"); do
+  echo "-- run $i"
+  cargo nextest run --test it --run-ignored only -E 'test(bench_merge_queue_throughput)' --no-capture 2>&1 \
+    | grep -E '^BENCH|FAIL|panicked'
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,390 @@
+//! A PR's part in its target branch's merge queue (policy `merge_queue`, issue 16).
+//!
+//! The record decides, level-triggered, what it wants of the queue ([`sync`]): to be
+//! in it when every §2.4 condition holds (`Join`), to keep its ticket but stop being
+//! tested when a problem appears (`Park`: CI red, a conflict, approvals gone, work,
+//! a hold), to leave when merged, closed, dequeued or the queue is turned off. The
+//! queue (`core::queue`, applied by the executor) answers with the PR's [`Place`].
+//! Only the head is tested: when it is ready its record asks the executor to advance
+//! it (`QueueAdvance`: update onto the tip, or merge the tested head fast-forward).
+//! Outcomes: `Updated` (a new head follows, CI runs on it; bounded by
+//! `merge_queue_max_updates`, then the PR goes to the back), `BaseMoved` (update again),
+//! and the merge outcomes of a plain merge.
+
+use super::super::event::PrState;
+use super::super::ids::Sha;
+use super::super::policy::Policy;
+use super::super::queue::{Departure, Ejection, Place, QueueAction, QueueOp};
+use super::super::record::{ConflictFact, MergeState, PrRecord, QueueMembership};
+use super::plan::{CiView, Plan, Want, ci_view};
+use super::{Fx, Phase};
+use crate::core::effect::EffectKind;
+
+/// The record's place if it is in its queue to be tested (joined, not parked).
+fn joined(r: &PrRecord) -> Option<&QueueMembership> {
+    r.queue.membership.as_ref().filter(|m| m.parked.is_none())
+}
+
+/// The position text of a joined record. Without the queue's length: a PR is told
+/// when its own position changes, not each time others join behind it (the status
+/// page and `inspect` read the queue itself).
+fn position_text(r: &PrRecord, branch: &str) -> String {
+    match &r.queue.place {
+        Some(Place {
+            position: Some(p), ..
+        }) => format!("position {p} in the merge queue of `{branch}`"),
+        Some(_) | None => format!("entering the merge queue of `{branch}`"),
+    }
+}
+
+/// Whether the queue says this record is its head (and the record is joined).
+pub(crate) fn is_head(r: &PrRecord) -> bool {
+    joined(r).is_some() && r.queue.place.as_ref().is_some_and(|p| p.head)
+}
+
+/// Every §2.4 condition holds and the queue is on: queued, or (the head) advancing.
+pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
+    let branch = base_branch(r);
+    if r.queue.dequeued {
+        return Plan {
+            phase: Phase::ReadyToMerge,
+            reason: format!(
+                "ready, but taken out of the merge queue of `{branch}` (`/shepherd queue` to enter it again)"
+            ),
+            want: Want::Nothing,
+        };
+    }
+    if r.queue.updated_from.as_ref() == Some(&sha) {
+        return Plan {
+            phase: Phase::Queued,
+            reason: format!("updated onto the tip of `{branch}`; waiting for the new head"),
+            want: Want::Nothing,
+        };
+    }
+    if out_of_updates(r, policy) {
+        // The base kept moving: `sync` sends the PR to the back of the queue.
+        return Plan {
+            phase: Phase::Queued,
+            reason: format!(
+                "the tip of `{branch}` moved again after {} updates while testing: \
+                 back of the merge queue",
+                policy.merge_queue_max_updates
+            ),
+            want: Want::Nothing,
+        };
+    }
+    if is_head(r) {
+        let how = match r.queue.updated_onto {
+            Some(_) => "tested on top of the tip",
+            None => "head of the queue",
+        };
+        return Plan {
+            phase: Phase::Queued,
+            reason: format!("{how} of `{branch}`: merging {sha} once it is on the tip"),
+            want: Want::Merge { sha },
+        };
+    }
+    Plan {
+        phase: Phase::Queued,
+        reason: position_text(r, &branch),
+        want: Want::Nothing,
+    }
+}
+
+/// A joined record whose only blockers are CI on its (new) head and Forgejo's
+/// mergeability check: it stays queued while they run.
+pub(crate) fn testing_plan(r: &PrRecord, policy: &Policy, blockers: &[String]) -> Option<Plan> {
+    joined(r)?;
+    if r.queue.dequeued {
+        return None;
+    }
+    let ci_waiting = matches!(ci_view(r, policy), CiView::Missing | CiView::Pending(_));
+    let suspected = matches!(r.conflict, ConflictFact::Suspected { .. });
+    let waiting = usize::from(ci_waiting) + usize::from(suspected);
+    if waiting == 0 || blockers.len() != waiting {
+        return None;
+    }
+    let branch = base_branch(r);
+    let reason = match (is_head(r), &r.queue.updated_onto) {
+        (true, Some(onto)) => format!("testing on top of `{branch}` at {onto}: waiting for CI"),
+        (true, None) | (false, _) => format!("{}: waiting for CI", position_text(r, &branch)),
+    };
+    Some(Plan {
+        phase: Phase::Queued,
+        reason,
+        want: Want::Nothing,
+    })
+}
+
+/// The approvals reason of a record whose update dismissed them (reported plainly: it
+/// waits for re-approval, keeping its ticket).
+pub(crate) fn approvals_note(r: &PrRecord, first_blocker: &str) -> Option<String> {
+    let m = r.queue.membership.as_ref()?;
+    (r.queue.updated_onto.is_some() && first_blocker.contains("approval")).then(|| {
+        format!(
+            "{first_blocker}: the update onto `{}` made earlier approvals stale or dismissed them; \
+             re-approve to re-enter the merge queue at the same position",
+            m.branch
+        )
+    })
+}
+
+/// The note of a `ci-fix` on a head the queue produced: it failed only on top of the
+/// new base.
+pub(crate) fn ci_note(r: &PrRecord) -> Option<String> {
+    let head = r.head_sha()?;
+    let onto = r.queue.updated_onto.as_ref()?;
+    (r.queue.updated_head.as_ref() == Some(head)).then(|| {
+        format!(
+            "CI failed on {head}, the head after Shepherd's merge queue updated this PR onto \
+             `{}` at {onto}: it passed before and fails only on top of the new base",
+            base_branch(r)
+        )
+    })
+}
+
+/// Whether the head may be updated onto the tip once more this turn at the head.
+pub(crate) fn may_update(r: &PrRecord, policy: &Policy) -> bool {
+    let max = policy.merge_queue_max_updates;
+    max == 0 || r.queue.updates < max
+}
+
+/// The tip moved again after the turn's last allowed update: the PR goes to the back
+/// (its count is pushed past the bound; going to the back resets it).
+pub(crate) fn on_base_moved(r: &mut PrRecord, policy: &Policy) {
+    if !may_update(r, policy) {
+        r.queue.updates = policy.merge_queue_max_updates.saturating_add(1);
+    }
+}
+
+/// Updated `merge_queue_max_updates` times and the tip moved again.
+fn out_of_updates(r: &PrRecord, policy: &Policy) -> bool {
+    let max = policy.merge_queue_max_updates;
+    max > 0 && r.queue.updates > max
+}
+
+/// The PR's target branch.
+fn base_branch(r: &PrRecord) -> String {
+    r.pr.as_ref()
+        .map(|p| p.base_ref.clone())
+        .unwrap_or_default()
+}
+
+/// What the record wants of its queue now.
+enum Wish {
+    /// Nothing to change.
+    Keep,
+    /// Join (or re-join) `branch`.
+    Join(String),
+    /// Stop being tested, keep the ticket.
+    Park(Ejection),
+    /// Back of the queue.
+    Requeue(Ejection),
+    /// Leave.
+    Leave(Departure),
+}
+
+/// The wish from the plan and facts.
+fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
+    let member = r.queue.membership.as_ref();
+    let Some(pr) = &r.pr else {
+        return Wish::Keep;
+    };
+    let leave = match pr.state {
+        PrState::Merged => Some(Departure::Merged),
+        PrState::Closed => Some(Departure::Closed),
+        PrState::Open if !policy.merge_queue || r.queue.dequeued => Some(Departure::Dequeued),
+        PrState::Open if member.is_some_and(|m| m.branch != pr.base_ref) => Some(Departure::Closed),
+        PrState::Open => None,
+    };
+    if let Some(reason) = leave {
+        return match member {
+            Some(_) => Wish::Leave(reason),
+            None => Wish::Keep,
+        };
+    }
+    if plan.phase == Phase::Queued {
+        if out_of_updates(r, policy) {
+            return Wish::Requeue(Ejection::BaseMoving);
+        }
+        let same = member.is_some_and(|m| m.parked.is_none() && m.priority == r.queue.priority);
+        return match same {
+            true => Wish::Keep,
+            false => Wish::Join(pr.base_ref.clone()),
+        };
+    }
+    // An advance in flight (the record shows `merging`) settles first: its outcome
+    // decides.
+    if member.is_none_or(|m| m.parked.is_some()) || plan.phase == Phase::Merging {
+        return Wish::Keep;
+    }
+    let reason = match plan.phase {
+        Phase::CiFix => Ejection::CiFailed,
+        Phase::MergeConflicts => Ejection::Conflict,
+        Phase::AwaitingReview if plan.reason.contains("approval") => Ejection::Approvals,
+        Phase::AwaitingCi
+        | Phase::ReviewFeedback
+        | Phase::AwaitingReview
+        | Phase::ReadyToMerge
+        | Phase::Queued
+        | Phase::Merging
+        | Phase::Merged
+        | Phase::Closed
+        | Phase::NeedsHuman
+        | Phase::Paused => Ejection::NotReady,
+    };
+    Wish::Park(reason)
+}
+
+/// Sends the op that brings the queue to what the record wants (once: the record
+/// keeps what it asked for).
+pub(crate) fn sync(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) {
+    let wish = wish(r, plan, policy);
+    let branch = r
+        .queue
+        .membership
+        .as_ref()
+        .map(|m| m.branch.clone())
+        .unwrap_or_default();
+    let (branch, action) = match wish {
+        Wish::Keep => return,
+        Wish::Join(to) => {
+            r.queue.membership = Some(QueueMembership {
+                branch: to.clone(),
+                parked: None,
+                priority: r.queue.priority,
+            });
+            let priority = r.queue.priority;
+            (to, QueueAction::Join { priority })
+        }
+        Wish::Park(reason) => {
+            park(r, reason);
+            (branch, QueueAction::Park { reason })
+        }
+        Wish::Requeue(reason) => {
+            park(r, reason);
+            r.queue.updates = 0;
+            (branch, QueueAction::Requeue { reason })
+        }
+        Wish::Leave(reason) => {
+            r.queue.membership = None;
+            r.queue.place = None;
+            (branch, QueueAction::Leave { reason })
+        }
+    };
+    // The version this step commits: ops of later steps are newer. Until the queue
+    // answers this op, the record does not know its place.
+    r.queue.sent_version = r.version + 1;
+    r.queue.place = None;
+    fx.push(EffectKind::Queue(QueueOp {
+        branch,
+        number: r.number,
+        version: r.version + 1,
+        action,
+    }));
+}
+
+/// Parks the membership; the record is no longer the head (a later place says where
+/// it stands when it joins again).
+fn park(r: &mut PrRecord, reason: Ejection) {
+    if let Some(m) = &mut r.queue.membership {
+        m.parked = Some(reason);
+    }
+    r.queue.place = None;
+    r.queue.updates = 0;
+}
+
+/// The queue says where the PR stands. Notices can arrive out of order and be
+/// repeated: a place that does not reflect the record's latest op, or that is older
+/// than the place known, is ignored.
+pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
+    if joined(r).is_none_or(|m| m.branch != place.branch) {
+        return false;
+    }
+    let known = r.queue.place.as_ref();
+    if place.op_version < r.queue.sent_version
+        || known.is_some_and(|p| p.version > place.version || p == place)
+    {
+        return false;
+    }
+    if !place.head && r.queue.place.as_ref().is_some_and(|p| p.head) {
+        // No longer the head (the queue dropped it): stop advancing.
+        r.queue.updates = 0;
+    }
+    r.queue.place = Some(place.clone());
+    true
+}
+
+/// The head `from` was updated onto `onto`: wait for the new head and its CI. The
+/// new head's `pull_request_sync` may come before or after this outcome.
+pub(crate) fn on_updated(r: &mut PrRecord, onto: &Sha, from: &Sha) {
+    r.merge = MergeState::Idle;
+    match r.head_sha() {
+        Some(h) if h == from => r.queue.updated_from = Some(from.clone()),
+        // The new head is here already.
+        Some(h) => r.queue.updated_head = Some(h.clone()),
+        None => {}
+    }
+    r.queue.updated_onto = Some(onto.clone());
+    r.queue.updates = r.queue.updates.saturating_add(1);
+    r.queue.updates_total = r.queue.updates_total.saturating_add(1);
+}
+
+/// A new head arrived: the one the queue's update produced, or someone's push.
+pub(crate) fn on_new_head(r: &mut PrRecord) {
+    match r.queue.updated_from.take() {
+        Some(_) => r.queue.updated_head = r.head_sha().cloned(),
+        None => {
+            r.queue.updated_head = None;
+            r.queue.updated_onto = None;
+        }
+    }
+}
+
+/// `/shepherd queue|priority|dequeue`.
+pub(crate) fn on_command(
+    r: &mut PrRecord,
+    command: super::commands::QueueCommand,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
+    use super::commands::QueueCommand;
+    match command {
+        QueueCommand::Enter => {
+            r.queue.dequeued = false;
+            let report = report(r, policy, now);
+            fx.comment(r.number, report);
+        }
+        QueueCommand::Priority(level) => r.queue.priority = level,
+        QueueCommand::Dequeue => r.queue.dequeued = true,
+    }
+}
+
+/// The answer to `/shepherd queue`: where the PR stands in its merge queue and why.
+fn report(r: &PrRecord, policy: &Policy, now: i64) -> String {
+    let branch = base_branch(r);
+    if !policy.merge_queue {
+        return "The merge queue is not enabled for this repository (policy `merge_queue`): \
+                the PR merges as soon as it is ready."
+            .to_owned();
+    }
+    let p = super::plan::plan(r, policy, now);
+    let place = match (&r.queue.membership, &r.queue.place) {
+        (Some(m), _) if m.parked.is_some() => format!(
+            "parked in the merge queue of `{branch}` ({}); it re-enters at its position when ready",
+            m.parked.map(|e| e.as_str()).unwrap_or_default()
+        ),
+        (Some(_), Some(place)) if place.head => {
+            format!("head of the merge queue of `{branch}` (being tested)")
+        }
+        (Some(_), Some(_)) | (Some(_), None) => position_text(r, &branch),
+        (None, _) => format!("not in the merge queue of `{branch}`"),
+    };
+    format!(
+        "Merge queue: {place}, priority {}.\n\nPhase `{}`: {}",
+        r.queue.priority.as_str(),
+        p.phase.as_str(),
+        p.reason
+    )
+}
