@@ -65,7 +65,7 @@ pub struct PrRecord {
     /// reviews read. In merge mode `auto` they count towards the decision to try a
     /// merge without a reviews read first: the executor's pre-merge re-check reads
     /// the reviews anyway and alone decides whether the merge call is made. Cleared by
-    /// a later full read and by a new head.
+    /// a later full read (a new head asks for one).
     #[serde(default)]
     pub approval_hints: BTreeMap<Login, ApprovalHint>,
     /// The PR's part in its branch's merge queue (policy `merge_queue`).

@@ -457,8 +457,13 @@ fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mu
             MergeState::Idle
         }
     };
-    // Approvals announced for the old head may be dismissed or stale now.
-    r.approval_hints.clear();
+    // Approvals announced for the old head and taken on trust may be stale or dismissed
+    // now: read what Forgejo says of them. They keep counting until that read comes
+    // back (it drops them), so a PR in the merge queue does not leave its place in the
+    // gap; the executor's re-check reads the reviews before any merge anyway.
+    if !r.approval_hints.is_empty() {
+        fx.push(EffectKind::Observe(ObserveWhat::Reviews));
+    }
     // The agents push as the bot: their own push ends the claim without a cancel.
     work::end_active(&mut r.work, AttemptOutcome::Superseded, now, human, fx);
     if human && matches!(r.work.hold, Some(Hold::NeedsHuman { .. })) {

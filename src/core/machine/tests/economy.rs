@@ -304,19 +304,37 @@ fn an_approval_webhook_on_a_green_bot_pr_merges_without_a_reviews_read() {
     assert_eq!(h.reason(), "waiting for 1 more approval");
 }
 
+/// A new head does not forget the approvals announced for the old one: it asks for a
+/// reviews read (Forgejo may have made them stale or dismissed them), and they keep
+/// counting until that read comes back and drops them. So a PR in the merge queue,
+/// updated onto the tip, keeps its place in the gap.
 #[test]
-fn a_new_head_drops_the_approvals_announced_for_the_old_one() {
+fn a_new_head_reads_the_reviews_its_approval_hints_announced() {
     let mut h = H::opened_bot();
     h.later(5);
     h.step(review_hint(bot_snap('a', T0), "carol"));
     assert_eq!(h.r.approval_hints.len(), 1);
     h.later(5);
-    h.step(pr_event(
+    let fx = h.step(pr_event(
         PrAction::Synchronized,
         bot_snap('b', h.now),
         "bot",
     ));
-    assert!(h.r.approval_hints.is_empty());
+    assert!(fx.contains(&"observe reviews".to_owned()), "{fx:?}");
+    assert_eq!(h.r.approval_hints.len(), 1, "kept until the read");
+    h.later(1);
+    h.step(reviews(&[], h.now));
+    assert!(h.r.approval_hints.is_empty(), "the read drops them");
+
+    // Without hints, a new head reads nothing more.
+    let mut h = H::opened_bot();
+    h.later(5);
+    let fx = h.step(pr_event(
+        PrAction::Synchronized,
+        bot_snap('b', h.now),
+        "bot",
+    ));
+    assert!(!fx.contains(&"observe reviews".to_owned()), "{fx:?}");
 }
 
 /// The executor's re-check builds a fresh record from what it read (one
