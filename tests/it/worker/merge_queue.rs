@@ -831,3 +831,74 @@ async fn an_ejected_pr_re_enters_at_its_old_position() {
     assert_main_stayed_green(&s.fake);
     s.fake.assert_calls_match_openapi();
 }
+
+/// A repository that does not allow fast-forward-only merges: the queue still tests
+/// each head on top of the then-current tip, and merges it with the policy's style
+/// (`merge_style = "merge"` here), pinned to the tested head, on the tip it was tested
+/// on. The landed commit is then a merge commit whose content is the tested head's
+/// (the head was built on that tip): the guarantee docs/merge-queue.md states for the
+/// other styles. Fast-forward-only is never tried where it is not allowed.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_fast_forward_the_configured_style_merges_the_tested_head_on_its_tip() {
+    let s = start_with("merge_style = \"merge\"\n", 200, &[]).await;
+    s.fake
+        .with_model(|m| m.repo_mut(REPO).no_fast_forward = true);
+    queue_in_order(&s, 3).await;
+    run_until(&s, "all three merged", |f| merges(f).len() == 3).await;
+    let ms = merges(&s.fake);
+    let order: Vec<u64> = ms.iter().map(|m| m.number).collect();
+    assert_eq!(order, vec![1, 2, 3]);
+    let ups = updates(&s.fake);
+    for (i, m) in ms.iter().enumerate() {
+        assert_eq!(m.style, "merge", "merge {i}: the policy's style: {m:?}");
+        assert_eq!(
+            m.head_commit_id.as_deref(),
+            Some(m.merged_sha.as_str()),
+            "merge {i} pinned to the head it merged"
+        );
+        assert_eq!(
+            ci_state(&s.fake, &m.merged_sha),
+            "success",
+            "CI of merge {i}'s head"
+        );
+        if i > 0 {
+            assert_eq!(
+                m.tip_before,
+                ms[i - 1].tip_after,
+                "merge {i} on the previous tip"
+            );
+            // The merged head is the one the queue built on that tip and tested.
+            let update = ups
+                .iter()
+                .rfind(|u| u.0 == m.number)
+                .unwrap_or_else(|| panic!("#{} was updated onto the tip: {ups:?}", m.number));
+            assert_eq!(update.2, m.merged_sha, "merge {i} is of the updated head");
+            assert_eq!(
+                update.3, m.tip_before,
+                "merge {i}'s head was built on its tip"
+            );
+        }
+        let (landed, tested) = s.fake.with_model(|model| {
+            let r = &model.repos[REPO];
+            (
+                r.content.get(&m.tip_after).cloned().unwrap_or_default(),
+                r.content.get(&m.merged_sha).cloned().unwrap_or_default(),
+            )
+        });
+        assert!(
+            tested.contains(&m.number),
+            "#{} is in its head: {tested:?}",
+            m.number
+        );
+        assert_eq!(landed, tested, "merge {i} landed what was tested");
+    }
+    assert!(
+        s.fake
+            .all_calls()
+            .iter()
+            .filter(|c| c.method == "POST" && c.path.ends_with("/merge"))
+            .all(|c| c.body.get("Do").and_then(Value::as_str) == Some("merge")),
+        "fast-forward-only is never tried where the repository does not allow it"
+    );
+    s.fake.assert_calls_match_openapi();
+}
