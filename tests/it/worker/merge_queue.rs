@@ -902,3 +902,40 @@ async fn without_fast_forward_the_configured_style_merges_the_tested_head_on_its
     );
     s.fake.assert_calls_match_openapi();
 }
+
+/// A repository that refuses rebase updates (`allow_rebase_update` off) while the
+/// policy asks for them: Forgejo answers the update with a bare 403. The head is not
+/// retried blindly: it goes to `needs-human` with the refusal named, leaves the head
+/// of the queue, and the next PR is tried (and refused the same way: nothing is
+/// merged that could not be brought onto the tip).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_update_hands_the_pr_to_a_human_and_the_next_is_tried() {
+    let s = start_with("merge_queue_update_style = \"rebase\"\n", 200, &[]).await;
+    s.fake
+        .with_model(|m| m.repo_mut(REPO).no_rebase_update = true);
+    let prs = open_green(&s, 3).await;
+    // #1 merges on the tip it was opened on; #2 and #3 then need an update.
+    approve_in_order(&s, &prs[..1]).await;
+    run_until(&s, "#1 merged", |f| merges(f).len() == 1).await;
+    approve_in_order(&s, &prs[1..]).await;
+    s.wait_phase(REPO, 2, "needs-human").await;
+    let refused = s
+        .fake
+        .calls("POST", &format!("/repos/{REPO}/pulls/2/update"));
+    assert_eq!(
+        refused.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [403],
+        "refused once, never retried"
+    );
+    let out = s.cli(&["inspect", &format!("{REPO}#2")]);
+    let view = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{view}");
+    assert!(view.contains("refused (403)"), "{view}");
+    // #3 is refused the same way: Shepherd never merges a head it could not bring
+    // onto the tip, and nothing merged after #1.
+    s.wait_phase(REPO, 3, "needs-human").await;
+    s.wait_idle().await;
+    assert_eq!(merges(&s.fake).len(), 1, "only #1 merged");
+    assert_eq!(stored_queue(&s).await.head, None, "no head left in flight");
+    s.fake.assert_calls_match_openapi();
+}

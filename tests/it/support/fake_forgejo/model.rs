@@ -332,6 +332,8 @@ pub struct RepoRow {
     pub updates_change_diff: bool,
     /// `allow_fast_forward_only_merge` is off.
     pub no_fast_forward: bool,
+    /// `allow_rebase_update` is off: a `style=rebase` update is refused (403, no body).
+    pub no_rebase_update: bool,
     /// Every update done: (PR, old head, new head, the tip it was built on).
     pub updates: Vec<(u64, String, String, String)>,
 }

@@ -160,6 +160,12 @@ pub fn update(model: &mut Model, repo: &str, n: u64, query: &[(String, String)])
     if pull.merged || issue.state == "closed" {
         return Reply::error(422, "PR is closed or merged");
     }
+    // routers/api/v1/repo/pull.go UpdatePullRequest: `IsUserAllowedToUpdate` says no
+    // rebase update when the repository's `allow_rebase_update` is off → a bare 403,
+    // before the update (and its "up to date" check) is tried.
+    if style == "rebase" && r.no_rebase_update {
+        return Reply::empty(403);
+    }
     let tip = r.branches.get(&pull.base_ref).cloned().unwrap_or_default();
     if pull.merge_base == tip {
         // services/pull/update.go: "up to date" comes back as a plain error → 500.
@@ -227,10 +233,12 @@ pub fn branch(model: &Model, repo: &str, name: &str) -> Reply {
     )
 }
 
-/// The repository object with the repository's own fast-forward setting.
+/// The repository object with the repository's own fast-forward and rebase-update
+/// settings.
 pub fn repo(model: &Model, repo: &str) -> Reply {
     let r = &model.repos[repo];
     let mut v: Value = super::render::repo(model, r);
     v["allow_fast_forward_only_merge"] = (!r.no_fast_forward).into();
+    v["allow_rebase_update"] = (!r.no_rebase_update).into();
     Reply::json(200, v)
 }
