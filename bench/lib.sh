@@ -1,5 +1,6 @@
-# Shared by bench/ingest.sh and bench/floor.sh (sourced, not run). Expects WORK,
-# PEERS_SRC and BENCH_REDIS_PORT to be set.
+# Shared by the bench/*.sh scripts (sourced, not run; it only defines functions).
+# peers_harness, rcli and start_bench_redis (bench/ingest.sh, bench/floor.sh) expect
+# WORK, PEERS_SRC and BENCH_REDIS_PORT to be set.
 
 # The peers' harness (../shared/peers, never committed here) in a writable copy under
 # $WORK, with its idempotent setup.sh run (apt: redis-server redis-tools wrk; npm; venv).
@@ -39,3 +40,12 @@ stop_pid() {
 
 # One value from a stats file written by the peers' post.lua (0 if absent).
 st() { local v; v="$(sed -n "s/^$2=//p" "$1" | head -1)"; echo "${v:-0}"; }
+
+# The lines every benchmark's output starts with: the machine, its load and the commit
+# (docs/benchmarks.md records them beside the figures).
+machine_header() {
+  echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+  echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+}

@@ -18,9 +18,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 RUNS="${RUNS:-1}"
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+. "$ROOT/bench/lib.sh"
+machine_header
 run() {
   cargo nextest run --test it --run-ignored only -E 'test(bench_merge_lease_drill)' --no-capture 2>&1 \
     | grep -E '^BENCH|merge lease drill|FAIL|panicked'

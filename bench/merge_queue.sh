@@ -21,9 +21,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 RUNS="${RUNS:-1}"
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+. "$ROOT/bench/lib.sh"
+machine_header
 for i in $(seq 1 "$RUNS"); do
   echo "-- run $i"
   cargo nextest run --test it --run-ignored only -E 'test(bench_merge_queue_throughput)' --no-capture 2>&1 \

@@ -106,9 +106,6 @@ pub struct QueueFacts {
     /// Updates onto a moving tip during the current turn at the head.
     #[serde(default)]
     pub updates: u32,
-    /// Updates over the PR's life (metrics: updates per merge).
-    #[serde(default)]
-    pub updates_total: u32,
     /// The head an update replaced: until a new head arrives the record waits for it
     /// (it does not ask to merge the old head again).
     #[serde(default)]

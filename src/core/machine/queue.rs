@@ -327,7 +327,6 @@ pub(crate) fn on_updated(r: &mut PrRecord, onto: &Sha, from: &Sha) {
     }
     r.queue.updated_onto = Some(onto.clone());
     r.queue.updates = r.queue.updates.saturating_add(1);
-    r.queue.updates_total = r.queue.updates_total.saturating_add(1);
 }
 
 /// A new head arrived: the one the queue's update produced, or someone's push.

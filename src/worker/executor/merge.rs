@@ -88,38 +88,63 @@ impl Executor {
         if let Some(outcome) = settled(&pr, ask.head_sha) {
             return Ok(vec![outcome_event(effect, outcome)]);
         }
+        let branch = pr.base.ref_name.as_str();
+        let keeper = match self.take_merge_lease(effect, branch).await? {
+            Ok(keeper) => keeper,
+            Err(busy) => return Ok(vec![busy]),
+        };
+        let result = self.merge_locked(effect, &ask, &pr, &keeper).await;
+        self.release_merge_lease(effect, branch, keeper).await;
+        result
+    }
+
+    /// Takes the merge lease of `branch` for the effect's PR and starts renewing it;
+    /// when another holder has it, the PR joins the branch's waiters and the answer is
+    /// the `LockBusy` outcome event (retried when the holder's lease runs out, or
+    /// sooner when the holder wakes it).
+    pub(super) async fn take_merge_lease(
+        &self,
+        effect: &Effect,
+        branch: &str,
+    ) -> Result<Result<Keeper, Event>, Failure> {
+        let repo = effect.repo.as_str();
         let keys = self.ctx.store.keys();
-        let lock_key = keys.merge_lock(repo, &pr.base.ref_name);
-        let waiters = keys.merge_waiters(repo, &pr.base.ref_name);
+        let lock_key = keys.merge_lock(repo, branch);
+        let waiters = keys.merge_waiters(repo, branch);
         let waiter = Waiter::of_record(keys.shard_of(repo), &keys.pr_record(repo, effect.number));
         let mut conn = self.ctx.store.conn();
-        let lease = match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL)
-            .await?
-        {
-            Taken::Held(lease) => lease,
-            Taken::Busy { holder, remaining } => {
-                tracing::info!(branch = %pr.base.ref_name, ?holder, ?remaining, "merge lease busy");
-                lock::add_waiter(&mut conn, &waiters, &waiter, now_ms()).await?;
-                return Ok(vec![outcome_event(effect, busy(remaining))]);
-            }
-        };
+        let lease =
+            match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL).await? {
+                Taken::Held(lease) => lease,
+                Taken::Busy { holder, remaining } => {
+                    tracing::info!(branch, ?holder, ?remaining, "merge lease busy");
+                    lock::add_waiter(&mut conn, &waiters, &waiter, now_ms()).await?;
+                    return Ok(Err(outcome_event(effect, busy(remaining))));
+                }
+            };
         if let Err(e) = lock::remove_waiter(&mut conn, &waiters, &waiter).await {
             tracing::warn!(error = %e, "leaving the merge waiters failed; a later wake skips it");
         }
-        let keeper = Keeper::start(lease.clone(), self.ctx.store.conn());
-        let result = self.merge_locked(effect, &ask, &pr, &keeper).await;
+        Ok(Ok(Keeper::start(lease, self.ctx.store.conn())))
+    }
+
+    /// Stops renewing the merge lease of `branch`, releases it and wakes the next PR
+    /// waiting for the branch (it tries now instead of at its fallback). Failures are
+    /// logged: the lease expires and the waiter retries at its fallback anyway.
+    pub(super) async fn release_merge_lease(&self, effect: &Effect, branch: &str, keeper: Keeper) {
         keeper.stop();
-        if let Err(e) = lease.release(&mut conn).await {
+        let mut conn = self.ctx.store.conn();
+        if let Err(e) = keeper.lease.release(&mut conn).await {
             tracing::warn!(error = %e, "releasing the merge lease failed; it expires");
         }
-        // The next PR waiting for this branch tries now instead of at its fallback.
+        let keys = self.ctx.store.keys();
+        let waiters = keys.merge_waiters(effect.repo.as_str(), branch);
         match lock::wake_next_waiter(&mut conn, keys, &waiters, now_ms()).await {
             Ok(woken) => tracing::debug!(?woken, "merge lease released"),
             Err(e) => {
                 tracing::warn!(error = %e, "waking a merge waiter failed; it retries at its fallback")
             }
         }
-        result
     }
 
     /// Steps 3–5, under the lease.

@@ -27,12 +27,11 @@ use crate::core::ids::{Scope, Sha};
 use crate::core::policy::{MergeStyle, UpdateStyle};
 use crate::core::queue::{HeadAction, HeadReading, QueueOp, head_action};
 use crate::forgejo::{Cause, PullRequest, UpdateOutcome};
-use crate::store::lock::{self, Lease, Taken, Waiter};
 use crate::store::{queue, streams};
 
 use super::Executor;
 use super::act::Failure;
-use super::merge::{Keeper, LEASE_TTL, MergeAsk, busy, now_ms, outcome_event, settled};
+use super::merge::{Keeper, MergeAsk, busy, outcome_event, settled};
 
 /// How long a PR that is not the head waits before its record may ask again (ms).
 const NOT_HEAD_RETRY_MS: u64 = 1_000;
@@ -90,13 +89,7 @@ impl Executor {
         Ok(applied
             .notices
             .into_iter()
-            .map(|(number, place)| Event::EffectOutcome {
-                repo: effect.repo.clone(),
-                scope: Scope::Pr,
-                number,
-                effect_id: effect.id.clone(),
-                outcome: EffectOutcome::Queue(place),
-            })
+            .map(|(number, place)| place_event(effect, number, place))
             .collect())
     }
 
@@ -122,13 +115,7 @@ impl Executor {
             tracing::info!(head = ?q.head, "not the head of the merge queue; not advancing");
             let mut events = Vec::new();
             if let Some(place) = q.places().remove(&effect.number) {
-                events.push(Event::EffectOutcome {
-                    repo: effect.repo.clone(),
-                    scope: Scope::Pr,
-                    number: effect.number,
-                    effect_id: effect.id.clone(),
-                    outcome: EffectOutcome::Queue(place),
-                });
+                events.push(place_event(effect, effect.number, place));
             }
             let wait = MergeOutcome::LockBusy {
                 retry_ms: NOT_HEAD_RETRY_MS,
@@ -136,30 +123,12 @@ impl Executor {
             events.push(outcome_event(effect, wait));
             return Ok(events);
         }
-        let lock_key = keys.merge_lock(repo, ask.branch);
-        let waiters = keys.merge_waiters(repo, ask.branch);
-        let waiter = Waiter::of_record(keys.shard_of(repo), &keys.pr_record(repo, effect.number));
-        let lease =
-            match Lease::try_take(&mut conn, &lock_key, &self.ctx.consumer, LEASE_TTL).await? {
-                Taken::Held(lease) => lease,
-                Taken::Busy { holder, remaining } => {
-                    tracing::info!(branch = ask.branch, ?holder, ?remaining, "merge lease busy");
-                    lock::add_waiter(&mut conn, &waiters, &waiter, now_ms()).await?;
-                    return Ok(vec![outcome_event(effect, busy(remaining))]);
-                }
-            };
-        if let Err(e) = lock::remove_waiter(&mut conn, &waiters, &waiter).await {
-            tracing::warn!(error = %e, "leaving the merge waiters failed; a later wake skips it");
-        }
-        let keeper = Keeper::start(lease.clone(), self.ctx.store.conn());
+        let keeper = match self.take_merge_lease(effect, ask.branch).await? {
+            Ok(keeper) => keeper,
+            Err(busy) => return Ok(vec![busy]),
+        };
         let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
-        keeper.stop();
-        if let Err(e) = lease.release(&mut conn).await {
-            tracing::warn!(error = %e, "releasing the merge lease failed; it expires");
-        }
-        if let Err(e) = lock::wake_next_waiter(&mut conn, keys, &waiters, now_ms()).await {
-            tracing::warn!(error = %e, "waking a merge waiter failed; it retries at its fallback");
-        }
+        self.release_merge_lease(effect, ask.branch, keeper).await;
         result
     }
 
@@ -294,4 +263,15 @@ impl Executor {
 fn parse_sha(s: &str) -> Result<Sha, Failure> {
     s.parse()
         .map_err(|_| Failure::Permanent(format!("Forgejo sent {s:?} as a commit sha")))
+}
+
+/// The event telling PR `number` its place in the queue, as an outcome of `effect`.
+fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
+    Event::EffectOutcome {
+        repo: effect.repo.clone(),
+        scope: Scope::Pr,
+        number,
+        effect_id: effect.id.clone(),
+        outcome: EffectOutcome::Queue(place),
+    }
 }

@@ -270,13 +270,7 @@ async fn a_reviewer_requests_changes_then_approves_the_fix_and_the_pr_merges() {
         },
     )
     .await;
-    let status: Vec<String> = s
-        .fake
-        .comments_on(REPO, n)
-        .into_iter()
-        .map(|c| c.body)
-        .filter(|b| b.contains("SHEPHERD-STATE"))
-        .collect();
+    let status = s.fake.status_comments(REPO, n);
     assert_eq!(status.len(), 1, "one status comment: {status:?}");
     assert_token_kept(&s, dir.path(), n).await;
     s.assert_no_duplicate_dispatch().await;

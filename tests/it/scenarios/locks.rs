@@ -90,13 +90,7 @@ async fn a_held_merge_lock_does_not_delay_the_status_comment() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_status_lock_keeps_status_writers_out_but_not_the_merge() {
     let s = Scenario::start("").await;
-    let body = format!("Adds z.\n\n{BOT_MARKER}");
-    let n = s
-        .fake
-        .open_pr(REPO, NewPr::new("agent-bot", "Add z").body(&body));
-    let sha = s.fake.head_sha(REPO, n);
-    s.fake
-        .set_status(REPO, &sha, "ci/test", "success", "all green");
+    let (n, sha) = open_green_bot_pr(&s, "z");
     let lock = s.shepherd.keys().status_lock(REPO, n);
     hold(&s, &lock).await;
 
@@ -145,13 +139,7 @@ async fn a_held_status_lock_keeps_status_writers_out_but_not_the_merge() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_executor_that_lost_the_merge_lease_never_calls_merge() {
     let s = Scenario::start("").await;
-    let body = format!("Adds w.\n\n{BOT_MARKER}");
-    let n = s
-        .fake
-        .open_pr(REPO, NewPr::new("agent-bot", "Add w").body(&body));
-    let sha = s.fake.head_sha(REPO, n);
-    s.fake
-        .set_status(REPO, &sha, "ci/test", "success", "all green");
+    let (n, sha) = open_green_bot_pr(&s, "w");
     let review = s.fake.add_review(REPO, n, "bob", "APPROVED");
     // The re-check's reads are slow, so the lease is held long enough to be taken away.
     s.fake
@@ -217,4 +205,17 @@ async fn an_executor_that_lost_the_merge_lease_never_calls_merge() {
         1,
         "one merge call"
     );
+}
+
+/// Opens a bot PR "Add `what`" whose head's CI is green; returns its number and head.
+fn open_green_bot_pr(s: &Scenario, what: &str) -> (u64, String) {
+    let body = format!("Adds {what}.\n\n{BOT_MARKER}");
+    let n = s.fake.open_pr(
+        REPO,
+        NewPr::new("agent-bot", &format!("Add {what}")).body(&body),
+    );
+    let sha = s.fake.head_sha(REPO, n);
+    s.fake
+        .set_status(REPO, &sha, "ci/test", "success", "all green");
+    (n, sha)
 }

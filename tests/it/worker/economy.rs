@@ -332,12 +332,7 @@ async fn economy_status_comment_id_is_cached_and_recovers_when_deleted() {
     })
     .await;
     s.wait_idle().await;
-    let status_comments = s
-        .fake
-        .comments_on(REPO, n)
-        .iter()
-        .filter(|c| c.body.contains("SHEPHERD-STATE"))
-        .count();
+    let status_comments = s.fake.status_comments(REPO, n).len();
     assert_eq!(status_comments, 1, "exactly one status comment again");
     let patches = s
         .fake
@@ -420,13 +415,7 @@ fn status_writes(fake: &FakeForgejo, n: u64) -> Vec<String> {
 
 /// The one status comment of PR `n` (asserting there is exactly one).
 fn the_status_comment(s: &Scenario, n: u64) -> String {
-    let status: Vec<String> = s
-        .fake
-        .comments_on(REPO, n)
-        .into_iter()
-        .map(|c| c.body)
-        .filter(|b| b.contains("SHEPHERD-STATE"))
-        .collect();
+    let status = s.fake.status_comments(REPO, n);
     assert_eq!(status.len(), 1, "exactly one status comment: {status:?}");
     status[0].clone()
 }

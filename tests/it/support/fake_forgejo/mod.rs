@@ -293,6 +293,16 @@ impl FakeForgejo {
         })
     }
 
+    /// Bodies of the comments on PR `n` that hold Shepherd's state block (its sticky
+    /// status comment; more than one is a bug).
+    pub fn status_comments(&self, repo: &str, n: u64) -> Vec<String> {
+        self.comments_on(repo, n)
+            .into_iter()
+            .map(|c| c.body)
+            .filter(|b| b.contains(shepherd::core::texts::STATE_MARKER))
+            .collect()
+    }
+
     /// Names of the labels on issue or PR `n`.
     pub fn labels_on(&self, repo: &str, n: u64) -> Vec<String> {
         self.with_model(|m| {
