@@ -5,6 +5,11 @@
 //! real subcommand (`shepherd <args…> --help` succeeds); KEDA watches the streams and
 //! groups of src/store/keys.rs; the image's health probe works against a real socket;
 //! and `docker/redis.conf` loads in a real `redis-server` with AOF and fsync always.
+//! The agent runner's deployment: the Dockerfile's `agents` target (bwrap, git, Node.js,
+//! the pinned opencode, two non-root users), the opt-in compose service and the
+//! Kubernetes pods (none gets a webhook secret or the admin token; the sandbox's
+//! security context), KEDA on the dispatch stream's `agents` group; the token scopes
+//! the guide names are Forgejo's; and scripts/test, run against fake installers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1914,4 +1919,55 @@ fn scripts_test_names_each_failed_install_and_the_log_and_runs_nothing() {
         "no suite without its tools:\n{}",
         run.calls
     );
+}
+
+/// The token scope categories of Forgejo (`models/auth/access_token_scope.go`): a
+/// scope is `read:` or `write:` one of them, or `all`.
+const FORGEJO_SCOPE_CATEGORIES: &[&str] = &[
+    "activitypub",
+    "admin",
+    "issue",
+    "misc",
+    "notification",
+    "organization",
+    "package",
+    "repository",
+    "user",
+];
+
+#[test]
+fn token_scopes_named_in_the_guide_and_manifests_are_forgejos() {
+    let mut sources = vec![root().join("docs/operations.md")];
+    sources.extend(files_under("docker"));
+    let mut named = BTreeSet::new();
+    for path in sources {
+        let text = std::fs::read_to_string(&path).expect("read");
+        for (at, _) in text.match_indices(|c| c == ':') {
+            let before = &text[..at];
+            let access = before
+                .rsplit(|c: char| !c.is_ascii_lowercase())
+                .next()
+                .unwrap_or_default();
+            if access != "read" && access != "write" {
+                continue;
+            }
+            let category: String = text[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            if category.is_empty() {
+                continue;
+            }
+            assert!(
+                FORGEJO_SCOPE_CATEGORIES.contains(&category.as_str()),
+                "{} names the token scope {access}:{category}, which Forgejo does not have",
+                path.display()
+            );
+            named.insert(format!("{access}:{category}"));
+        }
+    }
+    // The three identities' scopes are spelled out (docs/operations.md §12.1).
+    for scope in ["write:repository", "write:issue", "read:user"] {
+        assert!(named.contains(scope), "{scope} is named: {named:?}");
+    }
 }
