@@ -1942,7 +1942,7 @@ fn token_scopes_named_in_the_guide_and_manifests_are_forgejos() {
     let mut named = BTreeSet::new();
     for path in sources {
         let text = std::fs::read_to_string(&path).expect("read");
-        for (at, _) in text.match_indices(|c| c == ':') {
+        for (at, _) in text.match_indices(':') {
             let before = &text[..at];
             let access = before
                 .rsplit(|c: char| !c.is_ascii_lowercase())
