@@ -5,6 +5,11 @@
 //! real subcommand (`shepherd <args…> --help` succeeds); KEDA watches the streams and
 //! groups of src/store/keys.rs; the image's health probe works against a real socket;
 //! and `docker/redis.conf` loads in a real `redis-server` with AOF and fsync always.
+//! The agent runner's deployment: the Dockerfile's `agents` target (bwrap, git, Node.js,
+//! the pinned opencode, two non-root users), the opt-in compose service and the
+//! Kubernetes pods (none gets a webhook secret or the admin token; the sandbox's
+//! security context), KEDA on the dispatch stream's `agents` group; the token scopes
+//! the guide names are Forgejo's; and scripts/test, run against fake installers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,7 +19,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_yaml_ng::Value;
-use shepherd::store::keys::{EXECUTORS_GROUP, Keys, WORKERS_GROUP};
+use shepherd::store::keys::{AGENTS_GROUP, EXECUTORS_GROUP, Keys, WORKERS_GROUP};
 
 use crate::support::poll_until_named;
 use crate::support::redis::{RedisServer, free_port};
@@ -241,9 +246,21 @@ fn kustomization_lists_every_manifest() {
     assert_eq!(listed, present, "kustomization.yaml resources vs files");
 }
 
+/// The settings of the agent sandbox (issue 26), which the deployment files name in
+/// comments ahead of the binary. Accepted only while the binary knows no
+/// `SHEPHERD_AGENT_SANDBOX*` setting at all: once it does, every name must match.
+const ANNOUNCED_SANDBOX_VARS: &[&str] =
+    &["SHEPHERD_AGENT_SANDBOX", "SHEPHERD_AGENT_SANDBOX_WRITABLE"];
+
 #[test]
 fn every_env_var_used_in_docker_and_docs_exists_in_the_binary() {
-    let known = documented_env_vars();
+    let mut known = documented_env_vars();
+    if !known
+        .iter()
+        .any(|n| n.starts_with("SHEPHERD_AGENT_SANDBOX"))
+    {
+        known.extend(ANNOUNCED_SANDBOX_VARS.iter().map(|n| (*n).to_owned()));
+    }
     let mut sources: Vec<PathBuf> = files_under("docker");
     sources.push(root().join(".dockerignore"));
     sources.push(root().join("docs/operations.md"));
@@ -495,6 +512,11 @@ fn compose_services_run_real_subcommands_with_redis_durable() {
     let mut roles = BTreeSet::new();
     for (name, service) in services {
         let name = name.as_str().expect("service name");
+        if !service["profiles"].is_null() {
+            // Opt-in services (the agent runner) have their own image, env file and
+            // test: compose_agents_service_is_opt_in_with_only_the_runners_settings.
+            continue;
+        }
         if name == "redis" {
             let command = string_list(&service["command"]).expect("redis command");
             assert_eq!(command[0], "redis-server");
@@ -631,10 +653,49 @@ fn k8s_workloads_run_real_subcommands_with_probes_and_budgets() {
     }
     let ingress = format!("{:?}", of_kind("Ingress")[0]["spec"]);
     assert!(ingress.contains(service["metadata"]["name"].as_str().unwrap()));
-    // KEDA scales the worker Deployment.
-    let scaled = of_kind("ScaledObject");
-    assert_eq!(scaled.len(), 1);
-    assert_eq!(scaled[0]["spec"]["scaleTargetRef"]["name"], worker.as_str());
+    // KEDA scales the worker Deployment and the agent runners, one ScaledObject each.
+    let (runners, _) = roles
+        .get("agents")
+        .expect("a Deployment runs shepherd agents");
+    let targets: BTreeSet<&str> = of_kind("ScaledObject")
+        .iter()
+        .map(|s| s["spec"]["scaleTargetRef"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        targets,
+        BTreeSet::from([worker.as_str(), runners.as_str()]),
+        "ScaledObjects"
+    );
+}
+
+/// The ScaledObject whose target is the Deployment running `shepherd <role>`.
+fn scaled_object_of<'a>(docs: &'a [Value], role: &str) -> &'a Value {
+    let deployment = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Deployment"
+                && d["spec"]["template"]["spec"]["containers"][0]["args"][0] == role
+        })
+        .unwrap_or_else(|| panic!("no Deployment runs `shepherd {role}`"));
+    let name = deployment["metadata"]["name"].as_str().unwrap();
+    docs.iter()
+        .find(|d| d["kind"] == "ScaledObject" && d["spec"]["scaleTargetRef"]["name"] == name)
+        .unwrap_or_else(|| panic!("no ScaledObject scales {name}"))
+}
+
+/// host:port of the Redis URL in the Secret `secret` (what KEDA's scalers take).
+fn redis_address_of(docs: &[Value], secret: &str) -> String {
+    let url = docs
+        .iter()
+        .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == secret)
+        .and_then(|d| d["stringData"]["SHEPHERD_REDIS_URL"].as_str())
+        .unwrap_or_else(|| panic!("the Secret {secret} sets SHEPHERD_REDIS_URL"));
+    url.trim_start_matches("redis://")
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned()
 }
 
 #[test]
@@ -651,7 +712,7 @@ fn keda_watches_the_streams_and_groups_the_workers_consume() {
         .parse()
         .expect("SHEPHERD_SHARDS is a number");
     let keys = Keys::new(prefix, shards);
-    let scaled = docs.iter().find(|d| d["kind"] == "ScaledObject").unwrap();
+    let scaled = scaled_object_of(&docs, "work");
     let spec = &scaled["spec"];
     let min = spec["minReplicaCount"].as_u64().expect("minReplicaCount");
     let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
@@ -1149,4 +1210,764 @@ fn compose_sentinel_variant_matches_its_sentinels_and_replicas() {
         wait >= 1 && wait <= replicas,
         "WAIT {wait} of {replicas} replicas"
     );
+}
+
+// ---- the agent runner: image, compose service, Kubernetes Deployment, KEDA ----------
+
+/// Settings the agent runner must never hold: the ingest's webhook secrets, the admin
+/// token, and the secret that signs HTTP dispatches.
+const NEVER_FOR_AGENTS: &[&str] = &[
+    "SHEPHERD_WEBHOOK_SECRETS",
+    "SHEPHERD_ADMIN_TOKEN",
+    "SHEPHERD_DISPATCH_SECRET",
+];
+
+/// One stage of a Dockerfile: its name, its base, and its instructions (continuation
+/// lines joined, comments dropped) as (KEYWORD, arguments).
+struct Stage {
+    name: String,
+    from: String,
+    instructions: Vec<(String, String)>,
+}
+
+impl Stage {
+    /// The arguments of every instruction `keyword` of the stage.
+    fn all(&self, keyword: &str) -> Vec<&str> {
+        self.instructions
+            .iter()
+            .filter(|(k, _)| k == keyword)
+            .map(|(_, a)| a.as_str())
+            .collect()
+    }
+
+    /// The JSON-array instruction `keyword` (the stage's last one counts).
+    fn exec_form(&self, keyword: &str) -> Vec<String> {
+        let json = *self
+            .all(keyword)
+            .last()
+            .unwrap_or_else(|| panic!("stage {} has no {keyword}", self.name));
+        serde_json::from_str(json).unwrap_or_else(|e| {
+            panic!(
+                "stage {}: {keyword} is not exec form ({json}): {e}",
+                self.name
+            )
+        })
+    }
+}
+
+fn dockerfile_stages(dockerfile: &str) -> Vec<Stage> {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    let mut stages: Vec<Stage> = Vec::new();
+    for instruction in instructions {
+        let (keyword, args) = instruction
+            .split_once(char::is_whitespace)
+            .map(|(k, a)| (k.to_ascii_uppercase(), a.trim().to_owned()))
+            .unwrap_or_else(|| (instruction.to_ascii_uppercase(), String::new()));
+        if keyword == "FROM" {
+            let words: Vec<&str> = args.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [_, as_, name] if as_.eq_ignore_ascii_case("as") => (*name).to_owned(),
+                _ => format!("stage{}", stages.len()),
+            };
+            stages.push(Stage {
+                name,
+                from: words[0].to_owned(),
+                instructions: Vec::new(),
+            });
+        } else {
+            stages
+                .last_mut()
+                .expect("an instruction before the first FROM")
+                .instructions
+                .push((keyword, args));
+        }
+    }
+    stages
+}
+
+/// The opencode version scripts/test pins (`opencode_version=…`).
+fn pinned_opencode_version() -> String {
+    let script = read("scripts/test");
+    let version = script
+        .lines()
+        .find_map(|l| l.strip_prefix("opencode_version="))
+        .expect("scripts/test pins opencode_version");
+    assert!(
+        version.split('.').all(|p| p.parse::<u32>().is_ok()),
+        "a pinned version, not a range: {version}"
+    );
+    version.to_owned()
+}
+
+/// The numeric value of `--flag N` in a command line.
+fn flag_value(command: &str, flag: &str) -> Option<u32> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0] == flag)
+        .and_then(|w| w[1].parse().ok())
+}
+
+#[test]
+fn dockerfile_agents_target_has_the_runner_its_tools_and_two_users() {
+    let stages = dockerfile_stages(&read("docker/Dockerfile"));
+    let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"build") && names.contains(&"agents"),
+        "{names:?}"
+    );
+    // A build without --target still makes the serve/work/run image.
+    let last = stages.last().unwrap();
+    assert_eq!(last.name, "runtime", "the last stage is the default image");
+    assert_eq!(last.exec_form("CMD"), ["run"]);
+    let agents = stages.iter().find(|s| s.name == "agents").unwrap();
+    let run = agents.all("RUN").join(" && ");
+    // Debian packages, without their recommendations.
+    let installs: Vec<&str> = run
+        .split("&&")
+        .map(str::trim)
+        .filter(|c| c.starts_with("apt-get install"))
+        .collect();
+    assert!(!installs.is_empty(), "the agents stage installs packages");
+    for install in &installs {
+        assert!(
+            install.contains("--no-install-recommends"),
+            "{install}: without recommended packages"
+        );
+    }
+    let packages: BTreeSet<&str> = installs
+        .iter()
+        .flat_map(|i| i.split_whitespace())
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    for package in ["git", "bubblewrap", "ca-certificates"] {
+        assert!(
+            packages.contains(package),
+            "the agents image installs {package}"
+        );
+    }
+    // Node.js: the base image is Node's own, or the package is installed.
+    assert!(
+        agents.from.starts_with("node:") || packages.contains("nodejs"),
+        "Node.js in the agents image (FROM {})",
+        agents.from
+    );
+    // The opencode CLI, the version the tests run.
+    let pinned = format!("opencode-ai@{}", pinned_opencode_version());
+    assert!(
+        run.split_whitespace().any(|w| w == pinned),
+        "the agents image installs {pinned}, as scripts/test does"
+    );
+    // The binary from the build stage, and the health probe.
+    let copies = agents.all("COPY");
+    assert!(
+        copies
+            .iter()
+            .any(|c| c.starts_with("--from=build ") && c.ends_with("/usr/local/bin/shepherd")),
+        "{copies:?}"
+    );
+    assert!(
+        copies
+            .iter()
+            .any(|c| c.ends_with("/usr/local/bin/shepherd-healthcheck"))
+    );
+    assert_eq!(agents.exec_form("ENTRYPOINT"), ["shepherd"]);
+    let cmd = agents.exec_form("CMD");
+    assert_eq!(cmd, ["agents"]);
+    assert_runs_with_help(&cmd, "Dockerfile agents CMD");
+    let healthcheck = agents.all("HEALTHCHECK").join(" ");
+    assert!(healthcheck.contains("shepherd-healthcheck") && healthcheck.contains("/healthz"));
+    // Two distinct non-root users: the runner's (the stage's USER) and the agents'.
+    let uids: Vec<u32> = run
+        .split("&&")
+        .filter(|c| c.trim().starts_with("useradd"))
+        .map(|c| flag_value(c, "--uid").unwrap_or_else(|| panic!("useradd without --uid: {c}")))
+        .collect();
+    assert_eq!(uids.len(), 2, "a runner user and an agent user: {uids:?}");
+    assert_ne!(uids[0], uids[1], "two distinct users");
+    assert!(uids.iter().all(|u| *u != 0));
+    let user = *agents
+        .all("USER")
+        .last()
+        .expect("the agents stage sets USER");
+    let runner_uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a numeric USER (runAsNonRoot checks it)");
+    assert!(uids.contains(&runner_uid), "USER {user} is one of {uids:?}");
+    let agent_uid = uids.iter().find(|u| **u != runner_uid).unwrap();
+    assert_ne!(runner_uid, *agent_uid);
+    // The work folder of SHEPHERD_AGENT_WORK_DIR exists, the runner's and private.
+    let env = agents.all("ENV").join(" ");
+    let work_dir = env
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("SHEPHERD_AGENT_WORK_DIR="))
+        .expect("the image sets SHEPHERD_AGENT_WORK_DIR");
+    assert!(
+        run.split("&&").any(|c| {
+            let c = c.trim();
+            c.starts_with("install -d")
+                && c.contains("-m 0700")
+                && c.contains(&format!("-o {runner_uid}"))
+                && c.ends_with(work_dir)
+        }),
+        "{work_dir} is created 0700 for uid {runner_uid}"
+    );
+}
+
+/// `KEY=value` and `# KEY=value` lines of an env file: name → (commented, value).
+fn env_file_entries(text: &str) -> BTreeMap<String, (bool, String)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let (commented, rest) = match line.strip_prefix('#') {
+            Some(rest) => (true, rest.trim_start()),
+            None => (false, line),
+        };
+        if let Some((name, value)) = rest.split_once('=')
+            && !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            out.insert(name.to_owned(), (commented, value.to_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn compose_agents_service_is_opt_in_with_only_the_runners_settings() {
+    let compose = &yaml_documents(&root().join("docker/compose.yaml"))[0];
+    let services = compose["services"].as_mapping().expect("services");
+    let agents = &compose["services"]["agents"];
+    assert_eq!(
+        string_list(&agents["profiles"]).as_deref(),
+        Some(&["agents".to_owned()][..]),
+        "the agents service runs only with --profile agents"
+    );
+    // The default `up` is what it was: no other service has a profile.
+    for (name, service) in services {
+        if name != "agents" {
+            assert!(service["profiles"].is_null(), "{name:?} has a profile");
+        }
+    }
+    assert_eq!(agents["build"]["dockerfile"], "docker/Dockerfile");
+    assert_eq!(agents["build"]["target"], "agents");
+    let command = string_list(&agents["command"]).expect("a command");
+    assert_eq!(command, ["agents"]);
+    assert_runs_with_help(&command, "compose service agents");
+    assert_eq!(
+        agents["depends_on"]["redis"]["condition"],
+        "service_healthy"
+    );
+    assert_eq!(
+        agents["environment"]["SHEPHERD_REDIS_URL"],
+        "redis://redis:6379"
+    );
+    let probe = string_list(&agents["healthcheck"]["test"]).expect("a health check");
+    assert_eq!(
+        probe[1..],
+        ["/usr/local/bin/shepherd-healthcheck", "/healthz"]
+    );
+    // Its own env file, never docker/.env (which holds the webhook secrets).
+    let env_files = string_list(&agents["env_file"]).expect("env_file");
+    assert_eq!(env_files, ["agents.env"]);
+    let example = env_file_entries(&read("docker/agents.env.example"));
+    let environment: Vec<String> = agents["environment"]
+        .as_mapping()
+        .expect("environment")
+        .keys()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect();
+    for forbidden in NEVER_FOR_AGENTS {
+        assert!(
+            !example.contains_key(*forbidden),
+            "docker/agents.env.example names {forbidden}"
+        );
+        assert!(!environment.iter().any(|n| n == forbidden), "{forbidden}");
+    }
+    // What the runner needs to start is set (uncommented, not empty).
+    for required in [
+        "SHEPHERD_FORGEJO_URL",
+        "SHEPHERD_FORGEJO_TOKEN",
+        "SHEPHERD_BOT_LOGIN",
+        "SHEPHERD_AGENT_COMMAND",
+        "SHEPHERD_AGENT_FORGEJO_TOKEN",
+    ] {
+        let entry = example.get(required);
+        assert!(
+            entry.is_some_and(|(commented, value)| !commented && !value.trim().is_empty()),
+            "docker/agents.env.example sets {required}: {entry:?}"
+        );
+    }
+    // The sandbox's exceptions, and nothing more: no capability, not privileged.
+    let security: Vec<String> = string_list(&agents["security_opt"]).expect("security_opt");
+    for opt in ["seccomp=unconfined", "systempaths=unconfined"] {
+        assert!(security.iter().any(|s| s == opt), "{opt}: {security:?}");
+    }
+    assert!(agents["privileged"].is_null() && agents["cap_add"].is_null());
+    assert_eq!(string_list(&agents["cap_drop"]).unwrap(), ["ALL"]);
+    assert!(agents["user"].is_null(), "runs as the image's runner user");
+}
+
+/// The Kubernetes Deployment that runs `shepherd <role>`.
+fn deployment_running<'a>(docs: &'a [Value], role: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == "Deployment"
+                && d["spec"]["template"]["spec"]["containers"][0]["args"][0] == role
+        })
+        .unwrap_or_else(|| panic!("no Deployment runs `shepherd {role}`"))
+}
+
+/// Every variable a Deployment's first container gets, with the kind of object it
+/// comes from (`ConfigMap`, `Secret`, or `env` for an inline value).
+fn pod_environment(docs: &[Value], deployment: &Value) -> BTreeMap<String, String> {
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let object = |kind: &str, name: &Value| -> &Value {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("the pod loads {kind} {name:?}, which is not a manifest"))
+    };
+    let mut env = BTreeMap::new();
+    for source in container["envFrom"].as_sequence().into_iter().flatten() {
+        let (kind, name, field) = if !source["configMapRef"].is_null() {
+            ("ConfigMap", &source["configMapRef"]["name"], "data")
+        } else {
+            ("Secret", &source["secretRef"]["name"], "stringData")
+        };
+        for key in object(kind, name)[field]
+            .as_mapping()
+            .expect("values")
+            .keys()
+        {
+            env.insert(key.as_str().unwrap().to_owned(), kind.to_owned());
+        }
+    }
+    for entry in container["env"].as_sequence().into_iter().flatten() {
+        let kind = if entry["valueFrom"]["secretKeyRef"].is_null() {
+            "env"
+        } else {
+            "Secret"
+        };
+        env.insert(entry["name"].as_str().unwrap().to_owned(), kind.to_owned());
+    }
+    env
+}
+
+#[test]
+fn k8s_agents_pods_get_their_own_secrets_and_the_sandboxs_security_context() {
+    let docs = k8s_documents();
+    let agents = deployment_running(&docs, "agents");
+    assert_eq!(agents["metadata"]["name"], "shepherd-agents");
+    let env = pod_environment(&docs, agents);
+    for forbidden in NEVER_FOR_AGENTS {
+        assert!(
+            !env.contains_key(*forbidden),
+            "the agents pod gets {forbidden}"
+        );
+    }
+    for (name, from) in [
+        ("SHEPHERD_REDIS_URL", "Secret"),
+        ("SHEPHERD_FORGEJO_TOKEN", "Secret"),
+        ("SHEPHERD_AGENT_FORGEJO_TOKEN", "Secret"),
+        ("SHEPHERD_REVIEWER_TOKENS", "Secret"),
+        ("SHEPHERD_FORGEJO_URL", "ConfigMap"),
+        ("SHEPHERD_AGENT_COMMAND", "ConfigMap"),
+    ] {
+        assert_eq!(env.get(name).map(String::as_str), Some(from), "{name}");
+    }
+    // The provider's key the agents see by name is in the runner's Secret.
+    let configured = |name: &str| {
+        docs.iter().find_map(|d| {
+            d["data"][name]
+                .as_str()
+                .filter(|_| d["kind"] == "ConfigMap")
+        })
+    };
+    for passed in configured("SHEPHERD_AGENT_ENV")
+        .unwrap_or_default()
+        .split(',')
+    {
+        assert_eq!(env.get(passed.trim()).map(String::as_str), Some("Secret"));
+    }
+    // The other pods never get the agents' tokens.
+    for role in ["serve", "work"] {
+        let other = pod_environment(&docs, deployment_running(&docs, role));
+        for token in ["SHEPHERD_AGENT_FORGEJO_TOKEN", "SHEPHERD_REVIEWER_TOKENS"] {
+            assert!(!other.contains_key(token), "the {role} pods get {token}");
+        }
+    }
+    // The sandbox's security context: a user namespace for the pod, an unmasked /proc,
+    // and otherwise unprivileged.
+    let pod = &agents["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(pod["hostUsers"], false, "the pod runs in a user namespace");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let image_uid = dockerfile_stages(&read("docker/Dockerfile"))
+        .into_iter()
+        .find(|s| s.name == "agents")
+        .and_then(|s| {
+            s.all("USER")
+                .last()
+                .map(|u| u.split(':').next().unwrap().to_owned())
+        })
+        .expect("the agents image's USER");
+    assert_eq!(
+        pod["securityContext"]["runAsUser"]
+            .as_u64()
+            .map(|u| u.to_string()),
+        Some(image_uid),
+        "the pod runs as the image's runner user"
+    );
+    assert!(pod["securityContext"]["seccompProfile"]["type"].is_string());
+    let security = &container["securityContext"];
+    assert_eq!(security["procMount"], "Unmasked");
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert!(security["privileged"].is_null() || security["privileged"] == false);
+    assert_eq!(
+        string_list(&security["capabilities"]["drop"]).unwrap(),
+        ["ALL"]
+    );
+    assert!(
+        security["capabilities"]["add"].is_null(),
+        "no capability added"
+    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    // The work folder is an emptyDir mounted where SHEPHERD_AGENT_WORK_DIR points.
+    let work_dir = configured("SHEPHERD_AGENT_WORK_DIR").expect("SHEPHERD_AGENT_WORK_DIR");
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == work_dir)
+        .unwrap_or_else(|| panic!("nothing is mounted at {work_dir}"));
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    assert!(volume["emptyDir"].is_mapping(), "{work_dir} is an emptyDir");
+    assert_eq!(container["image"], "shepherd-agents:latest");
+}
+
+#[test]
+fn keda_scales_the_agents_from_zero_on_the_dispatch_group() {
+    let docs = k8s_documents();
+    let env = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["data"]["SHEPHERD_KEY_PREFIX"].is_string())
+        .expect("a ConfigMap sets SHEPHERD_KEY_PREFIX");
+    let prefix = env["data"]["SHEPHERD_KEY_PREFIX"].as_str().unwrap();
+    let dispatch = Keys::new(prefix, 1).dispatch();
+    let spec = &scaled_object_of(&docs, "agents")["spec"];
+    assert_eq!(
+        spec["minReplicaCount"], 0,
+        "no runner while nothing is dispatched"
+    );
+    let max = spec["maxReplicaCount"].as_u64().expect("maxReplicaCount");
+    assert!((1..=50).contains(&max), "max {max}");
+    // The scaler reads the Redis of the runners' Secret (and of every other pod).
+    let address = redis_address_of(&docs, "shepherd-agents-secrets");
+    assert_eq!(address, redis_address_of(&docs, "shepherd-secrets"));
+    let (mut lag, mut pending) = (false, false);
+    for trigger in spec["triggers"].as_sequence().expect("triggers") {
+        assert_eq!(trigger["type"], "redis-streams");
+        let meta = &trigger["metadata"];
+        assert_eq!(meta["address"], address.as_str());
+        assert_eq!(meta["stream"], dispatch.as_str(), "the dispatch stream");
+        assert_eq!(meta["consumerGroup"], AGENTS_GROUP);
+        let auth = trigger["authenticationRef"]["name"]
+            .as_str()
+            .expect("authenticationRef");
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"] == "TriggerAuthentication" && d["metadata"]["name"] == auth),
+            "TriggerAuthentication {auth}"
+        );
+        let count = |key: &str| meta[key].as_str().and_then(|n| n.parse::<u64>().ok());
+        if count("lagCount").is_some() {
+            // Lag (entries no runner took) is the only metric that wakes it from 0.
+            assert!(count("activationLagCount").is_some(), "with lagCount");
+            lag = true;
+        } else if count("pendingEntriesCount").is_some() {
+            // Pending (held, running) keeps the runners with agents at work alive.
+            pending = true;
+        } else {
+            panic!("a trigger that counts neither lag nor pending entries: {meta:?}");
+        }
+    }
+    assert!(
+        lag && pending,
+        "one lag trigger and one pending-entries trigger"
+    );
+}
+
+// ---- scripts/test's installs, against fake installers -------------------------------
+
+/// A copy of scripts/test in an empty repository, run with a PATH holding only fake
+/// installers and tools (and bash, env, mkdir, chmod): what it prints, and what the
+/// fakes were asked.
+struct InstallRun {
+    status: std::process::ExitStatus,
+    stdout: String,
+    calls: String,
+    log: String,
+}
+
+/// The real executable `name` from the PATH.
+fn real_tool(name: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not on the PATH"))
+}
+
+fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Runs scripts/test with the tools in `present` (and npm, the fake installer) already
+/// there, and installers that succeed (creating the tool) or fail.
+fn run_scripts_test(present: &[&str], installers_work: bool) -> InstallRun {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    let repo = dir.path().join("repo");
+    let calls = dir.path().join("calls");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(repo.join("scripts")).unwrap();
+    std::fs::copy(root().join("scripts/test"), repo.join("scripts/test")).unwrap();
+    for tool in ["bash", "env", "mkdir", "chmod"] {
+        std::os::unix::fs::symlink(real_tool(tool), bin.join(tool)).unwrap();
+    }
+    for tool in present {
+        write_executable(&bin.join(tool), "#!/bin/sh\nexit 0\n");
+    }
+    let (bin_s, calls_s) = (bin.display(), calls.display());
+    let outcome = if installers_work { "0" } else { "1" };
+    // apt-get: `install … PACKAGE` creates PACKAGE's command (bubblewrap: bwrap).
+    write_executable(
+        &bin.join("apt-get"),
+        &format!(
+            "#!/bin/sh\necho \"apt-get $*\" >> {calls_s}\n\
+             echo 'Reading package lists... (apt chatter)'\n\
+             [ \"$1\" = update ] && exit 0\n\
+             [ {outcome} = 0 ] || {{ echo 'E: Unable to locate package (apt error)' >&2; exit 100; }}\n\
+             for last; do :; done\n\
+             case \"$last\" in bubblewrap) cmd=bwrap;; *) cmd=$last;; esac\n\
+             printf '#!/bin/sh\\nexit 0\\n' > {bin_s}/$cmd; chmod +x {bin_s}/$cmd\n"
+        ),
+    );
+    write_executable(
+        &bin.join("cargo"),
+        &format!(
+            "#!/bin/sh\necho \"cargo $*\" >> {calls_s}\n\
+             [ \"$1\" = install ] || exit 0\n\
+             echo '   Compiling cargo-nextest (cargo chatter)'\n\
+             [ {outcome} = 0 ] || exit 101\n\
+             printf '#!/bin/sh\\nexit 0\\n' > {bin_s}/cargo-nextest; chmod +x {bin_s}/cargo-nextest\n"
+        ),
+    );
+    write_executable(
+        &bin.join("npm"),
+        &format!(
+            "#!/bin/sh\necho \"npm $*\" >> {calls_s}\necho 'added 3 packages (npm chatter)'\n\
+             [ {outcome} = 0 ] || exit 1\n\
+             mkdir -p .tools/opencode/node_modules/.bin\n\
+             printf '#!/bin/sh\\necho {version}\\n' > .tools/opencode/node_modules/.bin/opencode\n\
+             chmod +x .tools/opencode/node_modules/.bin/opencode\n",
+            version = pinned_opencode_version()
+        ),
+    );
+    write_executable(&bin.join("sudo"), "#!/bin/sh\nexec \"$@\"\n");
+    let out = Command::new(repo.join("scripts/test"))
+        .arg("--no-run")
+        .env_clear()
+        .env("PATH", &bin)
+        .current_dir(dir.path())
+        .output()
+        .expect("run scripts/test");
+    InstallRun {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr),
+        calls: std::fs::read_to_string(&calls).unwrap_or_default(),
+        log: std::fs::read_to_string(repo.join("target/test-install.log")).unwrap_or_default(),
+    }
+}
+
+/// The `test: TOOL  WHAT` lines, as (tool, what).
+fn tool_lines(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("test: "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(tool, what)| (tool.to_owned(), what.trim().to_owned()))
+        .collect()
+}
+
+const TOOLS: [&str; 7] = [
+    "redis-server",
+    "chromium",
+    "npm",
+    "bwrap",
+    "python3",
+    "cargo-nextest",
+    "opencode",
+];
+
+#[test]
+fn scripts_test_installs_quietly_without_recommends_and_says_so_per_tool() {
+    // npm is there (the fake installer); bwrap, python3, cargo-nextest, opencode not.
+    let run = run_scripts_test(&["redis-server", "chromium"], true);
+    assert!(run.status.success(), "{}", run.stdout);
+    let lines = tool_lines(&run.stdout);
+    let tools: Vec<&str> = lines.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(tools, TOOLS[..], "one line per tool:\n{}", run.stdout);
+    for (tool, what) in &lines {
+        let expected = if ["redis-server", "chromium", "npm"].contains(&tool.as_str()) {
+            "already there"
+        } else {
+            "installed"
+        };
+        assert!(what.starts_with(expected), "{tool}: {what}");
+    }
+    // Debian packages without recommendations; bwrap from the package bubblewrap.
+    let apt_installs: Vec<&str> = run
+        .calls
+        .lines()
+        .filter(|c| c.starts_with("apt-get install"))
+        .collect();
+    assert_eq!(
+        apt_installs.len(),
+        2,
+        "bubblewrap and python3: {apt_installs:?}"
+    );
+    for call in &apt_installs {
+        assert!(call.contains("--no-install-recommends"), "{call}");
+    }
+    assert!(apt_installs[0].ends_with(" bubblewrap") && apt_installs[1].ends_with(" python3"));
+    assert!(
+        run.calls
+            .contains(&format!("opencode-ai@{}", pinned_opencode_version()))
+    );
+    // The installers' chatter is in the log, not on the terminal.
+    for chatter in ["apt chatter", "cargo chatter", "npm chatter"] {
+        assert!(
+            run.log.contains(chatter),
+            "{chatter} in the log:\n{}",
+            run.log
+        );
+        assert!(
+            !run.stdout.contains(chatter),
+            "{chatter} printed:\n{}",
+            run.stdout
+        );
+    }
+    // Then the suite, with the arguments given.
+    assert_eq!(
+        run.calls.lines().last(),
+        Some("cargo nextest run --all-targets --no-run")
+    );
+}
+
+#[test]
+fn scripts_test_names_each_failed_install_and_the_log_and_runs_nothing() {
+    let run = run_scripts_test(&["redis-server", "chromium", "python3"], false);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stdout);
+    let lines: BTreeMap<String, String> = tool_lines(&run.stdout).into_iter().collect();
+    for tool in ["bwrap", "cargo-nextest", "opencode"] {
+        let what = &lines[tool];
+        assert!(
+            what.starts_with("failed") && what.contains("target/test-install.log"),
+            "{tool}: {what}"
+        );
+    }
+    for tool in ["redis-server", "chromium", "npm", "python3"] {
+        assert_eq!(lines[tool], "already there", "{tool}");
+    }
+    assert!(
+        run.log.contains("(apt error)"),
+        "apt's error is logged:\n{}",
+        run.log
+    );
+    assert!(!run.stdout.contains("(apt error)"));
+    assert!(
+        !run.calls.contains("cargo nextest"),
+        "no suite without its tools:\n{}",
+        run.calls
+    );
+}
+
+/// The token scope categories of Forgejo (`models/auth/access_token_scope.go`): a
+/// scope is `read:` or `write:` one of them, or `all`.
+const FORGEJO_SCOPE_CATEGORIES: &[&str] = &[
+    "activitypub",
+    "admin",
+    "issue",
+    "misc",
+    "notification",
+    "organization",
+    "package",
+    "repository",
+    "user",
+];
+
+#[test]
+fn token_scopes_named_in_the_guide_and_manifests_are_forgejos() {
+    let mut sources = vec![root().join("docs/operations.md")];
+    sources.extend(files_under("docker"));
+    let mut named = BTreeSet::new();
+    for path in sources {
+        let text = std::fs::read_to_string(&path).expect("read");
+        for (at, _) in text.match_indices(':') {
+            let before = &text[..at];
+            let access = before
+                .rsplit(|c: char| !c.is_ascii_lowercase())
+                .next()
+                .unwrap_or_default();
+            if access != "read" && access != "write" {
+                continue;
+            }
+            let category: String = text[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase())
+                .collect();
+            if category.is_empty() {
+                continue;
+            }
+            assert!(
+                FORGEJO_SCOPE_CATEGORIES.contains(&category.as_str()),
+                "{} names the token scope {access}:{category}, which Forgejo does not have",
+                path.display()
+            );
+            named.insert(format!("{access}:{category}"));
+        }
+    }
+    // The three identities' scopes are spelled out (docs/operations.md §12.1).
+    for scope in ["write:repository", "write:issue", "read:user"] {
+        assert!(named.contains(scope), "{scope} is named: {named:?}");
+    }
 }
