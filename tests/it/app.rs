@@ -202,3 +202,97 @@ async fn send_succeeds_when_its_reader_closes_the_pipe_early() {
         .unwrap();
     assert!(status.success(), "send with a closed stdout: {status}");
 }
+
+/// Issue 26, finding 8: a Redis password in `SHEPHERD_REDIS_URL` is in no `--help`
+/// output (clap would print the variable's current value beside it).
+#[test]
+fn redis_password_is_not_shown_by_help() {
+    let secret = "pw-in-help-3f9e1c";
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["agents", "--help"],
+        &["serve", "--help"],
+        &["work", "--help"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(args)
+            .env(
+                "SHEPHERD_REDIS_URL",
+                format!("redis://:{secret}@127.0.0.1:6379"),
+            )
+            .output()
+            .expect("run shepherd");
+        assert!(out.status.success(), "{args:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("SHEPHERD_REDIS_URL"), "{args:?}: {text}");
+        assert!(
+            !text.contains(secret),
+            "{args:?} shows the password:\n{text}"
+        );
+    }
+}
+
+/// The pid and NUL-separated command line of the process whose command line has
+/// `redis-server` and `--port <port>`.
+fn redis_server_on(port: u16) -> Option<(u32, String)> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&raw).into_owned();
+        let args: Vec<&str> = cmdline.split('\0').collect();
+        let port = port.to_string();
+        let ours = args.first().is_some_and(|a| a.contains("redis-server"))
+            && args.windows(2).any(|w| w[0] == "--port" && w[1] == port);
+        ours.then_some((pid, cmdline))
+    })
+}
+
+/// Issue 26, finding 8: the redis-server `shepherd run` starts gets its password on
+/// its standard input, not in its argv (`/proc/<pid>/cmdline` is world-readable), and
+/// inherits none of the runner's environment; it still requires the password.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_gives_its_redis_server_the_password_off_its_command_line() {
+    let secret = "pw-argv-7c2d9b \"quoted\"";
+    let port = crate::support::redis::free_port();
+    let encoded = "pw-argv-7c2d9b%20%22quoted%22";
+    let url = format!("redis://:{encoded}@127.0.0.1:{port}");
+    let data = tempfile::tempdir().unwrap();
+    let mut run = Shepherd::builder_url(&url)
+        .args(["run"])
+        .env("SHEPHERD_DATA_DIR", data.path().to_string_lossy())
+        .start()
+        .await;
+    let (pid, cmdline) = redis_server_on(port).expect("the redis-server shepherd run started");
+    for needle in [secret, "pw-argv-7c2d9b", encoded] {
+        assert!(
+            !cmdline.contains(needle),
+            "argv has the password: {cmdline:?}"
+        );
+    }
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        !environ.contains("pw-argv-7c2d9b"),
+        "environment: {environ:?}"
+    );
+    assert!(!environ.contains("SHEPHERD_"), "environment: {environ:?}");
+    // It requires the password: refused without it, answered with it.
+    let open = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let refused: redis::RedisResult<String> = match open.get_multiplexed_async_connection().await {
+        Ok(mut c) => redis::cmd("PING").query_async(&mut c).await,
+        Err(e) => Err(e),
+    };
+    assert!(refused.is_err(), "{refused:?}");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut c).await.unwrap();
+    assert_eq!(pong, "PONG");
+    run.terminate();
+    let status = run.wait_exit(std::time::Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
