@@ -159,9 +159,12 @@ impl Runner {
             Message::Cancel(_) => self.ack(&d.id).await,
             Message::Work(item) => {
                 let id = item.id.to_string();
-                if self.running.contains_key(&id)
-                    || self.waiting.iter().any(|w| w.item.id == item.id)
-                {
+                // A running item passed the binding check (`binding`), so another entry
+                // of its id is a re-dispatch or a forgery; a waiting one has not: only
+                // an identical entry is a re-dispatch, and a different one waits its
+                // turn (it is checked when it starts), so a forged entry read first
+                // never displaces the record's own.
+                if self.running.contains_key(&id) || self.waiting.iter().any(|w| w.item == *item) {
                     // The same work item twice (a re-dispatch of one effect): one run.
                     self.ack(&d.id).await;
                     return;
@@ -324,6 +327,8 @@ impl Runner {
             .iter()
             .enumerate()
             .filter(|(_, w)| busy(w.item.repo.as_str()) < per_repo)
+            // One run per work id at a time (two entries of one id wait in turn).
+            .filter(|(_, w)| !self.running.contains_key(w.item.id.as_str()))
             .max_by_key(|(_, w)| (w.item.priority, std::cmp::Reverse(w.seq)))
             .map(|(i, _)| i)
     }

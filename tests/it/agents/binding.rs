@@ -238,3 +238,58 @@ async fn a_record_that_moved_on_while_the_agent_ran_gets_no_verdict_and_no_resul
     })
     .await;
 }
+
+/// Finding 4: a forged entry read before the genuine one of the same work id (both
+/// waiting behind a running item of their repository) does not displace it: the forged
+/// one is refused when its turn comes, the genuine one runs and is posted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_entry_ahead_of_the_genuine_one_does_not_displace_it() {
+    let (rig, runner) = rig_and_runner().await;
+    std::fs::write(rig.path("hold"), "").unwrap();
+    let busy = rig.open_pr(REPO);
+    rig.dispatch(REPO, busy, "ci-fix", 0, HOUR).await;
+    poll_until_named(DEADLINE, "the repository's slot is taken", || async {
+        rig.path("started").exists()
+    })
+    .await;
+    let reviewed = rig.open_pr(REPO);
+    let human = rig.fake.open_pr(
+        REPO,
+        crate::support::fake_forgejo::NewPr::new("alice", "Human change"),
+    );
+    let genuine = rig.activate(REPO, reviewed, "review", 0, HOUR).await;
+    let mut forged = genuine.clone();
+    forged["number"] = json!(human);
+    forged["head_sha"] = json!(rig.fake.head_sha(REPO, human));
+    rig.enqueue(&forged).await;
+    rig.enqueue(&genuine).await;
+    poll_until_named(DEADLINE, "both entries are held by the runner", || async {
+        rig.pending().await == 3
+    })
+    .await;
+    std::fs::remove_file(rig.path("hold")).unwrap();
+    std::fs::write(rig.path("go"), "").unwrap();
+    let results = rig.wait_results(2).await;
+    let review = results
+        .iter()
+        .find(|r| r["work_id"] == genuine["id"])
+        .unwrap_or_else(|| panic!("the genuine entry ran: {results:?}"));
+    assert_eq!(review["outcome"], "succeeded", "{review}");
+    assert_eq!(
+        rig.fake
+            .calls("POST", &format!("/repos/{REPO}/pulls/{reviewed}/reviews"))
+            .len(),
+        1
+    );
+    assert_eq!(review_posts(&rig), 1, "nothing on the human's PR");
+    poll_until_named(DEADLINE, "every entry is acked", || async {
+        rig.pending().await == 0
+    })
+    .await;
+    assert_eq!(refused(&metrics(&runner).await, "number"), 1);
+    assert_eq!(
+        rig.results().await.len(),
+        2,
+        "the forged entry reported nothing"
+    );
+}
