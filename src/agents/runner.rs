@@ -53,6 +53,8 @@ struct Running {
     entry: String,
     /// Repository (for the per-repository cap).
     repo: String,
+    /// The entry's work item (another entry of its id is a re-dispatch only when equal).
+    item: Box<WorkItem>,
     /// Stops the job.
     stop: watch::Sender<Option<StopReason>>,
     /// Its run record as started (the heartbeat refreshes `seen_ms`).
@@ -159,12 +161,13 @@ impl Runner {
             Message::Cancel(_) => self.ack(&d.id).await,
             Message::Work(item) => {
                 let id = item.id.to_string();
-                // A running item passed the binding check (`binding`), so another entry
-                // of its id is a re-dispatch or a forgery; a waiting one has not: only
-                // an identical entry is a re-dispatch, and a different one waits its
-                // turn (it is checked when it starts), so a forged entry read first
+                // Only an identical entry is a re-dispatch: a different one of the same
+                // id waits its turn (one run per id at a time) and is checked against
+                // the record when it starts (`binding`), so a forged entry read first
                 // never displaces the record's own.
-                if self.running.contains_key(&id) || self.waiting.iter().any(|w| w.item == *item) {
+                if self.running.get(&id).is_some_and(|r| r.item == item)
+                    || self.waiting.iter().any(|w| w.item == *item)
+                {
                     // The same work item twice (a re-dispatch of one effect): one run.
                     self.ack(&d.id).await;
                     return;
@@ -301,6 +304,7 @@ impl Runner {
                 Running {
                     entry: w.entry,
                     repo: w.item.repo.to_string(),
+                    item: Box::new(w.item.clone()),
                     stop,
                     run: run.clone(),
                     task: None,
