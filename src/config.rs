@@ -51,6 +51,7 @@ pub struct Settings {
         long,
         env = "SHEPHERD_REDIS_URL",
         default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true,
         global = true
     )]
     pub redis_url: String,

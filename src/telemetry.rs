@@ -215,6 +215,8 @@ pub struct AgentMetrics {
     pub tokens: IntCounterVec,
     /// Cost agents reported in their result files, by kind and tier.
     pub cost: CounterVec,
+    /// Work items refused by the binding check (`agents::binding`), by reason.
+    pub refused: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -258,6 +260,15 @@ impl AgentMetrics {
                 kt,
             )
             .expect("valid metric"),
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "agent_items_refused_total",
+                    "Work items not run, posted or reported because they do not match \
+                     the record's active work, by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -269,6 +280,7 @@ impl AgentMetrics {
             Box::new(self.duration.clone()),
             Box::new(self.tokens.clone()),
             Box::new(self.cost.clone()),
+            Box::new(self.refused.clone()),
         ]
     }
 }

@@ -1,9 +1,12 @@
 //! One work item in a runner, from the check that it is still wanted to the report:
 //!
-//! 1. still wanted? The work must be active in the work index and not yet reported (a
-//!    reclaimed entry of a crashed runner whose result is already queued, or work
-//!    cancelled or expired while it waited, never starts), and its deadline — the
-//!    claim's expiry minus `SHEPHERD_AGENT_DEADLINE_MARGIN_SECS` — not yet passed;
+//! 1. bound to the record? The work must be active in the work index and not yet
+//!    reported (a reclaimed entry of a crashed runner whose result is already queued,
+//!    or work cancelled or expired while it waited, never starts), the entry must be
+//!    the owning record's active work in every field — repository, number, kind,
+//!    head, attempt, reviewer ([`super::binding`]; checked again before a verdict is
+//!    posted and before the result is recorded) — and its deadline — the claim's
+//!    expiry minus `SHEPHERD_AGENT_DEADLINE_MARGIN_SECS` — not yet passed;
 //! 2. context from Forgejo ([`super::context::gather`]; transient failures are retried
 //!    a few times, then the entry is handed back: a Forgejo outage never counts as an
 //!    attempt) and the prompt ([`super::prompt`]);
@@ -28,6 +31,7 @@ use tracing::instrument;
 
 use anyhow::Context as _;
 
+use super::binding::{self, Refusal, Stage};
 use super::launch::{Capture, Invocation, Spawner};
 use super::outcome::{self, Finish};
 use super::prompt::{PromptParams, Templates};
@@ -38,7 +42,6 @@ use crate::core::policy::PolicyFile;
 use crate::forgejo::ForgejoClient;
 use crate::store::Store;
 use crate::store::agent_runs::{self, AgentRun, RunState};
-use crate::store::work::{self, WorkLookup};
 use crate::telemetry::Metrics;
 use crate::worker::results::{self, Submitted};
 
@@ -176,10 +179,9 @@ async fn execute(
     run: &mut AgentRun,
     mut stop: watch::Receiver<Option<StopReason>>,
 ) -> anyhow::Result<Disposition> {
-    if let Some(why) = not_wanted(shared, item, run).await? {
-        tracing::info!(reason = why, "work item not started");
+    if let Some(refusal) = not_wanted(shared, item, run).await? {
+        refused(shared, run, refusal, Stage::Start);
         run.state = RunState::Skipped;
-        run.note = Some(why.to_owned());
         return Ok(Disposition::Ack);
     }
     if let Err(why) = reviewer_of(shared, item) {
@@ -410,6 +412,13 @@ async fn conclude(
     if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish)
         && (wrote || !failed)
     {
+        // Bound to the record again: the record may have moved on while the agent ran.
+        if let Err(refusal) = binding::check(&shared.store, item, Stage::Post).await? {
+            refused(shared, run, refusal, Stage::Post);
+            run.state = RunState::Finished;
+            count_finished(m, run);
+            return Ok(Disposition::Ack);
+        }
         report = super::review::post(reviewer, item, &files.review).await;
     }
     report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));
@@ -470,30 +479,47 @@ fn outcome_label(run: &AgentRun) -> &'static str {
     }
 }
 
-/// Why the work must not start, if it must not.
+/// Why the work must not start, if it must not: it is not the record's active work
+/// ([`binding::check`]: ended, superseded, reported, or any field differing from the
+/// record's), or its deadline passed while it waited.
 async fn not_wanted(
     shared: &Shared,
     item: &WorkItem,
     run: &AgentRun,
-) -> anyhow::Result<Option<&'static str>> {
-    let mut conn = shared.store.conn();
-    let keys = shared.store.keys();
-    let id = item.id.to_string();
-    let owner = match work::lookup(&mut conn, keys, &id).await? {
-        WorkLookup::Active(owner) => owner,
-        WorkLookup::Superseded(_) => return Ok(Some("a push already superseded the work")),
-        WorkLookup::Ended => {
-            return Ok(Some("the work has ended (cancelled, expired or reported)"));
-        }
-        WorkLookup::Unknown => return Ok(Some("the work id is unknown")),
-    };
-    if work::is_reported(&mut conn, keys, &owner, &id).await? {
-        return Ok(Some("its result is already reported"));
+) -> anyhow::Result<Option<Refusal>> {
+    if let Err(refusal) = binding::check(&shared.store, item, Stage::Start).await? {
+        return Ok(Some(refusal));
     }
     if now_ms() >= run.deadline_ms {
-        return Ok(Some("its deadline passed before a slot was free"));
+        return Ok(Some(Refusal::Deadline));
     }
     Ok(None)
+}
+
+/// Counts, logs and notes a refusal at `stage` (the entry is acknowledged). A field
+/// that contradicts the record is a warning (a forged or corrupted entry); the ends of
+/// work that waited are not.
+fn refused(shared: &Shared, run: &mut AgentRun, refusal: Refusal, stage: Stage) {
+    shared
+        .metrics
+        .agents
+        .refused
+        .with_label_values(&[refusal.label()])
+        .inc();
+    let what = match stage {
+        Stage::Start => "work item not started",
+        Stage::Post => "verdict not posted: the work item no longer matches its record",
+        Stage::Report => "result not recorded: the work item no longer matches its record",
+    };
+    if refusal.is_mismatch() {
+        tracing::warn!(reason = refusal.label(), why = refusal.why(), "{what}");
+    } else {
+        tracing::info!(reason = refusal.label(), why = refusal.why(), "{what}");
+    }
+    run.note = Some(match stage {
+        Stage::Start => refusal.why().to_owned(),
+        Stage::Post | Stage::Report => format!("refused ({}): {}", refusal.label(), refusal.why()),
+    });
 }
 
 /// Reads the context, retrying transient failures; `None` when a stop came first.
@@ -569,6 +595,12 @@ async fn report_result(
     run: &mut AgentRun,
     report: &results::ResultReport,
 ) -> anyhow::Result<()> {
+    // Bound to the record: a result is recorded only for the record's own active work
+    // (or the claim its own push superseded).
+    if let Err(refusal) = binding::check(&shared.store, item, Stage::Report).await? {
+        refused(shared, run, refusal, Stage::Report);
+        return Ok(());
+    }
     let id = item.id.to_string();
     let mut conn = shared.store.conn();
     let submitted = results::submit(

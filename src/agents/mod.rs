@@ -11,11 +11,14 @@
 //!                         └──────────▶ runner (caps, priority, heartbeat, stop)
 //!                                            │ one job per work item
 //!                                            ▼
-//!                    job: still wanted? → context (Forgejo) → prompt → files
+//!       job: bound to the record? (work index + the record's active work: repo,
+//!            number, kind, head, attempt, reviewer) → context (Forgejo) → prompt → files
 //!                         → launch (exec: own process group, parent-death signal,
 //!                           allow-listed environment) → wait | deadline | cancel
 //!                         → outcome (result file / exit status / timeout)
-//!                         → log (Redis, TTL) → worker::results::submit (once)
+//!                         → log (Redis, TTL) → bound to the record again (before a
+//!                           verdict is posted, pinned and only on the same head, and
+//!                           before the result) → worker::results::submit (once)
 //! ```
 //!
 //! | file | owns |
@@ -23,6 +26,7 @@
 //! | `consume.rs` | everything that touches the dispatch stream |
 //! | `runner.rs` | which held item runs next, caps, heartbeat, cancel, shutdown |
 //! | `job.rs` | one work item from the check to the report |
+//! | `binding.rs` | the check that an entry is the record's active work (refusals) |
 //! | `workdir.rs` | the item's folder, files, command line and environment |
 //! | `launch.rs` | the `exec` launcher: placeholders, process group, parent-death signal |
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
@@ -33,6 +37,7 @@
 //! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
 //! `GET /metrics` on `SHEPHERD_LISTEN`.
 
+pub mod binding;
 pub mod checkout;
 pub mod consume;
 pub mod context;

@@ -212,6 +212,12 @@ pub fn new_review(item: &WorkItem, file: &ReviewFile) -> NewReview {
 
 /// Posts the verdict in `path` as the reviewer's review of `item` (unless a review
 /// with this item's marker exists already) and returns the result to report.
+///
+/// The review is pinned (`commit_id`) to the head the agent was given, and posted only
+/// while the PR's head is still that head (read just before posting): a verdict for a
+/// head the PR has moved past is not posted and is reported `failed` with the
+/// signature `review-stale` ([`STALE_SIGNATURE`]) — the core keeps it in the attempt
+/// history, and the new head gets its own round.
 pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> ResultReport {
     let failed = |signature: &str, why: String| ResultReport {
         id: None,
@@ -242,6 +248,26 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
         }
         Ok(false) => {}
         Err(e) => return failed("review-post", format!("reading the reviews failed: {e}")),
+    }
+    match head_moved(reviewer, item).await {
+        Ok(None) => {}
+        Ok(Some(now)) => {
+            let given = item.head_sha.as_ref().map_or("(none)", |h| h.as_str());
+            tracing::warn!(
+                given = %given, now = %now,
+                "the PR's head moved while the reviewer ran; the verdict is not posted"
+            );
+            return failed(
+                STALE_SIGNATURE,
+                format!(
+                    "Review not posted: the PR's head moved from {} to {} while the \
+                     reviewer ran (its verdict, {verdict}, was for the old head).",
+                    short(given),
+                    short(&now),
+                ),
+            );
+        }
+        Err(e) => return failed("review-post", format!("reading the PR failed: {e}")),
     }
     let body = new_review(item, &file);
     let mut pause = std::time::Duration::from_millis(500);
@@ -274,6 +300,41 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
         }
     }
     unreachable!("the last try returns")
+}
+
+/// The signature of a verdict not posted because the PR's head moved.
+pub const STALE_SIGNATURE: &str = "review-stale";
+
+/// The PR's head now, when it is not the head `item` was dispatched for (`GET
+/// /repos/{owner}/{repo}/pulls/{index}`, retried on transient errors).
+async fn head_moved(
+    reviewer: &ForgejoClient,
+    item: &WorkItem,
+) -> Result<Option<String>, ForgejoError> {
+    let mut pause = std::time::Duration::from_millis(500);
+    let mut attempt = 1;
+    let pr = loop {
+        match reviewer.get_pull(item.repo.as_str(), item.number).await {
+            Ok(pr) => break pr,
+            Err(e) if e.is_retryable() && attempt < POST_TRIES => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let now = pr.head.sha;
+    let same = item
+        .head_sha
+        .as_ref()
+        .is_some_and(|h| h.as_str().eq_ignore_ascii_case(&now));
+    Ok((!same).then_some(now))
+}
+
+/// The first 12 characters of a sha (for a summary).
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
 }
 
 /// Whether a review with `item`'s marker is on the PR.

@@ -53,6 +53,8 @@ struct Running {
     entry: String,
     /// Repository (for the per-repository cap).
     repo: String,
+    /// The entry's work item (another entry of its id is a re-dispatch only when equal).
+    item: Box<WorkItem>,
     /// Stops the job.
     stop: watch::Sender<Option<StopReason>>,
     /// Its run record as started (the heartbeat refreshes `seen_ms`).
@@ -159,8 +161,12 @@ impl Runner {
             Message::Cancel(_) => self.ack(&d.id).await,
             Message::Work(item) => {
                 let id = item.id.to_string();
-                if self.running.contains_key(&id)
-                    || self.waiting.iter().any(|w| w.item.id == item.id)
+                // Only an identical entry is a re-dispatch: a different one of the same
+                // id waits its turn (one run per id at a time) and is checked against
+                // the record when it starts (`binding`), so a forged entry read first
+                // never displaces the record's own.
+                if self.running.get(&id).is_some_and(|r| r.item == item)
+                    || self.waiting.iter().any(|w| w.item == *item)
                 {
                     // The same work item twice (a re-dispatch of one effect): one run.
                     self.ack(&d.id).await;
@@ -298,6 +304,7 @@ impl Runner {
                 Running {
                     entry: w.entry,
                     repo: w.item.repo.to_string(),
+                    item: Box::new(w.item.clone()),
                     stop,
                     run: run.clone(),
                     task: None,
@@ -324,6 +331,8 @@ impl Runner {
             .iter()
             .enumerate()
             .filter(|(_, w)| busy(w.item.repo.as_str()) < per_repo)
+            // One run per work id at a time (two entries of one id wait in turn).
+            .filter(|(_, w)| !self.running.contains_key(w.item.id.as_str()))
             .max_by_key(|(_, w)| (w.item.priority, std::cmp::Reverse(w.seq)))
             .map(|(i, _)| i)
     }

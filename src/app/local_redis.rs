@@ -4,7 +4,9 @@
 //!
 //! The server keeps its data under `SHEPHERD_DATA_DIR` with AOF on and `appendfsync
 //! always` (acknowledged means on disk), listens on the URL's port on loopback only, and
-//! requires the URL's password when the URL has one. Only for a plain `redis://` URL:
+//! requires the URL's password when the URL has one — given to it on its standard
+//! input as configuration (`redis-server -`), never on its command line, where every
+//! local user could read it in `/proc/<pid>/cmdline`. Only for a plain `redis://` URL:
 //! for `rediss://`, Sentinel and Cluster URLs nothing is started.
 
 use std::path::{Path, PathBuf};
@@ -111,7 +113,12 @@ impl Spec {
     /// Starts the server and waits until it answers.
     async fn start(&self) -> anyhow::Result<Child> {
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--port")
+        // `-` first: the server reads configuration from its standard input (the
+        // password), then the options below.
+        // No inherited environment either: it holds the tokens and the Redis URL.
+        cmd.env_clear()
+            .arg("-")
+            .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1 ::1")
@@ -121,16 +128,24 @@ impl Spec {
             .args(["--daemonize", "no", "--protected-mode", "yes"])
             .arg("--logfile")
             .arg(self.data_dir.join("redis.log"))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);
-        if let Some(p) = &self.password {
-            cmd.arg("--requirepass").arg(p);
-        }
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", self.binary.display()))?;
+        {
+            use tokio::io::AsyncWriteExt as _;
+            let mut stdin = child
+                .stdin
+                .take()
+                .context("redis-server's standard input")?;
+            let config = stdin_config(self.password.as_deref());
+            // A server that exits at once closes its end: the wait below reports it.
+            let _ = stdin.write_all(config.as_bytes()).await;
+            // Dropped: end of the configuration.
+        }
         let deadline = tokio::time::Instant::now() + START_DEADLINE;
         loop {
             if answers(&self.url).await {
@@ -162,6 +177,22 @@ impl Spec {
         }
         tracing::info!("stopped the redis-server started by shepherd run");
     }
+}
+
+/// The configuration written to the server's standard input: `requirepass` with the
+/// password quoted byte by byte (`\xHH`), so no character of it can end the line or
+/// the string, or nothing.
+fn stdin_config(password: Option<&str>) -> String {
+    use std::fmt::Write as _;
+    let Some(p) = password else {
+        return String::new();
+    };
+    let mut line = String::from("requirepass \"");
+    for b in p.bytes() {
+        let _ = write!(line, "\\x{b:02x}");
+    }
+    line.push_str("\"\n");
+    line
 }
 
 /// Restarts the server when it exits unexpectedly; stops it when `stop` fires.
@@ -202,4 +233,18 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_password_reaches_the_config_quoted_byte_by_byte() {
+        assert_eq!(super::stdin_config(None), "");
+        let line = super::stdin_config(Some("p a\"ss\n"));
+        assert_eq!(
+            line,
+            "requirepass \"\\x70\\x20\\x61\\x22\\x73\\x73\\x0a\"\n"
+        );
+        assert!(!line.contains("a\"ss"));
+    }
 }

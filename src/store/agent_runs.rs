@@ -28,7 +28,8 @@ pub enum RunState {
     Finished,
     /// A cancel notice stopped it (or it was cancelled before it started).
     Cancelled,
-    /// Not started: the work was no longer active, or its result already reported.
+    /// Not started: the work was no longer active, its result already reported, or the
+    /// entry is not its record's active work (`agents::binding`).
     Skipped,
     /// Stopped without a result: the runner shut down or lost the entry; another
     /// runner takes the work over.

@@ -10,8 +10,12 @@
 //!   the reviewer, and each way it can fail.
 //! - `review_e2e`: reviewer agents (issue 15): change request → feedback → push →
 //!   approval → merge, and three rounds of the same change request → needs-human.
+//! - `binding`: every action bound to the record (issue 26): forged entries refused
+//!   and counted, verdicts for a moved head not posted, a record that moved on while
+//!   the agent ran.
 
 mod bench;
+mod binding;
 mod context;
 mod e2e;
 mod opencode;
@@ -108,9 +112,9 @@ impl Rig {
         )
     }
 
-    /// Dispatches a work item for `repo#number` of `kind` as a commit would (work index
-    /// entry, then the dispatch entry); returns its id. The claim expires in
-    /// `expires_in`.
+    /// Dispatches a work item for `repo#number` of `kind` as a commit would (the
+    /// record's active work, the work index entry, then the dispatch entry); returns its
+    /// id. The claim expires in `expires_in`.
     pub async fn dispatch(
         &self,
         repo: &str,
@@ -119,6 +123,21 @@ impl Rig {
         tier: u8,
         expires_in: Duration,
     ) -> String {
+        let item = self.activate(repo, number, kind, tier, expires_in).await;
+        self.enqueue(&item).await;
+        item["id"].as_str().expect("id").to_owned()
+    }
+
+    /// Makes a new work item the active work of `repo#number` (record and work index)
+    /// without putting it on the dispatch stream; returns its JSON.
+    pub async fn activate(
+        &self,
+        repo: &str,
+        number: u64,
+        kind: &str,
+        tier: u8,
+        expires_in: Duration,
+    ) -> Value {
         let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let issue = kind == "issue-impl";
         let scope = if issue { "issue" } else { "pr" };
@@ -148,6 +167,7 @@ impl Rig {
         }
         let keys = self.keys();
         let mut conn = self.conn.clone();
+        set_active_work(&mut conn, &keys, &item).await;
         let owner = format!("{scope}\t{repo}\t{number}");
         let () = redis::cmd("HSET")
             .arg(keys.work_index(0))
@@ -156,15 +176,20 @@ impl Rig {
             .query_async(&mut conn)
             .await
             .expect("HSET work index");
+        item
+    }
+
+    /// Appends `item` (any JSON, forged or not) to the dispatch stream as a work entry.
+    pub async fn enqueue(&self, item: &Value) {
+        let mut conn = self.conn.clone();
         let _: String = redis::cmd("XADD")
-            .arg(keys.dispatch())
+            .arg(self.keys().dispatch())
             .arg("*")
             .arg("work")
             .arg(item.to_string())
             .query_async(&mut conn)
             .await
             .expect("XADD dispatch");
-        id
     }
 
     /// Appends a cancel notice for work item `id` of `repo#number`.
@@ -227,6 +252,68 @@ impl Rig {
     pub async fn pending(&self) -> u64 {
         pending_on(&mut self.conn.clone(), &self.keys()).await
     }
+}
+
+/// Makes `item` (a work item's JSON) the active work of its PR or issue record, as the
+/// commit of its dispatch does (the runner runs, posts and reports only the record's
+/// active work, issue 26); creates the record when there is none.
+pub async fn set_active_work(
+    conn: &mut crate::support::redis::TestConn,
+    keys: &Keys,
+    item: &Value,
+) {
+    use shepherd::core::record::{IssueRecord, PrRecord};
+    let repo: shepherd::core::ids::RepoName = item["repo"].as_str().unwrap().parse().unwrap();
+    let number = item["number"].as_u64().unwrap();
+    let issue = item["kind"] == "issue-impl";
+    let key = if issue {
+        keys.issue_record(repo.as_str(), number)
+    } else {
+        keys.pr_record(repo.as_str(), number)
+    };
+    let stored: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("data")
+        .query_async(conn)
+        .await
+        .expect("HGET record");
+    let active = json!({
+        "item": item, "signature": format!("test:{}", item["id"].as_str().unwrap()),
+        "dispatched_ms": chrono::Utc::now().timestamp_millis(),
+        "expires_ms": chrono::DateTime::parse_from_rfc3339(item["claim_expires_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis(),
+    });
+    let active = serde_json::from_value(active).expect("active work");
+    let data = if issue {
+        let mut r = stored.map_or_else(
+            || IssueRecord::new(repo.clone(), number),
+            |d| IssueRecord::from_json(&d).expect("issue record"),
+        );
+        r.work.active = Some(active);
+        r.version += 1;
+        r.to_json()
+    } else {
+        let mut r = stored.map_or_else(
+            || PrRecord::new(repo.clone(), number),
+            |d| PrRecord::from_json(&d).expect("PR record"),
+        );
+        r.work.active = Some(active);
+        r.version += 1;
+        r.to_json()
+    };
+    let version: u64 = serde_json::from_str::<Value>(&data).unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("v")
+        .arg(version)
+        .arg("data")
+        .arg(data)
+        .query_async(conn)
+        .await
+        .expect("HSET record");
 }
 
 /// Writes an executable `/bin/sh` script `name` into `dir` (`$DIR` in `body` is
