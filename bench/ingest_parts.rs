@@ -34,7 +34,7 @@ fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/peers/payload/pull_request_opened.json"
+            "/webhooks/pull_request_opened.json"
         )
         .to_owned()
     });

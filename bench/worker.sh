@@ -4,6 +4,7 @@
 # executor queues them), recorded in docs/benchmarks.md.
 #
 #   bench/worker.sh
+#   BENCH_SMOKE=1 bench/worker.sh    # every step, briefly (tests/it/bench_smoke.rs)
 #
 # Env: PRS (1000)  EVENTS (60000)  WORKERS ("1 2 4")  REPS (1)  AOF (no | always)
 #      BENCH_REDIS_PORT (6392)  WORK (target/bench-worker)
@@ -20,6 +21,8 @@
 # Every process it starts is stopped by pid on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/bench/lib.sh"
+if smoke; then PRS=5; EVENTS=50; WORKERS="1 2"; REPS=1; fi
 PRS="${PRS:-1000}"
 EVENTS="${EVENTS:-60000}"
 WORKERS="${WORKERS:-1 2 4}"
@@ -52,10 +55,12 @@ group_state() {
 }
 
 wait_drained() {
-  local lag pend read
+  local lag pend read t0=$SECONDS
   while true; do
     read -r lag pend read < <(group_state)
     if [ "${lag:-1}" = "0" ] && [ "${pend:-1}" = "0" ]; then echo "$read"; return; fi
+    # smoke mode gives up after a minute (a benchmark waits as long as it takes)
+    if smoke && [ $((SECONDS - t0)) -gt 60 ]; then echo "the workers did not drain the stream in 60 s" >&2; exit 1; fi
     sleep 0.05
   done
 }
@@ -101,10 +106,10 @@ conflicts() {
 
 # BIN=<path> measures another build of shepherd (an A/B against an older commit).
 if [ -z "${BIN:-}" ]; then
-  echo "== cargo build --release"
-  (cd "$ROOT" && cargo build --release --bin shepherd 2>&1 | tail -1)
+  echo "== cargo build$(smoke || echo ' --release')"
+  (cd "$ROOT" && cargo build $(smoke || echo --release) --bin shepherd 2>&1 | tail -1)
 fi
-BIN="${BIN:-$ROOT/target/release/shepherd}"
+BIN="${BIN:-$ROOT/target/$(smoke && echo debug || echo release)/shepherd}"
 echo "== redis-server on $PORT (appendonly $AOF)"
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly "$AOF" --appendfsync always \
   --dir "$WORK" --daemonize no --loglevel warning &

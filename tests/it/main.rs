@@ -4,6 +4,7 @@
 mod agents;
 mod api_bodies;
 mod app;
+mod bench_smoke;
 mod bench_lag;
 mod core_purity;
 mod deploy;
