@@ -956,8 +956,8 @@ pub struct Site {
 }
 
 /// The functions of the client that take an API path (`send` and `send_json` take the
-/// method first).
-const REQUEST_FNS: [&str; 4] = ["get_json(", "get_all(", "send_json(", "send("];
+/// method first; the others are GETs).
+const REQUEST_FNS: [&str; 5] = ["get_json(", "get_all(", "get_text_capped(", "send_json(", "send("];
 
 /// Every API path the Rust source `text` of `file` builds: `format!` templates that
 /// start with `/` (or with `{}` given `repo_path(..)`), string literals and
@@ -1066,16 +1066,30 @@ fn strip_comments(text: &str) -> String {
                 out.push(' ');
             }
         } else if c == '\'' {
-            // a char literal such as '"' must not open a string; a lifetime passes
+            // A char literal ('"', '\'', '\\') must not open a string; a lifetime
+            // ('a) passes as it is.
             out.push(c);
-            let rest: String = chars.clone().take(3).collect();
-            if rest.starts_with("\\") || rest.chars().nth(1) == Some('\'') {
-                for n in chars.by_ref() {
-                    out.push(n);
-                    if n == '\'' && !out.ends_with("\\'") {
-                        break;
+            let mut ahead = chars.clone();
+            match (ahead.next(), ahead.next()) {
+                (Some('\\'), Some(escaped)) => {
+                    out.push('\\');
+                    out.push(escaped);
+                    chars.next();
+                    chars.next();
+                    for n in chars.by_ref() {
+                        out.push(n);
+                        if n == '\'' {
+                            break;
+                        }
                     }
                 }
+                (Some(ch), Some('\'')) => {
+                    out.push(ch);
+                    out.push('\'');
+                    chars.next();
+                    chars.next();
+                }
+                _ => {}
             }
         } else {
             out.push(c);
@@ -1216,7 +1230,7 @@ fn infer_method(after: &str) -> Option<String> {
         let name: String = body[i + 8..].chars().take_while(char::is_ascii_uppercase).collect();
         (i, name)
     });
-    let get = ["get_json(", "get_all("]
+    let get = ["get_json(", "get_all(", "get_text_capped("]
         .iter()
         .filter_map(|f| body.find(f))
         .min()
@@ -1277,7 +1291,9 @@ mod tests {
     fn openapi_operation_must_exist() {
         passes("GET", "/api/v1/repos/o/r/pulls/3", &[], Value::Null);
         passes("get", "/api/v1/version", &[], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/pulls/3/rebase", &[], Value::Null, "no such operation: no path template");
+        rejected("GET", "/api/v1/repos/o/r/pulls/3/rebase/now", &[], Value::Null, "no such operation: no path template");
+        // matches GET /repos/{owner}/{repo}/pulls/{base}/{head} by its path, not its method
+        rejected("POST", "/api/v1/repos/o/r/pulls/3/rebase", &[], Value::Null, "POST is not an operation of /repos/{owner}/{repo}/pulls/{base}/{head}");
         rejected("PUT", "/api/v1/repos/o/r/pulls/3/merge", &[], Value::Null, "PUT is not an operation of /repos/{owner}/{repo}/pulls/{index}/merge");
         rejected("GET", "/repos/o/r/pulls/3", &[], Value::Null, "not under /api/v1");
     }
@@ -1366,7 +1382,7 @@ mod tests {
 
     #[test]
     fn openapi_body_keys_in_schema_case_insensitive_as_go() {
-        passes("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "merge_message_field": "m"}));
+        passes("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "MergeMessageField": "m", "mergetitlefield": "t"}));
         // Go decodes "do" into Do: no finding
         passes("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"do": "squash"}));
         rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "strategy": "x"}), "key \"strategy\" is not in MergePullRequestOption");
@@ -1375,7 +1391,7 @@ mod tests {
 
     #[test]
     fn openapi_body_required_keys_and_enums() {
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"merge_message_field": "m"}), "required key \"Do\" missing");
+        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"MergeMessageField": "m"}), "required key \"Do\" missing");
         rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "Do"}), "body.Do: \"Do\" is not one of merge|rebase");
         rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], Value::Null, "no body, but MergePullRequestOption requires Do");
         passes("POST", "/api/v1/repos/o/r/issues/3/comments", &[], json!({"body": "hi"}));
@@ -1487,7 +1503,7 @@ mod tests {
             "POST /repos/{owner}/{repo}/pulls/{index}/update",
             "PATCH /repos/{owner}/{repo}/issues/comments/{id}",
             "GET /repos/{owner}/{repo}/commits/{ref}/status",
-            "DELETE /repos/{owner}/{repo}/issues/{index}/labels/{id}",
+            "DELETE /repos/{owner}/{repo}/issues/{index}/labels/{identifier}",
         ] {
             assert!(operations.contains(op), "{op} not found by the scan; found {operations:#?}");
         }
