@@ -720,7 +720,10 @@ impl Spec {
 
     /// The route a path built by the source fits, and whether it has `method` (any
     /// method when `None`). A `{placeholder}` of the source may only fill a whole-segment
-    /// parameter of the template; a literal may fill a literal or a parameter.
+    /// parameter of the template; a literal segment of the source must equal a literal
+    /// segment (or fit a mixed one such as `{index}.{diffType}`): a word of the source in
+    /// a parameter's place would let `…/pulls/{n}/reviewz` pass as
+    /// `…/pulls/{base}/{head}`.
     pub fn static_match(&self, method: Option<&str>, built: &str) -> (Option<&Route>, bool) {
         let segs: Vec<&str> = built.trim_matches('/').split('/').collect();
         let mut best = None;
@@ -732,7 +735,7 @@ impl Spec {
                 if is_placeholder(s) {
                     seg.rank == 2
                 } else {
-                    match_parts(&seg.parts, s).is_some()
+                    seg.rank != 2 && match_parts(&seg.parts, s).is_some()
                 }
             });
             if !fits {
@@ -1552,6 +1555,9 @@ mod tests {
         assert_eq!(verdicts, [true, false, false, true, true]);
         // a source placeholder fills only a whole-segment parameter
         assert!(!spec().static_match(Some("GET"), "/repos/{owner}/{repo}/{what}").1);
+        // a word of the source does not fill a parameter: no /pulls/{base}/{head} here
+        assert!(!spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviewz").1);
+        assert!(spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviews").1);
         assert!(spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}.diff").1);
     }
 }
