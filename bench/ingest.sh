@@ -155,6 +155,8 @@ if [ "${CEILING:-1}" != 0 ]; then
       EVALSHA "$sha" 2 "{$PREFIX:0}:seen:__rand_int__" "$STREAM" 604800000 kind webhook delivery __rand_int__ \
       event pull_request repo forgejo-bot-test/widgets received 1796049229349 body "$body" \
       | tail -1 | cut -d, -f2 | tr -d '"' | cut -d. -f1)")
+    # redis-benchmark counts error replies as answers: the stream tells whether it enqueued
+    [ "$(rcli xlen "$STREAM")" -gt 0 ] || { echo "EVALSHA of enqueue.lua wrote no stream entry (wrong arguments?)" >&2; exit 1; }
   done
   rcli flushall sync >/dev/null
   evalsha="$(printf '%s\n' "${rows[@]}" | sort -n | sed -n 2p)"
