@@ -34,7 +34,7 @@ need_examples() {
 run_ignored_test() {
   local name="$1"; shift
   if [ -n "${BENCH_IT_BIN:-}" ]; then
-    "$BENCH_IT_BIN" "$name" --ignored --nocapture --test-threads 1 2>&1
+    "$BENCH_IT_BIN" "$name" --ignored --nocapture --test-threads 1 -q 2>&1
   else
     (cd "$ROOT" && cargo nextest run "$@" --test it --run-ignored only -E "test($name)" --no-capture 2>&1)
   fi

@@ -197,13 +197,36 @@ fn bench_smoke_worker() {
 #[test]
 fn bench_smoke_agents() {
     let out = run_smoke("agents.sh", &[]);
-    assert_summary("agents.sh", &out, &["machine: ", "BENCH ", "load after: "]);
+    assert_summary(
+        "agents.sh",
+        &out,
+        &[
+            "machine: ",
+            "BENCH overhead items=2 ",
+            "BENCH throughput runners=1 items=2 ",
+            "BENCH throughput runners=2 items=2 ",
+            "BENCH webhook_to_start webhooks=2 ",
+            "load after: ",
+        ],
+    );
 }
 
 #[test]
 fn bench_smoke_api_calls() {
     let out = run_smoke("api_calls.sh", &[]);
-    assert_summary("api_calls.sh", &out, &["machine: ", "BENCH ", "load after: "]);
+    assert_summary(
+        "api_calls.sh",
+        &out,
+        &[
+            "machine: ",
+            "BENCH idle changed-only passes: 2 PRs, 2 passes",
+            "BENCH idle every pass full: 2 PRs, 2 passes",
+            "BENCH idle per PR-hour",
+            "BENCH life now: ",
+            "BENCH drill lost-approval-webhook: resync every 1 s",
+            "load after: ",
+        ],
+    );
 }
 
 #[test]
@@ -212,14 +235,30 @@ fn bench_smoke_merge_lease() {
     assert_summary(
         "merge_lease.sh",
         &out,
-        &["-- run 1, this build", "BENCH_LEASE merged=", "load after: "],
+        &[
+            "-- run 1, this build",
+            "merge lease drill (this build)",
+            "BENCH_LEASE merged=",
+            "load after: ",
+        ],
     );
 }
 
 #[test]
 fn bench_smoke_merge_queue() {
     let out = run_smoke("merge_queue.sh", &[]);
-    assert_summary("merge_queue.sh", &out, &["-- run 1", "BENCH ", "load after: "]);
+    assert_summary(
+        "merge_queue.sh",
+        &out,
+        &[
+            "-- run 1",
+            "BENCH merge_queue queue=off base_moved=false n=1 ci_ms=200 ",
+            "BENCH merge_queue queue=off base_moved=false n=2 ci_ms=200 ",
+            "BENCH merge_queue queue=on base_moved=false n=1 ci_ms=200 ",
+            "BENCH merge_queue queue=on base_moved=false n=2 ci_ms=200 ",
+            "load after: ",
+        ],
+    );
 }
 
 /// The scripts with a smoke test here (each `bench_smoke_<stem>`).
