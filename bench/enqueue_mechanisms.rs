@@ -71,11 +71,7 @@ async fn one(
     match mechanism {
         Mechanism::Lua => {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(sha)
-                .arg(2)
-                .arg(&seen)
-                .arg(stream)
-                .arg(RETENTION_MS);
+            cmd.arg(sha).arg(2).arg(&seen).arg(stream).arg(RETENTION_MS);
             for (k, v) in fields {
                 cmd.arg(k).arg(v);
             }

@@ -82,7 +82,10 @@ fn run_smoke(script: &str, env: &[(&str, String)]) -> String {
     let output = std::fs::read_to_string(&log).unwrap_or_default();
     match status {
         None => panic!("bench/{script} (smoke) ran past {SCRIPT_DEADLINE:?}:\n{output}"),
-        Some(s) => assert!(s.success(), "bench/{script} (smoke) failed ({s}):\n{output}"),
+        Some(s) => assert!(
+            s.success(),
+            "bench/{script} (smoke) failed ({s}):\n{output}"
+        ),
     }
     output
 }
@@ -127,7 +130,9 @@ fn bench_smoke_floor() {
             .find(|l| l.trim_start().starts_with(m) && l.contains("202s"))
             .unwrap_or_else(|| panic!("no run line for {m}:\n{out}"));
         let tail = line.split("202s ").nth(1).unwrap_or("");
-        let mut nums = tail.split(" of ").map(|s| s.split_whitespace().next().unwrap_or(""));
+        let mut nums = tail
+            .split(" of ")
+            .map(|s| s.split_whitespace().next().unwrap_or(""));
         let (ok, all) = (nums.next(), nums.next());
         assert!(
             ok.is_some() && ok == all && ok != Some("0"),
@@ -179,7 +184,11 @@ fn bench_smoke_topology() {
     assert_summary(
         "topology.sh",
         &out,
-        &["| topology | rep | deliveries |", "| single | 1 | 20 |", "| cluster | 1 | 20 |"],
+        &[
+            "| topology | rep | deliveries |",
+            "| single | 1 | 20 |",
+            "| cluster | 1 | 20 |",
+        ],
     );
 }
 
@@ -281,10 +290,17 @@ fn bench_smoke_covers_every_script_and_reads_nothing_outside() {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(root().join("bench")).expect("bench/ is readable") {
         let p = entry.expect("an entry").path();
-        let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         let text = std::fs::read_to_string(&p).expect("a bench file");
         for o in ["../shared", "/work/shared", "$ROOT/.."] {
-            assert!(!text.contains(o), "bench/{name} names {o:?}: outside the repository");
+            assert!(
+                !text.contains(o),
+                "bench/{name} names {o:?}: outside the repository"
+            );
         }
         if let Some(stem) = name.strip_suffix(".sh").filter(|s| *s != "lib") {
             assert!(text.contains("smoke"), "bench/{name} has no smoke mode");

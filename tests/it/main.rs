@@ -4,8 +4,8 @@
 mod agents;
 mod api_bodies;
 mod app;
-mod bench_smoke;
 mod bench_lag;
+mod bench_smoke;
 mod core_purity;
 mod deploy;
 pub(crate) mod drills;

@@ -76,6 +76,12 @@ pub struct Route {
     item: Map<String, Value>,
 }
 
+/// A route, its operation and the raw values of its path parameters.
+type Found<'a> = (&'a Route, &'a Value, Vec<(String, String)>);
+
+/// The route whose path fits (if any) and why there is no operation.
+type NotFound<'a> = (Option<&'a Route>, String);
+
 /// One call as the fake Forgejo logged it.
 #[derive(Debug, Clone, Copy)]
 pub struct ApiCall<'a> {
@@ -276,11 +282,7 @@ impl Spec {
 
     /// The route and operation for `method` on `sub` (the path below the base), with the
     /// raw path parameters; or the closest route (if any) and why there is no operation.
-    fn find(
-        &self,
-        method: &str,
-        sub: &str,
-    ) -> Result<(&Route, &Value, Vec<(String, String)>), (Option<&Route>, String)> {
+    fn find(&self, method: &str, sub: &str) -> Result<Found<'_>, NotFound<'_>> {
         let trimmed = sub.trim_matches('/');
         let segs: Vec<&str> = if trimmed.is_empty() {
             Vec::new()
@@ -638,7 +640,14 @@ impl Spec {
                 let keys: Vec<&str> = value.keys().map(String::as_str).collect();
                 out.push((
                     format!("{at}: required key {req:?} missing ({label})"),
-                    format!("keys={}", if keys.is_empty() { "none".to_owned() } else { keys.join(",") }),
+                    format!(
+                        "keys={}",
+                        if keys.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            keys.join(",")
+                        }
+                    ),
                 ));
             }
         }
@@ -817,11 +826,13 @@ fn check_param(param: &Value, values: &[String], at: &str, out: &mut Vec<(String
             Some("boolean") => {
                 // Go's strconv.ParseBool.
                 const GO_BOOLS: [&str; 12] = [
-                    "1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false",
-                    "False",
+                    "1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False",
                 ];
                 if !GO_BOOLS.contains(&v) {
-                    out.push((format!("{at}: {:?} is not a boolean", short(v, 40)), shown()));
+                    out.push((
+                        format!("{at}: {:?} is not a boolean", short(v, 40)),
+                        shown(),
+                    ));
                 }
             }
             Some("string") if param["format"] == "date-time" && !is_rfc3339(v) => {
@@ -835,7 +846,7 @@ fn check_param(param: &Value, values: &[String], at: &str, out: &mut Vec<(String
         if let Some(allowed) = param["enum"].as_array() {
             let ok = allowed.iter().any(|e| match e {
                 Value::String(s) => s == v,
-                other => other.to_string() == v,
+                other => v.parse::<Value>().ok().as_ref() == Some(other),
             });
             if !ok {
                 out.push((
@@ -877,7 +888,8 @@ fn int_range(format: &str) -> Option<(i128, i128)> {
 /// `2026-06-10T12:00:00Z`, `…T12:00:00.5+02:00`: RFC 3339 as Go's time.RFC3339 reads it.
 pub fn is_rfc3339(s: &str) -> bool {
     let b = s.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
     if b.len() < 20
         || !digits(0..4)
         || b[4] != b'-'
@@ -906,7 +918,9 @@ pub fn is_rfc3339(s: &str) -> bool {
     }
     match &b[i..] {
         [b'Z' | b'z'] => true,
-        [b'+' | b'-', ..] => b.len() == i + 6 && digits(i + 1..i + 3) && b[i + 3] == b':' && digits(i + 4..i + 6),
+        [b'+' | b'-', ..] => {
+            b.len() == i + 6 && digits(i + 1..i + 3) && b[i + 3] == b':' && digits(i + 4..i + 6)
+        }
         _ => false,
     }
 }
@@ -960,7 +974,13 @@ pub struct Site {
 
 /// The functions of the client that take an API path (`send` and `send_json` take the
 /// method first; the others are GETs).
-const REQUEST_FNS: [&str; 5] = ["get_json(", "get_all(", "get_text_capped(", "send_json(", "send("];
+const REQUEST_FNS: [&str; 5] = [
+    "get_json(",
+    "get_all(",
+    "get_text_capped(",
+    "send_json(",
+    "send(",
+];
 
 /// Every API path the Rust source `text` of `file` builds: `format!` templates that
 /// start with `/` (or with `{}` given `repo_path(..)`), string literals and
@@ -1006,7 +1026,11 @@ pub fn static_sites(file: &str, text: &str) -> Vec<Site> {
             let (method, path) = if f.starts_with("send") {
                 let m = args
                     .first()
-                    .and_then(|a| a.rsplit("Method::").next().filter(|_| a.contains("Method::")))
+                    .and_then(|a| {
+                        a.rsplit("Method::")
+                            .next()
+                            .filter(|_| a.contains("Method::"))
+                    })
                     .map(str::to_owned);
                 (m, args.get(1))
             } else {
@@ -1029,7 +1053,11 @@ pub fn static_sites(file: &str, text: &str) -> Vec<Site> {
         }
     }
     sites.sort_by_key(|s| {
-        let line: usize = s.at.rsplit(':').next().and_then(|l| l.parse().ok()).unwrap_or(0);
+        let line: usize =
+            s.at.rsplit(':')
+                .next()
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
         line
     });
     sites
@@ -1225,12 +1253,20 @@ fn build_template(template: &str, args: &[String]) -> Option<String> {
 
 /// The method of the first request after a `format!`, within the same function.
 fn infer_method(after: &str) -> Option<String> {
-    let body = match after.find("\n    pub").into_iter().chain(after.find(" fn ")).min() {
+    let body = match after
+        .find("\n    pub")
+        .into_iter()
+        .chain(after.find(" fn "))
+        .min()
+    {
         Some(end) => &after[..end],
         None => after,
     };
     let method = body.find("Method::").map(|i| {
-        let name: String = body[i + 8..].chars().take_while(char::is_ascii_uppercase).collect();
+        let name: String = body[i + 8..]
+            .chars()
+            .take_while(char::is_ascii_uppercase)
+            .collect();
         (i, name)
     });
     let get = ["get_json(", "get_all(", "get_text_capped("]
@@ -1294,11 +1330,35 @@ mod tests {
     fn openapi_operation_must_exist() {
         passes("GET", "/api/v1/repos/o/r/pulls/3", &[], Value::Null);
         passes("get", "/api/v1/version", &[], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/pulls/3/rebase/now", &[], Value::Null, "no such operation: no path template");
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls/3/rebase/now",
+            &[],
+            Value::Null,
+            "no such operation: no path template",
+        );
         // matches GET /repos/{owner}/{repo}/pulls/{base}/{head} by its path, not its method
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/rebase", &[], Value::Null, "POST is not an operation of /repos/{owner}/{repo}/pulls/{base}/{head}");
-        rejected("PUT", "/api/v1/repos/o/r/pulls/3/merge", &[], Value::Null, "PUT is not an operation of /repos/{owner}/{repo}/pulls/{index}/merge");
-        rejected("GET", "/repos/o/r/pulls/3", &[], Value::Null, "not under /api/v1");
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/rebase",
+            &[],
+            Value::Null,
+            "POST is not an operation of /repos/{owner}/{repo}/pulls/{base}/{head}",
+        );
+        rejected(
+            "PUT",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            Value::Null,
+            "PUT is not an operation of /repos/{owner}/{repo}/pulls/{index}/merge",
+        );
+        rejected(
+            "GET",
+            "/repos/o/r/pulls/3",
+            &[],
+            Value::Null,
+            "not under /api/v1",
+        );
     }
 
     #[test]
@@ -1310,50 +1370,165 @@ mod tests {
             query: &[],
             body: &json!({"body": "x"}),
         });
-        assert_eq!(checked.key, "PATCH /repos/{owner}/{repo}/issues/comments/{id}");
+        assert_eq!(
+            checked.key,
+            "PATCH /repos/{owner}/{repo}/issues/comments/{id}"
+        );
         assert!(checked.violations.is_empty(), "{:?}", checked.violations);
     }
 
     #[test]
     fn openapi_mixed_segment_and_filepath() {
         passes("GET", "/api/v1/repos/o/r/pulls/3.diff", &[], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/pulls/3.pdf", &[], Value::Null, "is not one of diff|patch");
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls/3.pdf",
+            &[],
+            Value::Null,
+            "is not one of diff|patch",
+        );
         passes("GET", "/api/v1/repos/o/r/raw/a/b/c.txt", &[], Value::Null);
     }
 
     #[test]
     fn openapi_path_parameter_typed() {
         passes("GET", "/api/v1/repos/o/r/issues/12", &[], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/issues/twelve", &[], Value::Null, "path {index}: \"twelve\" is not an integer");
-        rejected("GET", "/api/v1/repos/o/r/issues/99999999999999999999", &[], Value::Null, "out of the int64 range");
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/issues/twelve",
+            &[],
+            Value::Null,
+            "path {index}: \"twelve\" is not an integer",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/issues/99999999999999999999",
+            &[],
+            Value::Null,
+            "out of the int64 range",
+        );
         // percent-encoded values are decoded before the check
-        passes("GET", "/api/v1/repos/o/r/branches/feature%2Fx", &[], Value::Null);
+        passes(
+            "GET",
+            "/api/v1/repos/o/r/branches/feature%2Fx",
+            &[],
+            Value::Null,
+        );
     }
 
     #[test]
     fn openapi_query_parameters_declared_and_typed() {
-        passes("GET", "/api/v1/repos/o/r/pulls", &[("state", "open"), ("page", "2"), ("limit", "50")], Value::Null);
-        passes("GET", "/api/v1/repos/o/r/pulls", &[("sudo", "admin")], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/pulls", &[("base", "main")], Value::Null, "query parameter \"base\" is not declared");
-        rejected("GET", "/api/v1/repos/o/r/pulls", &[("page", "two")], Value::Null, "query page: \"two\" is not an integer");
-        rejected("GET", "/api/v1/repos/o/r/pulls", &[("state", "opened")], Value::Null, "query state: \"opened\" is not one of");
-        rejected("GET", "/api/v1/repos/o/r/pulls", &[("page", "1"), ("page", "2")], Value::Null, "given 2 times, but it is not an array");
+        passes(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("state", "open"), ("page", "2"), ("limit", "50")],
+            Value::Null,
+        );
+        passes(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("sudo", "admin")],
+            Value::Null,
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("base", "main")],
+            Value::Null,
+            "query parameter \"base\" is not declared",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("page", "two")],
+            Value::Null,
+            "query page: \"two\" is not an integer",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("state", "opened")],
+            Value::Null,
+            "query state: \"opened\" is not one of",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls",
+            &[("page", "1"), ("page", "2")],
+            Value::Null,
+            "given 2 times, but it is not an array",
+        );
     }
 
     #[test]
     fn openapi_query_boolean_date_time_array_and_required() {
-        passes("GET", "/api/v1/repos/o/r/issues", &[("labels", "a,b"), ("since", "2026-01-02T03:04:05Z")], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/issues", &[("since", "2026-01-02 03:04:05")], Value::Null, "is not an RFC 3339 date-time");
-        passes("GET", "/api/v1/repos/o/r/commits", &[("stat", "false")], Value::Null);
-        rejected("GET", "/api/v1/repos/o/r/commits", &[("stat", "no")], Value::Null, "query stat: \"no\" is not a boolean");
+        passes(
+            "GET",
+            "/api/v1/repos/o/r/issues",
+            &[("labels", "a,b"), ("since", "2026-01-02T03:04:05Z")],
+            Value::Null,
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/issues",
+            &[("since", "2026-01-02 03:04:05")],
+            Value::Null,
+            "is not an RFC 3339 date-time",
+        );
+        passes(
+            "GET",
+            "/api/v1/repos/o/r/commits",
+            &[("stat", "false")],
+            Value::Null,
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/commits",
+            &[("stat", "no")],
+            Value::Null,
+            "query stat: \"no\" is not a boolean",
+        );
         // array, multi: each repetition is an item; items typed (enum)
-        passes("GET", "/api/v1/repos/issues/search", &[("type", "issues")], Value::Null);
-        passes("GET", "/api/v1/notifications", &[("subject-type", "pull"), ("subject-type", "issue")], Value::Null);
-        rejected("GET", "/api/v1/notifications", &[("subject-type", "pulls")], Value::Null, "query subject-type: \"pulls\" is not one of issue|pull|repository");
+        passes(
+            "GET",
+            "/api/v1/repos/issues/search",
+            &[("type", "issues")],
+            Value::Null,
+        );
+        passes(
+            "GET",
+            "/api/v1/notifications",
+            &[("subject-type", "pull"), ("subject-type", "issue")],
+            Value::Null,
+        );
+        rejected(
+            "GET",
+            "/api/v1/notifications",
+            &[("subject-type", "pulls")],
+            Value::Null,
+            "query subject-type: \"pulls\" is not one of issue|pull|repository",
+        );
         // required query parameter
-        passes("POST", "/api/v1/repos/o/r/pulls/3/update", &[("style", "rebase")], Value::Null);
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/update", &[("style", "squash")], Value::Null, "is not one of merge|rebase");
-        rejected("GET", "/api/v1/repos/search", &[("limit", "x")], Value::Null, "not an integer");
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/update",
+            &[("style", "rebase")],
+            Value::Null,
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/update",
+            &[("style", "squash")],
+            Value::Null,
+            "is not one of merge|rebase",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/search",
+            &[("limit", "x")],
+            Value::Null,
+            "not an integer",
+        );
     }
 
     #[test]
@@ -1362,11 +1537,20 @@ mod tests {
         let op = spec()
             .routes
             .iter()
-            .flat_map(|r| METHODS.iter().filter_map(move |m| Some((r, *m, r.item.get(*m)?))))
+            .flat_map(|r| {
+                METHODS
+                    .iter()
+                    .filter_map(move |m| Some((r, *m, r.item.get(*m)?)))
+            })
             .find(|(_, _, op)| {
-                op["parameters"].as_array().into_iter().flatten().any(|p| p["in"] == "query" && p["required"] == true)
+                op["parameters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["in"] == "query" && p["required"] == true)
             });
-        let (route, method, _) = op.expect("the definition has an operation with a required query parameter");
+        let (route, method, _) =
+            op.expect("the definition has an operation with a required query parameter");
         let path: String = route
             .segments
             .iter()
@@ -1380,40 +1564,148 @@ mod tests {
                     .collect::<String>()
             })
             .fold(String::from("/api/v1"), |acc, s| acc + "/" + &s);
-        rejected(&method.to_uppercase(), &path, &[], Value::Null, "required query parameter");
+        rejected(
+            &method.to_uppercase(),
+            &path,
+            &[],
+            Value::Null,
+            "required query parameter",
+        );
     }
 
     #[test]
     fn openapi_body_keys_in_schema_case_insensitive_as_go() {
-        passes("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "MergeMessageField": "m", "mergetitlefield": "t"}));
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"Do": "merge", "MergeMessageField": "m", "mergetitlefield": "t"}),
+        );
         // Go decodes "do" into Do: no finding
-        passes("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"do": "squash"}));
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "strategy": "x"}), "key \"strategy\" is not in MergePullRequestOption");
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "merge", "do": "merge"}), "all set MergePullRequestOption.Do");
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"do": "squash"}),
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"Do": "merge", "strategy": "x"}),
+            "key \"strategy\" is not in MergePullRequestOption",
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"Do": "merge", "do": "merge"}),
+            "all set MergePullRequestOption.Do",
+        );
     }
 
     #[test]
     fn openapi_body_required_keys_and_enums() {
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"MergeMessageField": "m"}), "required key \"Do\" missing");
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], json!({"Do": "Do"}), "body.Do: \"Do\" is not one of merge|rebase");
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/merge", &[], Value::Null, "no body, but MergePullRequestOption requires Do");
-        passes("POST", "/api/v1/repos/o/r/issues/3/comments", &[], json!({"body": "hi"}));
-        rejected("POST", "/api/v1/repos/o/r/issues/3/comments", &[], json!({}), "required key \"body\" missing");
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"MergeMessageField": "m"}),
+            "required key \"Do\" missing",
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            json!({"Do": "Do"}),
+            "body.Do: \"Do\" is not one of merge|rebase",
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/merge",
+            &[],
+            Value::Null,
+            "no body, but MergePullRequestOption requires Do",
+        );
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/issues/3/comments",
+            &[],
+            json!({"body": "hi"}),
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/issues/3/comments",
+            &[],
+            json!({}),
+            "required key \"body\" missing",
+        );
     }
 
     #[test]
     fn openapi_body_types_refs_and_arrays() {
-        passes("POST", "/api/v1/repos/o/r/statuses/abc", &[], json!({"state": "success", "context": "ci", "target_url": "", "description": "ok"}));
-        rejected("POST", "/api/v1/repos/o/r/statuses/abc", &[], json!({"state": 1}), "body.state: integer where the definition says string");
-        rejected("POST", "/api/v1/repos/o/r/issues/3/comments", &[], json!({"body": null}), "body.body: null where the definition says string");
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/statuses/abc",
+            &[],
+            json!({"state": "success", "context": "ci", "target_url": "", "description": "ok"}),
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/statuses/abc",
+            &[],
+            json!({"state": 1}),
+            "body.state: integer where the definition says string",
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/issues/3/comments",
+            &[],
+            json!({"body": null}),
+            "body.body: null where the definition says string",
+        );
         // a $ref inside an array, items checked
-        passes("POST", "/api/v1/repos/o/r/pulls/3/reviews", &[], json!({"event": "COMMENT", "body": "b", "comments": [{"path": "a.rs", "body": "c", "new_position": 3}]}));
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/reviews", &[], json!({"event": "COMMENT", "comments": [{"path": "a.rs", "line": 3}]}), "body.comments[]: key \"line\" is not in CreatePullReviewComment");
-        rejected("POST", "/api/v1/repos/o/r/pulls/3/reviews", &[], json!({"event": "COMMENT", "comments": [{"new_position": 1.5}]}), "number where the definition says integer");
-        rejected("GET", "/api/v1/repos/o/r/pulls/3", &[], json!({"x": 1}), "a body was sent, but the operation takes none");
+        passes(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/reviews",
+            &[],
+            json!({"event": "COMMENT", "body": "b", "comments": [{"path": "a.rs", "body": "c", "new_position": 3}]}),
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/reviews",
+            &[],
+            json!({"event": "COMMENT", "comments": [{"path": "a.rs", "line": 3}]}),
+            "body.comments[]: key \"line\" is not in CreatePullReviewComment",
+        );
+        rejected(
+            "POST",
+            "/api/v1/repos/o/r/pulls/3/reviews",
+            &[],
+            json!({"event": "COMMENT", "comments": [{"new_position": 1.5}]}),
+            "number where the definition says integer",
+        );
+        rejected(
+            "GET",
+            "/api/v1/repos/o/r/pulls/3",
+            &[],
+            json!({"x": 1}),
+            "a body was sent, but the operation takes none",
+        );
         // dates in bodies
-        rejected("PATCH", "/api/v1/repos/o/r/issues/3", &[], json!({"due_date": "tomorrow"}), "body.due_date: not an RFC 3339 date-time");
-        passes("PATCH", "/api/v1/repos/o/r/issues/3", &[], json!({"due_date": "2026-07-01T00:00:00.123+02:00"}));
+        rejected(
+            "PATCH",
+            "/api/v1/repos/o/r/issues/3",
+            &[],
+            json!({"due_date": "tomorrow"}),
+            "body.due_date: not an RFC 3339 date-time",
+        );
+        passes(
+            "PATCH",
+            "/api/v1/repos/o/r/issues/3",
+            &[],
+            json!({"due_date": "2026-07-01T00:00:00.123+02:00"}),
+        );
     }
 
     #[test]
@@ -1421,14 +1713,37 @@ mod tests {
         let q: Vec<(String, String)> = vec![("state".into(), "bogus".into())];
         let (b1, b2, null) = (json!({"Do": "Do"}), json!({"Do": "merge"}), Value::Null);
         let calls = [
-            ApiCall { method: "GET", path: "/api/v1/repos/o/r/pulls", query: &q, body: &null },
-            ApiCall { method: "POST", path: "/api/v1/repos/o/r/pulls/1/merge", query: &[], body: &b1 },
-            ApiCall { method: "POST", path: "/api/v1/repos/o/r/pulls/2/merge", query: &[], body: &b2 },
-            ApiCall { method: "GET", path: "/api/v1/version", query: &[], body: &null },
+            ApiCall {
+                method: "GET",
+                path: "/api/v1/repos/o/r/pulls",
+                query: &q,
+                body: &null,
+            },
+            ApiCall {
+                method: "POST",
+                path: "/api/v1/repos/o/r/pulls/1/merge",
+                query: &[],
+                body: &b1,
+            },
+            ApiCall {
+                method: "POST",
+                path: "/api/v1/repos/o/r/pulls/2/merge",
+                query: &[],
+                body: &b2,
+            },
+            ApiCall {
+                method: "GET",
+                path: "/api/v1/version",
+                query: &[],
+                body: &null,
+            },
         ];
         let (ok, text) = spec().report(&calls);
         assert!(!ok, "{text}");
-        assert!(text.contains("FAIL  GET /repos/{owner}/{repo}/pulls (repoListPullRequests)"), "{text}");
+        assert!(
+            text.contains("FAIL  GET /repos/{owner}/{repo}/pulls (repoListPullRequests)"),
+            "{text}"
+        );
         assert!(text.contains("FAIL  POST /repos/{owner}/{repo}/pulls/{index}/merge (repoMergePullRequest) -- 1 of 2 calls"), "{text}");
         assert!(text.contains("x1  body.Do: \"Do\" is not one of"), "{text}");
         assert!(text.contains("PASS  GET /version"), "{text}");
@@ -1439,10 +1754,20 @@ mod tests {
 
     #[test]
     fn openapi_rfc3339() {
-        for good in ["2026-01-02T03:04:05Z", "2026-01-02t03:04:05.123456789+05:30", "2026-01-02T03:04:05-00:00"] {
+        for good in [
+            "2026-01-02T03:04:05Z",
+            "2026-01-02t03:04:05.123456789+05:30",
+            "2026-01-02T03:04:05-00:00",
+        ] {
             assert!(is_rfc3339(good), "{good}");
         }
-        for bad in ["2026-01-02", "2026-01-02 03:04:05Z", "2026-01-02T03:04:05", "2026-01-02T03:04:05.Z", "2026-01-02T03:04:05+0530"] {
+        for bad in [
+            "2026-01-02",
+            "2026-01-02 03:04:05Z",
+            "2026-01-02T03:04:05",
+            "2026-01-02T03:04:05.Z",
+            "2026-01-02T03:04:05+0530",
+        ] {
             assert!(!is_rfc3339(bad), "{bad}");
         }
     }
@@ -1461,7 +1786,10 @@ mod tests {
         let mut sites = Vec::new();
         for f in &files {
             let text = std::fs::read_to_string(f).expect("a source file");
-            let name = format!("src/forgejo/{}", f.file_name().unwrap_or_default().to_string_lossy());
+            let name = format!(
+                "src/forgejo/{}",
+                f.file_name().unwrap_or_default().to_string_lossy()
+            );
             sites.extend(static_sites(&name, &text));
         }
         let mut bad = Vec::new();
@@ -1496,7 +1824,11 @@ mod tests {
             bad.join("\n")
         );
         // The scan must see the client's requests, or it proves nothing.
-        assert!(sites.len() >= 20, "only {} sites found: {sites:#?}", sites.len());
+        assert!(
+            sites.len() >= 20,
+            "only {} sites found: {sites:#?}",
+            sites.len()
+        );
         for op in [
             "GET /version",
             "GET /user",
@@ -1508,7 +1840,10 @@ mod tests {
             "GET /repos/{owner}/{repo}/commits/{ref}/status",
             "DELETE /repos/{owner}/{repo}/issues/{index}/labels/{identifier}",
         ] {
-            assert!(operations.contains(op), "{op} not found by the scan; found {operations:#?}");
+            assert!(
+                operations.contains(op),
+                "{op} not found by the scan; found {operations:#?}"
+            );
         }
     }
 
@@ -1540,7 +1875,10 @@ mod tests {
 }
 "#;
         let sites = static_sites("x.rs", src);
-        let got: Vec<(Option<&str>, &str)> = sites.iter().map(|s| (s.method.as_deref(), s.built.as_str())).collect();
+        let got: Vec<(Option<&str>, &str)> = sites
+            .iter()
+            .map(|s| (s.method.as_deref(), s.built.as_str()))
+            .collect();
         assert_eq!(
             got,
             [
@@ -1551,13 +1889,32 @@ mod tests {
                 (Some("GET"), "/version"),
             ]
         );
-        let verdicts: Vec<bool> = sites.iter().map(|s| spec().static_match(s.method.as_deref(), &s.built).1).collect();
+        let verdicts: Vec<bool> = sites
+            .iter()
+            .map(|s| spec().static_match(s.method.as_deref(), &s.built).1)
+            .collect();
         assert_eq!(verdicts, [true, false, false, true, true]);
         // a source placeholder fills only a whole-segment parameter
-        assert!(!spec().static_match(Some("GET"), "/repos/{owner}/{repo}/{what}").1);
+        assert!(
+            !spec()
+                .static_match(Some("GET"), "/repos/{owner}/{repo}/{what}")
+                .1
+        );
         // a word of the source does not fill a parameter: no /pulls/{base}/{head} here
-        assert!(!spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviewz").1);
-        assert!(spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviews").1);
-        assert!(spec().static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}.diff").1);
+        assert!(
+            !spec()
+                .static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviewz")
+                .1
+        );
+        assert!(
+            spec()
+                .static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}/reviews")
+                .1
+        );
+        assert!(
+            spec()
+                .static_match(Some("GET"), "/repos/{owner}/{repo}/pulls/{number}.diff")
+                .1
+        );
     }
 }
