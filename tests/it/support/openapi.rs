@@ -36,9 +36,6 @@ const SPEC_JSON: &str = include_str!("../../data/forgejo-openapi-v15.json");
 /// HTTP methods an operation can have in Swagger 2.0.
 const METHODS: [&str; 7] = ["get", "put", "post", "delete", "options", "head", "patch"];
 
-/// Violation lines printed per check in a report.
-const MAX_LINES: usize = 12;
-
 /// The parsed, indexed definition of this process (parsed on first use).
 pub fn spec() -> &'static Spec {
     static SPEC: OnceLock<Spec> = OnceLock::new();
@@ -655,8 +652,8 @@ impl Spec {
 
     /// Checks every call; returns whether all conform and the report: one PASS/FAIL
     /// line per distinct `METHOD /template` (each is one check), under each FAIL one
-    /// line per distinct violation with its count and one example call, then
-    /// `api: N/M checks pass`.
+    /// line per distinct violation (all of them) with its count and one example call,
+    /// then `api: N/M checks pass`.
     pub fn report(&self, calls: &[ApiCall<'_>]) -> (bool, String) {
         struct Group {
             op: Option<String>,
@@ -711,15 +708,7 @@ impl Spec {
                 "FAIL  {name} -- {} of {} calls break the definition",
                 g.bad, g.calls
             );
-            for (i, (what, count, ex)) in g.violations.iter().enumerate() {
-                if i == MAX_LINES {
-                    let _ = writeln!(
-                        text,
-                        "        ... and {} more distinct violations",
-                        g.violations.len() - MAX_LINES
-                    );
-                    break;
-                }
+            for (what, count, ex) in &g.violations {
                 let _ = writeln!(text, "        x{count}  {what}; e.g. {ex}");
             }
         }
