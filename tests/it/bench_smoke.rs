@@ -9,8 +9,8 @@
 //! mean nothing and stay out of the assertions.
 //!
 //! Tools the scripts need besides the shepherd binaries: bash, redis-server, redis-cli,
-//! redis-benchmark, curl, openssl (ingest.sh), python3 (worker.sh), awk, and the usual
-//! procps/coreutils (pgrep, getconf, nproc, lscpu, free).
+//! redis-benchmark, curl, openssl (ingest.sh), awk, and the usual procps/coreutils
+//! (pgrep, getconf, nproc, lscpu, free); no python3, no wrk, no node.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
