@@ -270,6 +270,43 @@ fn bench_smoke_merge_queue() {
     );
 }
 
+/// The one bench example no script runs, `ingest_parts` (CPU per step of the webhook
+/// path): built as the scripts build theirs, run in smoke mode on the default payload.
+#[test]
+fn bench_smoke_ingest_parts_example() {
+    let build = Command::new("cargo")
+        .args(["build", "--quiet", "--example", "ingest_parts"])
+        .current_dir(root())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        build.status.success(),
+        "cargo build --example ingest_parts: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let out = Command::new(root().join("target/debug/examples/ingest_parts"))
+        .env("BENCH_SMOKE", "1")
+        .current_dir(root())
+        .output()
+        .expect("ingest_parts runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "ingest_parts (smoke) failed:\n{text}");
+    assert_summary(
+        "ingest_parts.rs",
+        &text,
+        &[
+            "webhooks/pull_request_opened.json: ",
+            "utf-8 check",
+            "repository_of (UTF-8 + probe)",
+            "HMAC-SHA256",
+        ],
+    );
+}
+
 /// The scripts with a smoke test here (each `bench_smoke_<stem>`).
 const SCRIPTS: [&str; 8] = [
     "agents.sh",
