@@ -2,8 +2,10 @@
 # The agent runner's benchmark (issue 14), recorded in docs/benchmarks.md.
 #
 #   bench/agents.sh
+#   BENCH_SMOKE=1 bench/agents.sh    # every phase, briefly (tests/it/bench_smoke.rs)
 #
 # Env: BENCH_AGENTS_ITEMS (200)  BENCH_AGENTS_WEBHOOKS (100)  BENCH_AGENTS_RATE (20)
+#      BENCH_IT_BIN (the integration-test binary to run instead of a release build)
 #
 # Runs the ignored test tests/it/agents/bench.rs with the release build: the real
 # `shepherd agents` (and `shepherd run`) processes, a real redis-server per phase, the
@@ -18,11 +20,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-cargo build --release --quiet
-cargo nextest run --release --test it --run-ignored only -E 'test(bench_agents)' --no-capture 2>&1 \
-  | grep -E '^BENCH|PASS|FAIL|panicked' 
+. "$ROOT/bench/lib.sh"
+if smoke; then
+  export BENCH_AGENTS_ITEMS=2 BENCH_AGENTS_WEBHOOKS=2 BENCH_AGENTS_RATE=20
+fi
+machine_header
+[ -n "${BENCH_IT_BIN:-}" ] || cargo build --release --quiet
+run_ignored_test bench_agents --release | grep -E '^BENCH|PASS|FAIL|panicked'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

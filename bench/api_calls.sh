@@ -7,6 +7,8 @@
 # Env: BENCH_ECONOMY_PRS (40)  BENCH_ECONOMY_PASSES (20)  BENCH_ECONOMY_DRILL_SECS (5)
 #      BEFORE (a `shepherd` binary built from the commit to compare with)
 #      PROFILE (dev; `release` builds and runs the release profile)
+#      BENCH_SMOKE=1 (every part, briefly: tests/it/bench_smoke.rs)
+#      BENCH_IT_BIN (the integration-test binary to run instead of cargo nextest)
 #
 # Runs the ignored test tests/it/worker/economy_bench.rs: the real `shepherd run`, a
 # real redis-server and the fake Forgejo of the test support, which logs every call:
@@ -23,13 +25,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PROFILE="${PROFILE:-dev}"
 . "$ROOT/bench/lib.sh"
+if smoke; then
+  export BENCH_ECONOMY_PRS=2 BENCH_ECONOMY_PASSES=2 BENCH_ECONOMY_DRILL_SECS=1
+fi
 machine_header
 if [ -n "${BEFORE:-}" ]; then
   [ -x "$BEFORE" ] || { echo "BEFORE=$BEFORE is not an executable" >&2; exit 1; }
   export BENCH_SHEPHERD_BIN_BEFORE="$BEFORE"
   echo "before: $BEFORE ($("$BEFORE" --version 2>/dev/null || echo '?'))"
 fi
-args=(--test it --run-ignored only -E 'test(bench_api_calls)' --no-capture)
-[ "$PROFILE" = release ] && args=(--release "${args[@]}")
-cargo nextest run "${args[@]}" 2>&1 | grep -E '^BENCH|PASS|FAIL|panicked'
+args=()
+[ "$PROFILE" = release ] && args=(--release)
+run_ignored_test bench_api_calls "${args[@]}" | grep -E '^BENCH|PASS|FAIL|panicked'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -143,7 +143,7 @@ async fn connection(mut socket: TcpStream, mode: Mode, redis: &str, sha: &[u8]) 
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap_or_default()
                     .as_millis();
-                let (received, minid) = (now.to_string(), (now - 604_800_000).to_string());
+                let received = now.to_string();
                 command(&[
                     b"EVALSHA",
                     sha,
@@ -151,7 +151,6 @@ async fn connection(mut socket: TcpStream, mode: Mode, redis: &str, sha: &[u8]) 
                     &seen,
                     b"{bench:0}:events",
                     b"604800000",
-                    minid.as_bytes(),
                     b"kind",
                     b"webhook",
                     b"delivery",

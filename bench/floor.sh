@@ -3,11 +3,16 @@
 # as bench/ingest.sh: how much CPU per delivery is the fixed cost of receiving 15 KB
 # over HTTP, checking its HMAC and writing it to Redis, whatever the receiver.
 #
-#   bench/floor.sh
+#   PEERS_SRC=/path/to/peers bench/floor.sh
+#   BENCH_SMOKE=1 bench/floor.sh     # every step, briefly (tests/it/bench_smoke.rs)
 #
 # Env: DURATION (10s)  CONNS (32)  REPS (3)  WARMUP (3, seconds)
 #      MODES ("answer hmac xadd evalsha full shepherd")  WORK (target/bench)
-#      PEERS_SRC (../shared/peers)  PORT (8091)  BENCH_REDIS_PORT (6390)
+#      PEERS_SRC (the peers' harness: its redis.sh, post.lua and payload; without it,
+#      a redis-server started here, webhooks/pull_request_opened.json and the
+#      topology_load example instead of wrk: see bench/lib.sh)
+#      PORT (8091)  BENCH_REDIS_PORT (6390)
+#      BIN, EXAMPLES (binaries to use instead of the release build; bench/lib.sh)
 #
 # Receivers: the cargo example `floor` (bench/floor.rs) in each of its modes, each one
 # step more than the one before (answer 202 / + HMAC / + XADD / EVALSHA of Shepherd's
@@ -23,23 +28,25 @@ CONNS="${CONNS:-32}"
 REPS="${REPS:-3}"
 WARMUP="${WARMUP:-3}"
 MODES="${MODES:-answer hmac xadd evalsha full shepherd}"
-PEERS_SRC="${PEERS_SRC:-$ROOT/../shared/peers}"
 WORK="${WORK:-$ROOT/target/bench}"
 PORT="${PORT:-8091}"
 export BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-6390}"
 SECRET=bench-secret
 
 . "$ROOT/bench/lib.sh"
+if smoke; then
+  DURATION=1s; CONNS=4; REPS=1; WARMUP=1; LOAD_COUNT="${LOAD_COUNT:-20}"
+fi
 peers_harness
 
-(cd "$ROOT" && cargo build --release --bin shepherd --example floor 2>&1 | tail -1)
+need_examples floor topology_load
 OUT="$WORK/results/floor-$(date +%Y%m%dT%H%M%S)"
 mkdir -p "$OUT"
 
 SPID=""
 started_redis=0
 stop_server() { [ -n "$SPID" ] && stop_pid "$SPID"; SPID=""; }
-cleanup() { stop_server; [ "$started_redis" = 1 ] && "$P/redis.sh" stop >/dev/null; return 0; }
+cleanup() { stop_server; [ "$started_redis" = 1 ] && stop_bench_redis; return 0; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 start_bench_redis
@@ -48,10 +55,10 @@ start_server() { # mode
   if [ "$1" = shepherd ]; then
     env -i PATH="$PATH" SHEPHERD_LISTEN="127.0.0.1:$PORT" \
       SHEPHERD_REDIS_URL="redis://127.0.0.1:$BENCH_REDIS_PORT" SHEPHERD_KEY_PREFIX=bench \
-      SHEPHERD_WEBHOOK_SECRETS="$SECRET" SHEPHERD_LOG=warn "$ROOT/target/release/shepherd" serve \
+      SHEPHERD_WEBHOOK_SECRETS="$SECRET" SHEPHERD_LOG=warn "$BIN" serve \
       > "$OUT/$1.log" 2>&1 &
   else
-    "$ROOT/target/release/examples/floor" "$1" "127.0.0.1:$PORT" "127.0.0.1:$BENCH_REDIS_PORT" > "$OUT/$1.log" 2>&1 &
+    "$EXAMPLES/floor" "$1" "127.0.0.1:$PORT" "127.0.0.1:$BENCH_REDIS_PORT" > "$OUT/$1.log" 2>&1 &
   fi
   SPID=$!
   for _ in $(seq 100); do
@@ -62,8 +69,7 @@ start_server() { # mode
   echo "$1 did not come up:" >&2; cat "$OUT/$1.log" >&2; exit 1
 }
 
-SIG="$(openssl dgst -sha256 -hmac "$SECRET" -r "$PAYLOAD" | cut -d' ' -f1)"
-export BENCH_PAYLOAD="$PAYLOAD" BENCH_PATH=/webhooks/forgejo BENCH_SIG="$SIG"
+export BENCH_PAYLOAD="$PAYLOAD" BENCH_PATH=/webhooks/forgejo
 ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 TSV="$OUT/runs.tsv"
 printf 'mode\tconns\trep\trps\tp50_ms\tp99_ms\trequests\ts202\tcpu_us_per_request\n' > "$TSV"
@@ -79,11 +85,11 @@ for rep in $(seq "$REPS"); do
       start_server "$m"
       base=$(( $(date +%s) % 100000 * 100 + RANDOM % 100 ))
       rcli flushall sync >/dev/null
-      BENCH_RUN_ID="$base" wrk -t1 -c"$c" -d"${WARMUP}s" -s "$P/post.lua" "http://127.0.0.1:$PORT/webhooks/forgejo" > /dev/null
+      bench_load "$c" "${WARMUP}s" "$SECRET" "$base" /dev/null /dev/null "http://127.0.0.1:$PORT/webhooks/forgejo"
       rcli flushall sync >/dev/null
       t0="$(ticks "$SPID")"
-      BENCH_RUN_ID=$((base + 1)) BENCH_STATS="$OUT/$m.c$c.r$rep.stats" \
-        wrk -t1 -c"$c" -d"$DURATION" --latency -s "$P/post.lua" "http://127.0.0.1:$PORT/webhooks/forgejo" > "$OUT/$m.c$c.r$rep.wrk.txt"
+      bench_load "$c" "$DURATION" "$SECRET" $((base + 1)) "$OUT/$m.c$c.r$rep.stats" "$OUT/$m.c$c.r$rep.wrk.txt" \
+        "http://127.0.0.1:$PORT/webhooks/forgejo"
       t1="$(ticks "$SPID")"
       s="$OUT/$m.c$c.r$rep.stats"
       n="$(st "$s" requests)"
@@ -101,18 +107,13 @@ done
 echo
 echo "| receiver | conns | req/s (median) | p50 ms | p99 ms | CPU µs per request (median) |"
 echo "|---|---:|---:|---:|---:|---:|"
-python3 - "$TSV" <<'EOF'
-import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-seen = []
-for r in rows:
-    k = (r["mode"], r["conns"])
-    if k not in seen:
-        seen.append(k)
-for k in seen:
-    g = [r for r in rows if (r["mode"], r["conns"]) == k]
-    med = lambda f: statistics.median(float(r[f]) for r in g)
-    print(f"| {k[0]} | {k[1]} | {med('rps'):,.0f} | {med('p50_ms'):.2f} | {med('p99_ms'):.2f} | {med('cpu_us_per_request'):.1f} |")
-EOF
+# medians per (mode, conns), in the order first run
+awk -F'\t' 'function med(k, f,   c, a, b, t, s) { c = n[k]; for (a = 1; a <= c; a++) s[a] = v[k, a, f] + 0
+    for (a = 1; a <= c; a++) for (b = a + 1; b <= c; b++) if (s[b] < s[a]) { t = s[a]; s[a] = s[b]; s[b] = t }
+    return (c % 2) ? s[(c + 1) / 2] : (s[c / 2] + s[c / 2 + 1]) / 2 }
+  function commas(x,   s) { s = sprintf("%.0f", x); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s); return s }
+  NR > 1 { k = $1 " | " $2; if (!(k in n)) order[++m] = k; c = ++n[k]; v[k, c, 4] = $4; v[k, c, 5] = $5; v[k, c, 6] = $6; v[k, c, 9] = $9 }
+  END { for (i = 1; i <= m; i++) { k = order[i]
+    printf "| %s | %s | %.2f | %.2f | %.1f |\n", k, commas(med(k, 4)), med(k, 5), med(k, 6), med(k, 9) } }' "$TSV"
 echo
 echo "results in $OUT"

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Load benchmark of Shepherd's webhook path (issue 2), side by side with the receivers a
-# user would otherwise pick (../shared/peers: Node + @octokit/webhooks + ioredis,
-# FastAPI + redis-py), on the same Redis, payload, load generator and checks.
+# user would otherwise pick (the peers' harness, given as PEERS_SRC: Node +
+# @octokit/webhooks + ioredis, FastAPI + redis-py), on the same Redis, payload, load
+# generator and checks.
 #
-#   bench/ingest.sh
+#   PEERS_SRC=/path/to/peers bench/ingest.sh
+#   bench/ingest.sh                  # Shepherd alone ("peers: skipped")
+#   BENCH_SMOKE=1 bench/ingest.sh    # every step, briefly (tests/it/bench_smoke.rs)
 #
 # Env: DURATION (15s)  CONNS ("32 128")  REPS (1)  WARMUP (3, seconds)  BADSIG_SECS (3)
 #      PEERS ("node node-cluster2 fastapi-1w fastapi-2w"; PEERS= for Shepherd alone)
 #      CEILING (1: redis-benchmark ceilings, 0: skip)  MECHANISMS (1: Lua vs MULTI, 0: skip)
-#      PEERS_SRC (../shared/peers next to the repository)  WORK (target/bench)
+#      PEERS_SRC (the peers' harness; without it: no peers, no peers' ceiling.sh and
+#      summarise.py, a redis-server started here, webhooks/pull_request_opened.json and
+#      the topology_load example instead of wrk; see bench/lib.sh)  WORK (target/bench)
 #      PORT (8090, Shepherd's)  BENCH_REDIS_PORT (6390)
 #      BIN (target/release/shepherd, built first; another path for an A/B run)
+#      EXAMPLES (the folder of the cargo examples; built first unless given)
 #
 # What it does, in order:
 #  1. copies the peers' harness into $WORK/peers (it must be writable; never committed
@@ -38,7 +44,6 @@ REPS="${REPS:-1}"
 WARMUP="${WARMUP:-3}"
 BADSIG_SECS="${BADSIG_SECS:-3}"
 PEERS="${PEERS-node node-cluster2 fastapi-1w fastapi-2w}"
-PEERS_SRC="${PEERS_SRC:-$ROOT/../shared/peers}"
 WORK="${WORK:-$ROOT/target/bench}"
 PORT="${PORT:-8090}"
 export BENCH_REDIS_PORT="${BENCH_REDIS_PORT:-6390}"
@@ -50,14 +55,18 @@ log() { printf '== %s\n' "$*"; }
 
 # ---- 1. the peers' harness, in a writable copy ---------------------------------------
 . "$ROOT/bench/lib.sh"
+CEIL_N=100000 MECH_ARGS=()
+if smoke; then
+  CONNS=4; REPS=1; WARMUP=1; BADSIG_SECS=1; LOAD_COUNT="${LOAD_COUNT:-20}"; CEIL_N=200; MECH_ARGS=(1 1)
+fi
 peers_harness
+[ -n "$P" ] || PEERS=""
 sign() { openssl dgst -sha256 -hmac "$SECRET" -r "$1" | cut -d' ' -f1; }
 
 # ---- 2. build and start everything -----------------------------------------------------
-log "cargo build --release"
-(cd "$ROOT" && cargo build --release --bin shepherd --example enqueue_mechanisms 2>&1 | tail -1)
 # BIN=<path> measures another build of shepherd (an A/B against an older commit).
-BIN="${BIN:-$ROOT/target/release/shepherd}"
+log "cargo build${EXAMPLES:+ (examples given)}$(smoke || echo ' --release')"
+need_examples enqueue_mechanisms topology_load
 STAMP="$(date +%Y%m%dT%H%M%S)"
 OUT="$WORK/results/$STAMP"
 mkdir -p "$OUT/raw" "$WORK/run"
@@ -68,7 +77,7 @@ started_redis=0
 cleanup() {
   local l
   for l in "${!PID[@]}"; do stop_pid "${PID[$l]}"; done
-  [ "$started_redis" = 1 ] && "$P/redis.sh" stop >/dev/null
+  [ "$started_redis" = 1 ] && stop_bench_redis
   return 0
 }
 trap cleanup EXIT
@@ -122,7 +131,7 @@ log "shepherd contract smoke test passed (202, 200 duplicate, 401, 1 entry)"
   echo "memory: $(free -g | awk '/^Mem:/{print $2}') GiB"
   echo "kernel: $(uname -r); $(. /etc/os-release; echo "$PRETTY_NAME")"
   echo "redis-server: $(redis-server --version | sed 's/Redis server //')"
-  echo "wrk: $(wrk -v 2>&1 | head -1)"
+  echo "load: $(if [ -n "$P" ] && command -v wrk >/dev/null; then wrk -v 2>&1 | head -1; else echo "topology_load (no wrk or no peers' harness)"; fi)"
   echo "rustc: $(rustc --version); shepherd $(git -C "$ROOT" rev-parse --short HEAD)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "payload: $(wc -c < "$PAYLOAD") bytes"
@@ -130,26 +139,32 @@ log "shepherd contract smoke test passed (202, 200 duplicate, 401, 1 entry)"
 
 # ---- 3. ceilings -----------------------------------------------------------------------------
 if [ "${CEILING:-1}" != 0 ]; then
-  log "redis ceiling (peers' ceiling.sh)"
-  REPS=3 "$P/ceiling.sh" "$OUT/ceiling.md" | tail -6
+  if [ -n "$P" ]; then
+    log "redis ceiling (peers' ceiling.sh)"
+    REPS=3 "$P/ceiling.sh" "$OUT/ceiling.md" | tail -6
+  else
+    log "redis ceiling (peers' ceiling.sh): skipped, no peers' harness"
+  fi
   log "redis ceiling of Shepherd's EVALSHA enqueue (redis-benchmark, 32 clients, -P 1, median of 3)"
   sha="$(rcli script load "$(cat "$ROOT/src/store/lua/enqueue.lua")")"
   body="$(cat "$PAYLOAD")"
   rows=()
   for _ in 1 2 3; do
     rcli flushall sync >/dev/null
-    rows+=("$(redis-benchmark -h 127.0.0.1 -p "$BENCH_REDIS_PORT" -c 32 -n 100000 -r 1000000000 -P 1 --csv \
-      EVALSHA "$sha" 2 "{$PREFIX:0}:seen:__rand_int__" "$STREAM" 604800000 0 kind webhook delivery __rand_int__ \
+    rows+=("$(redis-benchmark -h 127.0.0.1 -p "$BENCH_REDIS_PORT" -c 32 -n "$CEIL_N" -r 1000000000 -P 1 --csv \
+      EVALSHA "$sha" 2 "{$PREFIX:0}:seen:__rand_int__" "$STREAM" 604800000 kind webhook delivery __rand_int__ \
       event pull_request repo forgejo-bot-test/widgets received 1796049229349 body "$body" \
       | tail -1 | cut -d, -f2 | tr -d '"' | cut -d. -f1)")
+    # redis-benchmark counts error replies as answers: the stream tells whether it enqueued
+    [ "$(rcli xlen "$STREAM")" -gt 0 ] || { echo "EVALSHA of enqueue.lua wrote no stream entry (wrong arguments?)" >&2; exit 1; }
   done
   rcli flushall sync >/dev/null
   evalsha="$(printf '%s\n' "${rows[@]}" | sort -n | sed -n 2p)"
-  echo "| Shepherd's enqueue.lua via EVALSHA (GET, XADD MINID ~, SET PX), -P 1 | $evalsha | (${rows[*]}) |" | tee -a "$OUT/ceiling.md"
+  echo "| Shepherd's enqueue.lua via EVALSHA (GET, XADD, SET PX), -P 1 | $evalsha | (${rows[*]}) |" | tee -a "$OUT/ceiling.md"
 fi
 if [ "${MECHANISMS:-1}" != 0 ]; then
   log "Lua vs MULTI/EXEC through one multiplexed connection"
-  "$ROOT/target/release/examples/enqueue_mechanisms" "redis://127.0.0.1:$BENCH_REDIS_PORT" "$PAYLOAD" | tee "$OUT/mechanisms.md"
+  "$EXAMPLES/enqueue_mechanisms" "redis://127.0.0.1:$BENCH_REDIS_PORT" "$PAYLOAD" "${MECH_ARGS[@]}" | tee "$OUT/mechanisms.md"
   rcli flushall sync >/dev/null
 fi
 
@@ -163,7 +178,13 @@ hwm_kib() { local t=0 p v; for p in $(tree_pids "$1"); do v="$(awk '/^VmHWM:/{pr
 redis_cpu() { rcli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/{s+=$2} END{printf "%.3f", s}'; }
 settle() { local a b; a="$(rcli xlen "$1")"; for _ in $(seq 20); do sleep 0.25; b="$(rcli xlen "$1")"; [ "$a" = "$b" ] && break; a="$b"; done; echo "$b"; }
 run_wrk() { # conns duration sig run_id stats out
-  BENCH_SIG="$3" BENCH_RUN_ID="$4" BENCH_STATS="$5" wrk -t1 -c"$1" -d"$2" --latency -s "$P/post.lua" "$URL" > "$6"
+  if [ -n "$P" ] && command -v wrk >/dev/null 2>&1; then
+    BENCH_SIG="$3" BENCH_RUN_ID="$4" BENCH_STATS="$5" wrk -t1 -c"$1" -d"$2" --latency -s "$P/post.lua" "$URL" > "$6"
+  else
+    # the topology_load example signs itself: the right secret, or a wrong one
+    local secret="$SECRET"; [ "$3" = "$SIG" ] || secret="$SECRET-wrong"
+    bench_load "$1" "$2" "$secret" "$4" "$5" "$6" "$URL"
+  fi
 }
 
 TSV="$OUT/runs.tsv"
@@ -233,7 +254,7 @@ done
 
 # ---- 5. summary --------------------------------------------------------------------------------
 {
-  python3 "$P/summarise.py" "$TSV"
+  if [ -n "$P" ]; then python3 "$P/summarise.py" "$TSV"; else echo "(peers' summarise.py: skipped, no peers' harness)"; fi
   echo
   echo "| receiver | conns | server CPU µs per accepted delivery (median) | peak RSS MiB (max) |"
   echo "|---|---:|---:|---:|"

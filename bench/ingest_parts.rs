@@ -1,9 +1,10 @@
 //! CPU cost of each step Shepherd runs on a webhook body before it reaches Redis,
-//! on the peers' ~15 KB `pull_request` payload (or the file given as the first
-//! argument): `cargo run --release --example ingest_parts [FILE]`.
+//! on the ~15 KB `pull_request` payload of `webhooks/pull_request_opened.json` (or the
+//! file given as the first argument): `cargo run --release --example ingest_parts [FILE]`.
 //!
-//! Prints nanoseconds per call, the median of 7 rounds of 2,000 calls each. A
-//! measurement aid for docs/benchmarks.md, not a test: it asserts nothing about time.
+//! Prints nanoseconds per call, the median of 7 rounds of 2,000 calls each (20 with
+//! `BENCH_SMOKE=1`, what tests/it/bench_smoke.rs runs). A measurement aid for
+//! docs/benchmarks.md, not a test: it asserts nothing about time.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -16,14 +17,15 @@ use shepherd::ingest::signature::sign_sha256;
 type Row<'a> = (&'static str, Box<dyn FnMut() + 'a>);
 
 fn median_ns(mut f: impl FnMut()) -> f64 {
-    const CALLS: u32 = 2_000;
+    let smoke = std::env::var("BENCH_SMOKE").is_ok_and(|v| v == "1");
+    let calls: u32 = if smoke { 20 } else { 2_000 };
     let mut rounds: Vec<f64> = (0..7)
         .map(|_| {
             let t = Instant::now();
-            for _ in 0..CALLS {
+            for _ in 0..calls {
                 f();
             }
-            t.elapsed().as_nanos() as f64 / f64::from(CALLS)
+            t.elapsed().as_nanos() as f64 / f64::from(calls)
         })
         .collect();
     rounds.sort_by(f64::total_cmp);
@@ -34,7 +36,7 @@ fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/peers/payload/pull_request_opened.json"
+            "/webhooks/pull_request_opened.json"
         )
         .to_owned()
     });

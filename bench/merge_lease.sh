@@ -7,6 +7,9 @@
 #
 # Env: BENCH_LEASE_KILLS (8)  RUNS (1: drills per build)
 #      BEFORE (a `shepherd` binary built from the commit to compare with)
+#      BENCH_SMOKE=1 (one kill: tests/it/bench_smoke.rs; the drill's 40 PRs and its
+#      500 ms merge answers are fixed, so it still takes some 20 s)
+#      BENCH_IT_BIN (the integration-test binary to run instead of cargo nextest)
 #
 # Runs the ignored test `drills::bench_merge_lease_drill`: 40 approved bot PRs with
 # green CI on one branch, 3 real `shepherd work` processes on a real redis-server, the
@@ -19,10 +22,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 RUNS="${RUNS:-1}"
 . "$ROOT/bench/lib.sh"
+if smoke; then export BENCH_LEASE_KILLS=1; RUNS=1; fi
 machine_header
 run() {
-  cargo nextest run --test it --run-ignored only -E 'test(bench_merge_lease_drill)' --no-capture 2>&1 \
-    | grep -E '^BENCH|merge lease drill|FAIL|panicked'
+  run_ignored_test bench_merge_lease_drill | grep -E '^BENCH|merge lease drill|FAIL|panicked'
 }
 for i in $(seq 1 "$RUNS"); do
   if [ -n "${BEFORE:-}" ]; then

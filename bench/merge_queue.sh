@@ -8,6 +8,8 @@
 #      BENCH_QUEUE_SIZES (1,10: PRs made ready at once)  RUNS (1)
 #      BENCH_QUEUE_BASE_MOVED (0; 1: the branch moves after the PRs' own CI and before
 #      they become ready, so every PR needs an update and a CI run)
+#      BENCH_SMOKE=1 (sizes 1 and 2, a 200 ms CI: tests/it/bench_smoke.rs)
+#      BENCH_IT_BIN (the integration-test binary to run instead of cargo nextest)
 #
 # Runs the ignored test `worker::merge_queue::bench_merge_queue_throughput`: the real
 # `shepherd run` on a real redis-server and the fake Forgejo with a simulated CI of
@@ -22,10 +24,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 RUNS="${RUNS:-1}"
 . "$ROOT/bench/lib.sh"
+if smoke; then export BENCH_QUEUE_CI_MS=200 BENCH_QUEUE_SIZES=1,2; RUNS=1; fi
 machine_header
 for i in $(seq 1 "$RUNS"); do
   echo "-- run $i"
-  cargo nextest run --test it --run-ignored only -E 'test(bench_merge_queue_throughput)' --no-capture 2>&1 \
-    | grep -E '^BENCH|FAIL|panicked'
+  run_ignored_test bench_merge_queue_throughput | grep -E '^BENCH|FAIL|panicked'
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

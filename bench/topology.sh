@@ -5,10 +5,12 @@
 # spread over 6 repositories. Figures in docs/benchmarks.md.
 #
 #   bench/topology.sh
+#   BENCH_SMOKE=1 bench/topology.sh  # every step, briefly (tests/it/bench_smoke.rs)
 #
 # Env: COUNT (20000 deliveries per run)  CONNS (32)  REPS (2)  WORKERS (2)
 #      BASE_PORT (6500: single on it, cluster nodes on +1..+3)  WORK (target/bench-topology)
 #      BIN (target/release/shepherd, built first unless given)
+#      EXAMPLES (the folder of the cargo examples; built first unless given)
 #
 # Per rep and topology, in rotation: a fresh Redis (no persistence on either, so the
 # two differ only in topology), `shepherd serve`; COUNT pull_request_sync deliveries
@@ -18,6 +20,8 @@
 # commits are what is measured). Every process it starts is stopped on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/bench/lib.sh"
+if smoke; then COUNT=20; CONNS=4; REPS=1; fi
 COUNT="${COUNT:-20000}"
 CONNS="${CONNS:-32}"
 REPS="${REPS:-2}"
@@ -39,13 +43,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ -z "${BIN:-}" ]; then
-  echo "== cargo build --release"
-  (cd "$ROOT" && cargo build --release --bin shepherd --example topology_load 2>&1 | tail -1)
-fi
-BIN="${BIN:-$ROOT/target/release/shepherd}"
+if [ -z "${BIN:-}" ] || [ -z "${EXAMPLES:-}" ]; then echo "== cargo build$(smoke || echo ' --release')"; fi
+need_examples topology_load
 [ -x "$BIN" ] || { echo "no shepherd binary at $BIN" >&2; exit 1; }
-LOAD="$ROOT/target/release/examples/topology_load"
+LOAD="$EXAMPLES/topology_load"
 
 start_redis() { # port [cluster]
   local dir="$WORK/redis-$1"
@@ -117,6 +118,10 @@ run_one() { # topology rep
   while true; do
     read -r _ lag pend < <(totals)
     [ "$lag" = 0 ] && [ "$pend" = 0 ] && break
+    # smoke mode gives up after a minute (a benchmark waits as long as it takes)
+    if smoke && [ "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print (b - a > 60)}')" = 1 ]; then
+      echo "the workers did not drain the streams in 60 s" >&2; exit 1
+    fi
     sleep 0.1
   done
   t1=$(date +%s.%N)

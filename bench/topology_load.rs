@@ -2,7 +2,10 @@
 //! (`synchronized`) deliveries, each with a fresh delivery id, spread round-robin over
 //! `REPOS` repositories (so `SHEPHERD_SHARDS` spreads them over shards, and on a
 //! cluster over nodes), `CONNS` in flight, to one Shepherd ingest; prints one
-//! tab-separated line: count, seconds, deliveries/s, p50 ms, p99 ms, 202s, others.
+//! tab-separated line: count, seconds, deliveries/s, p50 ms, p99 ms, 202s, others, and
+//! the answers by status (`202:18,401:2`; status 0: no answer, a connection error).
+//! `bench/lib.sh` also uses it as the load generator where wrk or the peers' harness is
+//! missing (smoke mode).
 //!
 //! ```sh
 //! cargo run --release --example topology_load -- URL SECRET FIXTURE COUNT CONNS REPOS RUN_ID
@@ -74,12 +77,18 @@ async fn main() -> anyhow::Result<()> {
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
     let accepted = answers.iter().filter(|a| a.0 == 202).count();
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    for a in &answers {
+        *by_status.entry(a.0).or_default() += 1;
+    }
+    let by_status: Vec<String> = by_status.iter().map(|(s, n)| format!("{s}:{n}")).collect();
     println!(
-        "{count}\t{secs:.2}\t{:.0}\t{:.2}\t{:.2}\t{accepted}\t{}",
+        "{count}\t{secs:.2}\t{:.0}\t{:.2}\t{:.2}\t{accepted}\t{}\t{}",
         count as f64 / secs,
         pct(0.5).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3,
-        count - accepted
+        count - accepted,
+        by_status.join(",")
     );
     Ok(())
 }

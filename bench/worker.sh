@@ -4,10 +4,12 @@
 # executor queues them), recorded in docs/benchmarks.md.
 #
 #   bench/worker.sh
+#   BENCH_SMOKE=1 bench/worker.sh    # every step, briefly (tests/it/bench_smoke.rs)
 #
 # Env: PRS (1000)  EVENTS (60000)  WORKERS ("1 2 4")  REPS (1)  AOF (no | always)
 #      BENCH_REDIS_PORT (6392)  WORK (target/bench-worker)
 #      BIN (target/release/shepherd, built first; another path for an A/B run, not built)
+#      EXAMPLES (the folder of the cargo example worker_load; built first unless given)
 #
 # For each worker count and rep: FLUSHALL; queue one pull_request_sync webhook per PR
 # and let one worker commit them (the records exist, with the head sha the observations
@@ -20,6 +22,8 @@
 # Every process it starts is stopped by pid on exit.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/bench/lib.sh"
+if smoke; then PRS=5; EVENTS=50; WORKERS="1 2"; REPS=1; fi
 PRS="${PRS:-1000}"
 EVENTS="${EVENTS:-60000}"
 WORKERS="${WORKERS:-1 2 4}"
@@ -52,10 +56,12 @@ group_state() {
 }
 
 wait_drained() {
-  local lag pend read
+  local lag pend read t0=$SECONDS
   while true; do
     read -r lag pend read < <(group_state)
     if [ "${lag:-1}" = "0" ] && [ "${pend:-1}" = "0" ]; then echo "$read"; return; fi
+    # smoke mode gives up after a minute (a benchmark waits as long as it takes)
+    if smoke && [ $((SECONDS - t0)) -gt 60 ]; then echo "the workers did not drain the stream in 60 s" >&2; exit 1; fi
     sleep 0.05
   done
 }
@@ -100,19 +106,16 @@ conflicts() {
 }
 
 # BIN=<path> measures another build of shepherd (an A/B against an older commit).
-if [ -z "${BIN:-}" ]; then
-  echo "== cargo build --release"
-  (cd "$ROOT" && cargo build --release --bin shepherd 2>&1 | tail -1)
-fi
-BIN="${BIN:-$ROOT/target/release/shepherd}"
+if [ -z "${BIN:-}" ] || [ -z "${EXAMPLES:-}" ]; then echo "== cargo build$(smoke || echo ' --release')"; fi
+need_examples worker_load
 echo "== redis-server on $PORT (appendonly $AOF)"
 redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly "$AOF" --appendfsync always \
   --dir "$WORK" --daemonize no --loglevel warning &
 REDIS_PID=$!
 until rcli PING >/dev/null 2>&1; do sleep 0.05; done
 
-python3 "$ROOT/bench/worker_load.py" warmup "$PREFIX" "$PRS" "$ROOT/webhooks/pull_request_sync.json" > "$WORK/warmup.resp"
-python3 "$ROOT/bench/worker_load.py" status "$PREFIX" "$PRS" "$EVENTS" > "$WORK/status.resp"
+"$EXAMPLES/worker_load" warmup "$PREFIX" "$PRS" "$ROOT/webhooks/pull_request_sync.json" > "$WORK/warmup.resp"
+"$EXAMPLES/worker_load" status "$PREFIX" "$PRS" "$EVENTS" > "$WORK/status.resp"
 TICKS=$(getconf CLK_TCK)
 
 printf '| workers | events read | seconds | events/s | conflicts | worker CPU µs/event | Redis CPU µs/event |\n|---|---|---|---|---|---|---|\n' | tee "$WORK/results.md"

@@ -5,6 +5,7 @@ mod agents;
 mod api_bodies;
 mod app;
 mod bench_lag;
+mod bench_smoke;
 mod core_purity;
 mod deploy;
 pub(crate) mod drills;

@@ -3,6 +3,7 @@
 
 pub mod fake_forgejo;
 pub mod model_stub;
+pub mod openapi;
 pub mod opencode;
 pub mod redis;
 pub mod scenario;
