@@ -1833,14 +1833,14 @@ const TOOLS: [&str; 7] = [
     "chromium",
     "npm",
     "bwrap",
-    "python3",
+    "curl",
     "cargo-nextest",
     "opencode",
 ];
 
 #[test]
 fn scripts_test_installs_quietly_without_recommends_and_says_so_per_tool() {
-    // npm is there (the fake installer); bwrap, python3, cargo-nextest, opencode not.
+    // npm is there (the fake installer); bwrap, curl, cargo-nextest, opencode not.
     let run = run_scripts_test(&["redis-server", "chromium"], true);
     assert!(run.status.success(), "{}", run.stdout);
     let lines = tool_lines(&run.stdout);
@@ -1863,12 +1863,12 @@ fn scripts_test_installs_quietly_without_recommends_and_says_so_per_tool() {
     assert_eq!(
         apt_installs.len(),
         2,
-        "bubblewrap and python3: {apt_installs:?}"
+        "bubblewrap and curl: {apt_installs:?}"
     );
     for call in &apt_installs {
         assert!(call.contains("--no-install-recommends"), "{call}");
     }
-    assert!(apt_installs[0].ends_with(" bubblewrap") && apt_installs[1].ends_with(" python3"));
+    assert!(apt_installs[0].ends_with(" bubblewrap") && apt_installs[1].ends_with(" curl"));
     assert!(
         run.calls
             .contains(&format!("opencode-ai@{}", pinned_opencode_version()))
@@ -1895,7 +1895,7 @@ fn scripts_test_installs_quietly_without_recommends_and_says_so_per_tool() {
 
 #[test]
 fn scripts_test_names_each_failed_install_and_the_log_and_runs_nothing() {
-    let run = run_scripts_test(&["redis-server", "chromium", "python3"], false);
+    let run = run_scripts_test(&["redis-server", "chromium", "curl"], false);
     assert_eq!(run.status.code(), Some(1), "{}", run.stdout);
     let lines: BTreeMap<String, String> = tool_lines(&run.stdout).into_iter().collect();
     for tool in ["bwrap", "cargo-nextest", "opencode"] {
@@ -1905,7 +1905,7 @@ fn scripts_test_names_each_failed_install_and_the_log_and_runs_nothing() {
             "{tool}: {what}"
         );
     }
-    for tool in ["redis-server", "chromium", "npm", "python3"] {
+    for tool in ["redis-server", "chromium", "npm", "curl"] {
         assert_eq!(lines[tool], "already there", "{tool}");
     }
     assert!(
