@@ -939,3 +939,95 @@ async fn a_refused_update_hands_the_pr_to_a_human_and_the_next_is_tried() {
     assert_eq!(stored_queue(&s).await.head, None, "no head left in flight");
     s.fake.assert_calls_match_openapi();
 }
+
+/// Issue 26: the queue's head whose CI never settles blocks its branch no longer: after
+/// `merge_queue_ci_timeout_secs` it is parked (`ci-timeout`, status page and metrics)
+/// and the next PR is tested; once its CI settles it re-enters, and both merge.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_head_whose_ci_never_settles_is_ejected_with_ci_timeout() {
+    let s = start_with("merge_queue_ci_timeout_secs = 4\n", 500, &[]).await;
+    let prs = open_green(&s, 2).await;
+    // main moves, so #1 is updated and its CI on the new head runs (held).
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.0 == 1)
+    })
+    .await;
+    let end = Instant::now() + QUEUE_DEADLINE;
+    loop {
+        let q = stored_queue(&s).await;
+        let parked = q
+            .entries
+            .iter()
+            .find(|e| e.number == 1)
+            .and_then(|e| e.parked);
+        if parked == Some(shepherd::core::queue::Ejection::CiTimeout) {
+            assert_ne!(q.head, Some(1), "the next PR is tested: {q:?}");
+            break;
+        }
+        assert!(Instant::now() < end, "#1 ejected with ci-timeout: {q:?}");
+        pump_outbox(&s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(merges(&s.fake).is_empty(), "nothing merged untested");
+    release_ci(&s, 200);
+    run_until(&s, "both merged", |f| merges(f).len() == 2).await;
+    assert_main_stayed_green(&s.fake);
+    let page = s.status_page().await;
+    assert!(page.contains("ci-timeout"), "{page}");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("shepherd_merge_queue_ejections_total{reason=\"ci-timeout\"}"),
+        "{metrics}"
+    );
+    s.fake.assert_calls_match_openapi();
+}
+
+/// Issue 26: a head retargeted to another branch while it is tested (its `edited`
+/// webhook lost) is never merged into the queue's branch: the advance takes it out of
+/// `main`'s queue (`retargeted`) and the next PR merges.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_advance_leaves_a_retargeted_head_out_of_the_queue() {
+    let s = start(500, &[]).await;
+    let prs = open_green(&s, 2).await;
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.0 == 1)
+    })
+    .await;
+    // #1 now targets `dev` (a branch at main's tip); no webhook says so.
+    let dev_tip = s.fake.with_model(|m| {
+        let r = m.repo_mut(REPO);
+        let tip = r.branches["main"].clone();
+        r.branches.insert("dev".into(), tip.clone());
+        if let Some(pull) = r.issues.get_mut(&1).and_then(|i| i.pull.as_mut()) {
+            pull.base_ref = "dev".into();
+        }
+        tip
+    });
+    release_ci(&s, 200);
+    run_until(&s, "#2 merged", |f| merges(f).iter().any(|m| m.number == 2)).await;
+    let end = Instant::now() + QUEUE_DEADLINE;
+    while queue_entries(&s).await.contains(&1) {
+        assert!(Instant::now() < end, "#1 left main's queue");
+        pump(&s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.wait_idle().await;
+    // Into main only #2 was merged (it is main's tip); #1, if merged at all, went
+    // into dev (dev's tip is its merge: nothing else merges into dev).
+    let main_tip = s.fake.branch_tip(REPO, "main");
+    let all = merges(&s.fake);
+    let two = all.iter().find(|m| m.number == 2).expect("#2 merged");
+    assert_eq!(two.tip_after, main_tip, "{all:?}");
+    if let Some(one) = all.iter().find(|m| m.number == 1) {
+        assert_eq!(one.tip_before, dev_tip, "{all:?}");
+        assert_eq!(one.tip_after, s.fake.branch_tip(REPO, "dev"), "{all:?}");
+    }
+}
