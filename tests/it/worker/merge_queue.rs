@@ -987,12 +987,18 @@ async fn a_head_whose_ci_never_settles_is_ejected_with_ci_timeout() {
 }
 
 /// Issue 26: a head retargeted to another branch while it is tested (its `edited`
-/// webhook lost) is never merged into the queue's branch: the advance takes it out of
-/// `main`'s queue (`retargeted`) and the next PR merges.
+/// webhook lost) is never merged by this branch's queue: the advance takes it out of
+/// `main`'s queue (`retargeted`) and the next PR merges into main; the retargeted PR
+/// goes through `dev`'s queue instead (updated onto dev's tip and tested there first).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_advance_leaves_a_retargeted_head_out_of_the_queue() {
     let s = start(500, &[]).await;
     let prs = open_green(&s, 2).await;
+    // `dev` stays at main's old tip.
+    let dev_tip = s.fake.branch_tip(REPO, "main");
+    s.fake.with_model(|m| {
+        (m.repo_mut(REPO).branches).insert("dev".into(), dev_tip.clone());
+    });
     let push = s.fake.push_to_branch(REPO, "main", "someone");
     s.send(&push).await;
     hold_ci(&s);
@@ -1001,33 +1007,50 @@ async fn the_advance_leaves_a_retargeted_head_out_of_the_queue() {
         updates(f).iter().any(|u| u.0 == 1)
     })
     .await;
-    // #1 now targets `dev` (a branch at main's tip); no webhook says so.
-    let dev_tip = s.fake.with_model(|m| {
+    // #1 now targets `dev`; no webhook says so.
+    s.fake.with_model(|m| {
         let r = m.repo_mut(REPO);
-        let tip = r.branches["main"].clone();
-        r.branches.insert("dev".into(), tip.clone());
         if let Some(pull) = r.issues.get_mut(&1).and_then(|i| i.pull.as_mut()) {
             pull.base_ref = "dev".into();
         }
-        tip
     });
     release_ci(&s, 200);
-    run_until(&s, "#2 merged", |f| merges(f).iter().any(|m| m.number == 2)).await;
+    // Every webhook about #1 is lost until it left main's queue: only the advance can
+    // find out.
     let end = Instant::now() + QUEUE_DEADLINE;
     while queue_entries(&s).await.contains(&1) {
         assert!(Instant::now() < end, "#1 left main's queue");
-        pump(&s).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let hooks = s
+            .fake
+            .finish_ci_runs()
+            .into_iter()
+            .chain(s.fake.take_outbox());
+        for hook in hooks.collect::<Vec<_>>() {
+            let p = &hook.payload;
+            let n = p["pull_request"]["number"]
+                .as_u64()
+                .or_else(|| p["issue"]["number"].as_u64());
+            if n != Some(1) {
+                s.send(&hook).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    s.wait_idle().await;
-    // Into main only #2 was merged (it is main's tip); #1, if merged at all, went
-    // into dev (dev's tip is its merge: nothing else merges into dev).
-    let main_tip = s.fake.branch_tip(REPO, "main");
+    run_until(&s, "both merged", |f| merges(f).len() == 2).await;
     let all = merges(&s.fake);
     let two = all.iter().find(|m| m.number == 2).expect("#2 merged");
-    assert_eq!(two.tip_after, main_tip, "{all:?}");
-    if let Some(one) = all.iter().find(|m| m.number == 1) {
-        assert_eq!(one.tip_before, dev_tip, "{all:?}");
-        assert_eq!(one.tip_after, s.fake.branch_tip(REPO, "dev"), "{all:?}");
-    }
+    assert_eq!(two.tip_after, s.fake.branch_tip(REPO, "main"), "{all:?}");
+    // #1 went into dev, after an update onto dev's tip (tested there), never merged
+    // by main's queue on main's tip.
+    let one = all.iter().find(|m| m.number == 1).expect("#1 merged");
+    assert_eq!(one.tip_before, dev_tip, "{all:?}");
+    assert_eq!(one.tip_after, s.fake.branch_tip(REPO, "dev"));
+    let onto_dev = updates(&s.fake)
+        .into_iter()
+        .find(|u| u.0 == 1 && u.3 == dev_tip);
+    let onto_dev = onto_dev.expect("#1 updated onto dev's tip before its merge");
+    assert_eq!(
+        one.merged_sha, onto_dev.2,
+        "the merged head is the one tested on dev"
+    );
 }
