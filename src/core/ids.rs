@@ -197,16 +197,6 @@ impl EffectId {
         };
         Self(format!("{repo}/{scope}/{number}@{version}.{index}"))
     }
-
-    /// The record version of the transition that produced the effect (0 when the id
-    /// is not of [`EffectId::new`]'s form).
-    pub fn version(&self) -> u64 {
-        self.0
-            .rsplit_once('@')
-            .and_then(|(_, tail)| tail.split_once('.'))
-            .and_then(|(v, _)| v.parse().ok())
-            .unwrap_or(0)
-    }
 }
 
 #[cfg(test)]
@@ -233,13 +223,6 @@ mod tests {
         assert!("xyz".parse::<Sha>().is_err());
         assert_eq!("Alice".parse::<Login>().unwrap().as_str(), "alice");
         assert!(" ".parse::<Login>().is_err());
-    }
-
-    #[test]
-    fn effect_ids_carry_their_version() {
-        let repo: RepoName = "o/r".parse().unwrap();
-        assert_eq!(EffectId::new(&repo, Scope::Pr, 4, 17, 2).version(), 17);
-        assert_eq!("x".parse::<EffectId>().unwrap().version(), 0);
     }
 
     #[test]

@@ -686,6 +686,34 @@ mod tests {
     }
 
     #[test]
+    fn issue_26_settings() {
+        let d = PolicyFile::default().defaults;
+        assert_eq!(
+            (d.max_attempts_total, d.merge_queue_ci_timeout_secs),
+            (12, 7200)
+        );
+        assert!(d.agent_logins.is_empty());
+        let file = PolicyFile::from_toml("[defaults]\nagent_logins = [\"Agent-User\"]\n")
+            .unwrap()
+            .with_bot_login(Some("bot".parse().unwrap()));
+        let p = file.for_repo(&"x/y".parse().unwrap());
+        assert!(p.is_bot_or_agent(&"agent-user".parse().unwrap()));
+        assert!(p.is_bot_or_agent(&"bot".parse().unwrap()));
+        assert!(!p.is_bot_or_agent(&"alice".parse().unwrap()));
+        for (text, key) in [
+            ("agent_logins = [\" \"]", "agent_logins"),
+            (
+                "merge_queue_ci_timeout_secs = 0",
+                "merge_queue_ci_timeout_secs",
+            ),
+            ("stuck_after = 11", "stuck_after"),
+        ] {
+            let err = PolicyFile::from_toml(&format!("[defaults]\n{text}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
     fn out_of_range_values_are_named() {
         let err = PolicyFile::from_toml("[repos.\"a/b\"]\ntiers = []\n").unwrap_err();
         assert!(err.to_string().contains("repos.\"a/b\".tiers"), "{err}");

@@ -9,8 +9,8 @@
 //! 1. Re-read the PR: merged → `Merged`; closed or moved past the pinned head →
 //!    `HeadMoved` (a redelivered advance whose update already happened stops here: the
 //!    update moved the head, so it is never done twice).
-//!    A PR that targets another branch now leaves this branch's queue (`retargeted`)
-//!    and its record re-reads it.
+//!    A PR that targets another branch now is neither updated nor merged: `HeadMoved`,
+//!    so its record re-reads it and leaves this branch's queue (`retargeted`).
 //! 2. The queue must still name this PR its head; otherwise the PR is told its place.
 //! 3. Take the branch's merge lease (the same one plain merges take), renewed while
 //!    this executor works and fenced before each write.
@@ -113,7 +113,15 @@ impl Executor {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
         if pr.base.ref_name != ask.branch {
-            return self.retargeted(effect, ask.branch, &pr.base.ref_name).await;
+            // Never updated or merged by this branch's queue: the record re-reads the
+            // PR (`HeadMoved`), sees its new base and leaves the queue itself
+            // (`retargeted`), so no two records believe they are the head.
+            tracing::info!(
+                branch = ask.branch,
+                now_targets = %pr.base.ref_name,
+                "the queue's head targets another branch now; not advancing"
+            );
+            return Ok(vec![outcome_event(effect, MergeOutcome::HeadMoved)]);
         }
         let q = queue::load(&mut conn, keys, repo, ask.branch).await?;
         if q.head != Some(effect.number) {
@@ -135,33 +143,6 @@ impl Executor {
         let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
         self.release_merge_lease(effect, ask.branch, keeper).await;
         result
-    }
-
-    /// The head no longer targets the queue's branch: it leaves that queue (reason
-    /// `retargeted`, as of the record version that asked for the advance, so a later
-    /// op of the record still counts) and the record re-reads the PR (`HeadMoved`).
-    async fn retargeted(
-        &self,
-        effect: &Effect,
-        branch: &str,
-        now_targets: &str,
-    ) -> Result<Vec<Event>, Failure> {
-        tracing::info!(
-            branch,
-            now_targets,
-            "the queue's head targets another branch now; it leaves the queue"
-        );
-        let op = QueueOp {
-            branch: branch.to_owned(),
-            number: effect.number,
-            version: effect.id.version(),
-            action: crate::core::queue::QueueAction::Leave {
-                reason: crate::core::queue::Departure::Retargeted,
-            },
-        };
-        let mut events = self.queue_op(effect, &op).await?;
-        events.push(outcome_event(effect, MergeOutcome::HeadMoved));
-        Ok(events)
     }
 
     /// Steps 4 on, under the lease.

@@ -23,9 +23,7 @@ use crate::core::event::{
 };
 use crate::core::ids::{Scope, Sha};
 use crate::core::policy::Policy;
-use crate::core::queue::{
-    BranchQueue, Departure, Ejection, HeadAction, HeadReading, QueueAction, QueueOp, head_action,
-};
+use crate::core::queue::{BranchQueue, Ejection, HeadAction, HeadReading, head_action};
 use crate::core::record::PrRecord;
 
 /// PRs in the simulation.
@@ -330,17 +328,8 @@ impl Sim {
             return MergeOutcome::HeadMoved;
         }
         if w.target != "main" {
-            // As the executor: it leaves main's queue (as of the record's version)
-            // and the record re-reads the PR.
-            let op = QueueOp {
-                branch: "main".into(),
-                number: n,
-                version: self.records[&n].version,
-                action: QueueAction::Leave {
-                    reason: Departure::Retargeted,
-                },
-            };
-            self.execute(n, &EffectKind::Queue(op));
+            // As the executor: never updated or merged here; the record re-reads the
+            // PR and leaves main's queue itself.
             return MergeOutcome::HeadMoved;
         }
         if self.queue.head != Some(n) {
@@ -728,9 +717,9 @@ fn a_queue_ci_timer_after_ci_settled_does_nothing() {
     assert_eq!(s.queue.stats.ejections.get(&Ejection::CiTimeout), None);
 }
 
-/// Issue 26: a head retargeted to another branch is never merged through this
-/// branch's queue: the advance takes it out (`retargeted`) and the next PR is tested;
-/// its record, once it reads the new base, leaves the queue too.
+/// Issue 26: a head retargeted to another branch (its webhook lost) is never merged
+/// through this branch's queue: the advance refuses it (`HeadMoved`), its record
+/// re-reads the PR and leaves the queue (`retargeted`), and the next PR is tested.
 #[test]
 fn the_advance_leaves_a_retargeted_pr_out_of_the_queue() {
     let mut s = Sim::new(false);
