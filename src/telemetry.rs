@@ -456,7 +456,7 @@ impl Metrics {
             } => m.merged.with_label_values(&labels).inc(),
             QueueAction::Join { .. }
             | QueueAction::Leave {
-                reason: Departure::Closed | Departure::Dequeued,
+                reason: Departure::Closed | Departure::Dequeued | Departure::Retargeted,
             } => {}
         }
     }

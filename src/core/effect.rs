@@ -209,6 +209,8 @@ pub enum TimerKind {
     /// A short-lived status has waited `status_settle_secs`: write it now unless a
     /// newer one was written meanwhile.
     StatusSettle,
+    /// The merge queue's head has waited `merge_queue_ci_timeout_secs` for its CI.
+    QueueCi,
 }
 
 impl TimerKind {
@@ -221,6 +223,7 @@ impl TimerKind {
             TimerKind::MergeRetry => "merge-retry",
             TimerKind::StaleCheck => "stale-check",
             TimerKind::StatusSettle => "status-settle",
+            TimerKind::QueueCi => "queue-ci",
         }
     }
 }

@@ -151,6 +151,9 @@ policy_settings! {
     /// The reviewer agents' Forgejo users: their formal reviews are the agents'
     /// verdicts, and a `review` work item names one of them that is not the PR's author.
     reviewer_logins: Vec<String> = Vec::new();
+    /// The agent users' Forgejo logins (the user of `SHEPHERD_AGENT_FORGEJO_TOKEN`):
+    /// their reviews, like the bot's, never count as approvals, whatever their state.
+    agent_logins: Vec<String> = Vec::new();
     /// Whose PRs a reviewer agent's approval counts toward the required approvals for:
     /// `bot` (bot PRs), `all`, or `off` (never: humans must approve).
     reviewer_approvals_count: AgentScope = AgentScope::Bot;
@@ -177,6 +180,9 @@ policy_settings! {
     claim_ttl_secs: u64 = 7200;
     /// Consecutive same-signature attempts at the top tier before `needs-human`.
     stuck_after: u32 = 3;
+    /// Attempts (work items of every kind) per PR before it holds at `needs-human`
+    /// until a user with write access acts (0 = no bound).
+    max_attempts_total: u32 = 12;
     /// Inactivity before a `stale-check`, in seconds.
     stale_after_secs: u64 = 86_400;
     /// First CI poll delay, in seconds (doubles while pending or missing).
@@ -204,6 +210,9 @@ policy_settings! {
     /// tip moves again after that many, the PR goes to the back of the queue (reason
     /// `base-moving`). 0 = no bound.
     merge_queue_max_updates: u32 = 3;
+    /// How long the queue's head may wait for its CI to settle on top of the tip, in
+    /// seconds; then it leaves the head (reason `ci-timeout`) for the next PR.
+    merge_queue_ci_timeout_secs: u64 = 7200;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();
@@ -274,6 +283,18 @@ impl Policy {
             .any(|r| r.eq_ignore_ascii_case(login.as_str()))
     }
 
+    /// Whether `login` is one of the agent users (`agent_logins`).
+    pub fn is_agent(&self, login: &Login) -> bool {
+        self.agent_logins
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(login.as_str()))
+    }
+
+    /// Whether `login`'s approvals never count: the bot user or an agent user.
+    pub fn is_bot_or_agent(&self, login: &Login) -> bool {
+        self.is_bot(Some(login)) || self.is_agent(login)
+    }
+
     /// Whether `login` is trusted for commands without a permission lookup.
     pub fn is_trusted(&self, login: &Login) -> bool {
         self.trusted_users
@@ -299,8 +320,11 @@ impl Policy {
         if self.tiers.is_empty() || self.tiers.len() > 16 {
             return Err(invalid("tiers", "needs 1 to 16 tier names"));
         }
-        if self.stuck_after == 0 {
-            return Err(invalid("stuck_after", "must be at least 1"));
+        if self.stuck_after == 0 || self.stuck_after as usize > super::record::ATTEMPTS_KEPT {
+            return Err(invalid(
+                "stuck_after",
+                "must be 1 to 10 (a record keeps its last 10 attempts)",
+            ));
         }
         if !(1..=20).contains(&self.max_review_rounds) {
             return Err(invalid("max_review_rounds", "must be 1 to 20"));
@@ -311,6 +335,16 @@ impl Policy {
             .any(|l| l.parse::<Login>().is_err())
         {
             return Err(invalid("reviewer_logins", "has an empty or invalid login"));
+        }
+        if self
+            .agent_logins
+            .iter()
+            .any(|l| l.parse::<Login>().is_err())
+        {
+            return Err(invalid("agent_logins", "has an empty or invalid login"));
+        }
+        if self.merge_queue_ci_timeout_secs == 0 {
+            return Err(invalid("merge_queue_ci_timeout_secs", "must be at least 1"));
         }
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
@@ -649,6 +683,34 @@ mod tests {
         assert!(err.to_string().contains("agent_review"), "{err}");
         let err = PolicyFile::from_toml("[defaults]\nreviewer_logins = [\"\"]\n").unwrap_err();
         assert!(err.to_string().contains("reviewer_logins"), "{err}");
+    }
+
+    #[test]
+    fn issue_26_settings() {
+        let d = PolicyFile::default().defaults;
+        assert_eq!(
+            (d.max_attempts_total, d.merge_queue_ci_timeout_secs),
+            (12, 7200)
+        );
+        assert!(d.agent_logins.is_empty());
+        let file = PolicyFile::from_toml("[defaults]\nagent_logins = [\"Agent-User\"]\n")
+            .unwrap()
+            .with_bot_login(Some("bot".parse().unwrap()));
+        let p = file.for_repo(&"x/y".parse().unwrap());
+        assert!(p.is_bot_or_agent(&"agent-user".parse().unwrap()));
+        assert!(p.is_bot_or_agent(&"bot".parse().unwrap()));
+        assert!(!p.is_bot_or_agent(&"alice".parse().unwrap()));
+        for (text, key) in [
+            ("agent_logins = [\" \"]", "agent_logins"),
+            (
+                "merge_queue_ci_timeout_secs = 0",
+                "merge_queue_ci_timeout_secs",
+            ),
+            ("stuck_after = 11", "stuck_after"),
+        ] {
+            let err = PolicyFile::from_toml(&format!("[defaults]\n{text}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
     }
 
     #[test]

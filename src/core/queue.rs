@@ -61,6 +61,9 @@ pub enum Ejection {
     /// The base moved more often than `merge_queue_max_updates` while testing: the PR
     /// went to the back of the queue.
     BaseMoving,
+    /// CI on the head under test did not settle within `merge_queue_ci_timeout_secs`:
+    /// the next PR is tested; this one re-enters at its position once its CI settles.
+    CiTimeout,
 }
 
 impl Ejection {
@@ -72,6 +75,7 @@ impl Ejection {
             Ejection::Approvals => "approvals",
             Ejection::NotReady => "not-ready",
             Ejection::BaseMoving => "base-moving",
+            Ejection::CiTimeout => "ci-timeout",
         }
     }
 }
@@ -82,10 +86,12 @@ impl Ejection {
 pub enum Departure {
     /// Merged.
     Merged,
-    /// Closed, or retargeted to another branch.
+    /// Closed.
     Closed,
     /// `/shepherd dequeue`, or the queue was turned off by policy.
     Dequeued,
+    /// The PR now targets another branch (its record, or the advance, saw it).
+    Retargeted,
 }
 
 /// What one PR asks of its branch's queue.

@@ -117,6 +117,13 @@ pub struct QueueFacts {
     /// produced failed "only on top of the new base".
     #[serde(default)]
     pub updated_onto: Option<Sha>,
+    /// Since when (unix ms) the queue's head has waited for CI on this head sha
+    /// (`merge_queue_ci_timeout_secs`); `None` when not the head or CI settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_wait: Option<(Sha, i64)>,
+    /// The head's CI did not settle in time: the record parks (`ci-timeout`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ci_timed_out: bool,
 }
 
 /// What a PR asked of its branch's queue.
@@ -194,8 +201,23 @@ impl ReviewVerdict {
 pub struct WorkState {
     /// The one active work item, if any (the claim).
     pub active: Option<ActiveWork>,
-    /// Every finished attempt, oldest first.
+    /// The last [`ATTEMPTS_KEPT`] finished attempts, oldest first (older ones are
+    /// counted in `attempts_dropped`; add them with [`WorkState::push_attempt`]).
     pub attempts: Vec<Attempt>,
+    /// Finished attempts dropped from the front of `attempts` (counted, not kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts_dropped: u64,
+    /// `attempts_dropped` by kind (a work item's attempt number counts them too).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attempts_dropped_by_kind: BTreeMap<WorkKind, u64>,
+    /// [`WorkState::attempts_total`] at the last resume: `max_attempts_total`
+    /// counts the attempts since.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts_base: u64,
+    /// A push by this user arrived while the PR needed a human and their permission
+    /// was not known: the hold ends if the permission read says write access.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_by_push: Option<Login>,
     /// Current tier; never goes down.
     pub tier: u8,
     /// Attempts before this index do not count towards `needs-human` or awaiting a
@@ -221,6 +243,57 @@ pub struct WorkState {
     /// however old, runs nothing (O(1) state for the life of the record).
     #[serde(default)]
     pub handled_floor: i64,
+}
+
+/// Whether a counter is zero (kept out of the JSON, so records without dropped
+/// attempts keep their JSON as before).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// How many finished attempts a record keeps in full (the rest are counted).
+pub const ATTEMPTS_KEPT: usize = 10;
+
+impl WorkState {
+    /// Every finished attempt ever, kept or dropped.
+    pub fn attempts_total(&self) -> u64 {
+        self.attempts_dropped
+            .saturating_add(u64::try_from(self.attempts.len()).unwrap_or(u64::MAX))
+    }
+
+    /// Finished attempts of `kind` ever, kept or dropped.
+    pub fn attempts_of(&self, kind: WorkKind) -> u64 {
+        let kept = self.attempts.iter().filter(|a| a.kind == kind).count();
+        let dropped = self
+            .attempts_dropped_by_kind
+            .get(&kind)
+            .copied()
+            .unwrap_or(0);
+        dropped.saturating_add(u64::try_from(kept).unwrap_or(u64::MAX))
+    }
+
+    /// The 1-based number (among all attempts ever) of `attempts[i]`.
+    pub fn attempt_number(&self, i: usize) -> u64 {
+        self.attempts_dropped
+            .saturating_add(u64::try_from(i).unwrap_or(u64::MAX))
+            .saturating_add(1)
+    }
+
+    /// Adds a finished attempt, dropping the oldest beyond [`ATTEMPTS_KEPT`] into the
+    /// counters (and moving `stuck_base` with them).
+    pub fn push_attempt(&mut self, attempt: Attempt) {
+        self.attempts.push(attempt);
+        while self.attempts.len() > ATTEMPTS_KEPT {
+            let dropped = self.attempts.remove(0);
+            self.attempts_dropped = self.attempts_dropped.saturating_add(1);
+            let n = self
+                .attempts_dropped_by_kind
+                .entry(dropped.kind)
+                .or_default();
+            *n = n.saturating_add(1);
+            self.stuck_base = self.stuck_base.saturating_sub(1);
+        }
+    }
 }
 
 /// How many open linking PRs an issue record tracks (more are not held on to: each

@@ -45,6 +45,9 @@ pub struct StatusState {
     /// shown so people see them, never blocking and never work.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unofficial_change_requests: Vec<String>,
+    /// Reviewers whose approval never counts: the bot user and the agent users.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uncounted_approvals: Vec<String>,
     /// The reviewer agents' latest round and its verdict (absent before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewStatus>,
@@ -148,6 +151,12 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
             who.join(", ")
         ));
     }
+    for who in state.uncounted_approvals.iter().take(UNOFFICIAL_SHOWN) {
+        text.push_str(&format!(
+            "\n\nApproval by {} (bot/agent) not counted",
+            code(&one_line(who))
+        ));
+    }
     if let Some(review) = &state.review {
         let verdict = review.verdict.map_or("pending", ReviewVerdict::as_str);
         text.push_str(&format!(
@@ -188,19 +197,32 @@ pub fn status_version(body: &str) -> u64 {
     parse_status_comment(body).map_or(0, |s| s.version)
 }
 
-/// The needs-human comment text (before the marker and footer).
-pub fn needs_human(reason: &str, attempts: &[Attempt], tier_name: impl Fn(u8) -> String) -> String {
+/// The needs-human comment text (before the marker and footer). `first` is the
+/// number of `attempts[0]` among all attempts (the record keeps the last few).
+pub fn needs_human(
+    reason: &str,
+    attempts: &[Attempt],
+    first: u64,
+    tier_name: impl Fn(u8) -> String,
+) -> String {
     let mut text = format!(
         "**Shepherd needs a human here.** {reason}\n\n\
-         No more work will be dispatched until someone removes the label, comments \
-         `/shepherd resume`, or pushes a commit.\n"
+         No more work will be dispatched until a user with write access removes the \
+         label, comments `/shepherd resume`, or pushes a commit.\n"
     );
     if !attempts.is_empty() {
+        if first > 1 {
+            text.push_str(&format!(
+                "\nThe last {} attempts ({} before them are counted, not kept):\n",
+                attempts.len(),
+                first - 1
+            ));
+        }
         text.push_str("\n| # | kind | tier | outcome | problem |\n|---|---|---|---|---|\n");
         for (i, a) in attempts.iter().enumerate() {
             text.push_str(&format!(
                 "| {} | {} | {} | {} | {} |\n",
-                i + 1,
+                first.saturating_add(u64::try_from(i).unwrap_or(u64::MAX)),
                 a.kind.as_str(),
                 tier_name(a.tier),
                 a.outcome.as_str(),
@@ -309,6 +331,7 @@ mod tests {
             head_sha: Some("abcd1234".parse().unwrap()),
             version: 4,
             unofficial_change_requests: vec!["mallory".into()],
+            uncounted_approvals: Vec::new(),
             review: Some(ReviewStatus {
                 round: 2,
                 max_rounds: 3,
@@ -351,6 +374,7 @@ mod tests {
             head_sha: None,
             version: 1,
             unofficial_change_requests: (0..20).map(|i| format!("sock{i}")).collect(),
+            uncounted_approvals: Vec::new(),
             review: None,
             queue: None,
         };

@@ -39,8 +39,11 @@ pub struct Inspection {
     pub ci: Vec<CiContext>,
     /// Latest review per reviewer.
     pub reviews: Vec<ReviewFact>,
-    /// Finished attempts.
+    /// Finished attempts: the last ones the record keeps in full.
     pub attempts: Vec<Attempt>,
+    /// Older attempts the record only counts (it keeps the last 10 in full).
+    #[serde(default)]
+    pub attempts_dropped: u64,
     /// Reviewer agents' rounds (`review` work), oldest first, with their verdicts.
     #[serde(default)]
     pub review_rounds: Vec<crate::core::record::ReviewRound>,
@@ -160,6 +163,7 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         ci,
         reviews,
         attempts: record.work.attempts.clone(),
+        attempts_dropped: record.work.attempts_dropped,
         review_rounds: record.agent_review.rounds.clone(),
         hold: record.work.hold.clone(),
         pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
@@ -344,6 +348,12 @@ fn render_lists(i: &Inspection) -> String {
         out += &format!("  {:?}  {}{f}\n", r.state, r.reviewer);
     }
     out += "attempts\n";
+    if i.attempts_dropped > 0 {
+        out += &format!(
+            "  ({} older attempts counted, not kept)\n",
+            i.attempts_dropped
+        );
+    }
     for a in &i.attempts {
         out += &format!(
             "  {} tier {} {} — {}\n",

@@ -316,7 +316,7 @@ pub async fn summarize(
         phase_since_ms,
         tier: record.work.tier,
         tier_name: policy.tier_name(record.work.tier),
-        attempts: record.work.attempts.len(),
+        attempts: usize::try_from(record.work.attempts_total()).unwrap_or(usize::MAX),
         active: record.work.active.as_ref().map(|a| ActiveSummary {
             id: a.item.id.to_string(),
             kind: a.item.kind.as_str().to_owned(),

@@ -12,7 +12,7 @@ use super::super::event::Permission;
 use super::super::ids::Login;
 use super::super::policy::Policy;
 use super::super::record::{
-    HANDLED_COMMENTS_KEPT, MAX_PENDING_COMMANDS, MAX_PENDING_PER_LOGIN, PendingCommand,
+    HANDLED_COMMENTS_KEPT, Hold, MAX_PENDING_COMMANDS, MAX_PENDING_PER_LOGIN, PendingCommand,
     PermissionFact, WorkState,
 };
 use super::super::texts;
@@ -72,6 +72,16 @@ fn trust(ws: &WorkState, login: &Login, policy: &Policy, now: i64) -> Trust {
             Permission::Read => Trust::No,
         },
         Some(_) | None => Trust::Unknown,
+    }
+}
+
+/// Whether `login` has write access as far as the record knows (trusted users do):
+/// `None` when a permission read is needed.
+pub(crate) fn writer(ws: &WorkState, login: &Login, policy: &Policy, now: i64) -> Option<bool> {
+    match trust(ws, login, policy, now) {
+        Trust::Yes => Some(true),
+        Trust::No => Some(false),
+        Trust::Unknown => None,
     }
 }
 
@@ -187,6 +197,16 @@ pub(crate) fn on_permission(
         .drain(..)
         .partition(|p| &p.login == login);
     ws.pending_commands = rest;
+    // A push by this user waits for the read to end a needs-human hold.
+    if ws.resume_by_push.as_ref() == Some(login) {
+        let needs_human = matches!(ws.hold, Some(Hold::NeedsHuman { .. }));
+        match permission {
+            Permission::Write | Permission::Admin if needs_human => {
+                work::resume(ws);
+            }
+            Permission::Write | Permission::Admin | Permission::Read => ws.resume_by_push = None,
+        }
+    }
     if mine.is_empty() {
         return out;
     }

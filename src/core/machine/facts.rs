@@ -44,17 +44,21 @@ pub(crate) fn apply(
 ) -> bool {
     let human = !from_bot;
     match event {
-        Event::PullRequest { action, pr, .. } => {
+        Event::PullRequest {
+            action, pr, sender, ..
+        } => {
             // New code is activity whoever pushed it (agents push as the bot); the
             // bot's label and comment echoes are not.
             let code = matches!(
                 action,
                 PrAction::Opened | PrAction::Reopened | PrAction::Synchronized
             );
-            pr_webhook(r, pr, now, policy, human, code, fx)
+            // The sender of a new head's event pushed it.
+            let pusher = sender.as_ref().filter(|_| code);
+            pr_webhook(r, pr, now, policy, human, code, pusher, fx)
         }
         Event::Review { hint, pr, sender } => {
-            let mine = pr_webhook(r, pr, now, policy, human, false, fx);
+            let mine = pr_webhook(r, pr, now, policy, human, false, None, fx);
             if mine {
                 match super::review::approval_hint(r, *hint, sender.as_ref(), policy) {
                     Some(reviewer) => {
@@ -135,7 +139,9 @@ pub(crate) fn apply(
 }
 
 /// A PR or review webhook: its snapshot, and activity (any human event; new code
-/// (`code`: opened, reopened, synchronized) from anyone).
+/// (`code`: opened, reopened, synchronized) from anyone). `pusher`: who pushed the
+/// snapshot's head, when the event says.
+#[expect(clippy::too_many_arguments, reason = "the event's parts, read once")]
 fn pr_webhook(
     r: &mut PrRecord,
     pr: &PrSnapshot,
@@ -143,12 +149,13 @@ fn pr_webhook(
     policy: &Policy,
     human: bool,
     code: bool,
+    pusher: Option<&Login>,
     fx: &mut Fx,
 ) -> bool {
     if !is_this(r, &pr.repo, pr.number) {
         return false;
     }
-    apply_snapshot(r, pr, now, policy, human, code, fx);
+    apply_snapshot(r, pr, now, policy, human, code, pusher, fx);
     if human || code {
         touch(r, or_now(pr.updated_ms, now), policy, fx);
     }
@@ -266,7 +273,7 @@ fn observed(
     if !is_this(r, &pr.repo, pr.number) {
         return false;
     }
-    apply_snapshot(r, pr, now, policy, true, true, fx);
+    apply_snapshot(r, pr, now, policy, true, true, None, fx);
     first_sight(r, pr, now, policy, fx);
     if let Some((contexts, reviews, at_ms)) = resync {
         if let Some(head) = &pr.head_sha {
@@ -398,7 +405,9 @@ fn wait_for_lease(r: &mut PrRecord, fallback_ms: i64, fx: &mut Fx) {
     schedule_merge_retry(fallback_ms, fx);
 }
 
-/// A PR snapshot, unless an equally new or newer one is already known.
+/// A PR snapshot, unless an equally new or newer one is already known. `pusher`: who
+/// pushed its head, when the event says (an API read does not).
+#[expect(clippy::too_many_arguments, reason = "the event's parts, read once")]
 pub(crate) fn apply_snapshot(
     r: &mut PrRecord,
     snap: &PrSnapshot,
@@ -406,6 +415,7 @@ pub(crate) fn apply_snapshot(
     policy: &Policy,
     human: bool,
     head_source: bool,
+    pusher: Option<&Login>,
     fx: &mut Fx,
 ) {
     // Forgejo's `updated_at` has second resolution: at a tie, only a source that
@@ -423,7 +433,7 @@ pub(crate) fn apply_snapshot(
             .is_some_and(|cur| cur.head_sha != snap.head_sha);
     r.pr = Some(snap.clone());
     if head_changed {
-        on_new_head(r, now, policy, human, fx);
+        on_new_head(r, now, policy, human, pusher, fx);
     }
     let delay = i64::try_from(policy.mergeability_delay_secs.saturating_mul(1000)).unwrap_or(0);
     r.conflict = match (snap.mergeable, snap.draft, r.conflict) {
@@ -445,7 +455,14 @@ pub(crate) fn apply_snapshot(
 }
 
 /// A new head commit: CI, conflicts and the claim start over.
-fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mut Fx) {
+fn on_new_head(
+    r: &mut PrRecord,
+    now: i64,
+    policy: &Policy,
+    human: bool,
+    pusher: Option<&Login>,
+    fx: &mut Fx,
+) {
     r.conflict = ConflictFact::Unknown;
     r.ci_poll = None;
     r.merge = match &r.merge {
@@ -467,12 +484,35 @@ fn on_new_head(r: &mut PrRecord, now: i64, policy: &Policy, human: bool, fx: &mu
     // The agents push as the bot: their own push ends the claim without a cancel.
     work::end_active(&mut r.work, AttemptOutcome::Superseded, now, human, fx);
     if human && matches!(r.work.hold, Some(Hold::NeedsHuman { .. })) {
-        work::resume(&mut r.work);
+        push_resumes(r, pusher, now, policy, fx);
     }
     schedule_mergeability(now, policy, fx);
     super::queue::on_new_head(r);
     let head = r.head_sha().cloned();
     prune_ci(&mut r.ci, head.as_ref());
+}
+
+/// A human's push while the PR needs a human: it ends the hold only when the pusher
+/// has write access (a trusted user, or a permission read said so). Unknown: the
+/// permission is read and the hold ends when it says write access. A pusher without
+/// write access, an agent user, or a push whose pusher is not known (an API read)
+/// leaves the hold: anyone's push must not buy more attempts.
+fn push_resumes(r: &mut PrRecord, pusher: Option<&Login>, now: i64, policy: &Policy, fx: &mut Fx) {
+    let Some(login) = pusher.filter(|l| !policy.is_bot_or_agent(l)) else {
+        return;
+    };
+    match commands::writer(&r.work, login, policy, now) {
+        Some(true) => {
+            work::resume(&mut r.work);
+        }
+        Some(false) => r.work.resume_by_push = None,
+        None => {
+            r.work.resume_by_push = Some(login.clone());
+            fx.push(EffectKind::Observe(ObserveWhat::Permission {
+                login: login.clone(),
+            }));
+        }
+    }
 }
 
 /// Merges CI contexts of `sha` (per context, the newer `updated_at` wins).
@@ -606,6 +646,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             | MergeState::InFlight { .. } => false,
         },
         TimerKind::StaleCheck => r.is_open(),
+        TimerKind::QueueCi => super::queue::on_ci_timer(r, now, policy),
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

@@ -159,7 +159,7 @@ pub fn step_issue(
 ) -> IssueTransition {
     let mut r = record.clone();
     let mut fx = Fx::default();
-    let from_bot = policy.is_bot(event.sender());
+    let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
     if !apply(&mut r, event, now_ms, policy, from_bot, &mut fx) {
         return noop(record, event);
     }
@@ -422,7 +422,8 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             | TimerKind::Mergeability
             | TimerKind::MergeRetry
             | TimerKind::StaleCheck
-            | TimerKind::StatusSettle => false,
+            | TimerKind::StatusSettle
+            | TimerKind::QueueCi => false,
         },
         Event::WorkResult {
             work_id,

@@ -137,7 +137,9 @@ pub fn decide(record: &PrRecord, policy: &Policy, now_ms: i64) -> Decision {
 pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> Transition {
     let mut r = record.clone();
     let mut fx = Fx::default();
-    let from_bot = policy.is_bot(event.sender());
+    // The agent users' events count as the bot's: they never start work, and an
+    // agent's push ends its claim without a cancel.
+    let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
     let relevant = facts::apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
     if !relevant {
         return noop(record, event);

@@ -558,6 +558,13 @@ fn want_work(
     if let Some(n) = work::awaiting_result_of(&r.work, kind, &signature, r.head_sha()) {
         return Plan::idle(phase, format!("{why}; waiting for the push of attempt {n}"));
     }
+    if let Some(reason) = work::over_budget(&r.work, policy) {
+        return Plan {
+            phase: Phase::NeedsHuman,
+            reason: reason.clone(),
+            want: Want::NeedsHuman { reason },
+        };
+    }
     if work::is_stuck(&r.work, kind, &signature, policy) {
         let reason = format!(
             "{why}: {} attempts of {} at the top tier ({}) did not fix it.",

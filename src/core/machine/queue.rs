@@ -18,7 +18,7 @@ use super::super::queue::{Departure, Ejection, Place, QueueAction, QueueOp};
 use super::super::record::{ConflictFact, MergeState, PrRecord, QueueMembership};
 use super::plan::{CiView, Plan, Want, ci_view};
 use super::{Fx, Phase};
-use crate::core::effect::EffectKind;
+use crate::core::effect::{EffectKind, Timer, TimerKind};
 
 /// The record's place if it is in its queue to be tested (joined, not parked).
 fn joined(r: &PrRecord) -> Option<&QueueMembership> {
@@ -194,7 +194,9 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
         PrState::Merged => Some(Departure::Merged),
         PrState::Closed => Some(Departure::Closed),
         PrState::Open if !policy.merge_queue || r.queue.dequeued => Some(Departure::Dequeued),
-        PrState::Open if member.is_some_and(|m| m.branch != pr.base_ref) => Some(Departure::Closed),
+        PrState::Open if member.is_some_and(|m| m.branch != pr.base_ref) => {
+            Some(Departure::Retargeted)
+        }
         PrState::Open => None,
     };
     if let Some(reason) = leave {
@@ -202,6 +204,10 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
             Some(_) => Wish::Leave(reason),
             None => Wish::Keep,
         };
+    }
+    // The head's CI did not settle in time: the next PR is tested.
+    if r.queue.ci_timed_out && member.is_some_and(|m| m.parked.is_none()) {
+        return Wish::Park(Ejection::CiTimeout);
     }
     if plan.phase == Phase::Queued {
         if out_of_updates(r, policy) {
@@ -237,8 +243,64 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
 }
 
 /// Sends the op that brings the queue to what the record wants (once: the record
-/// keeps what it asked for).
-pub(crate) fn sync(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) {
+/// keeps what it asked for), and keeps the head's CI timer.
+pub(crate) fn sync(r: &mut PrRecord, plan: &Plan, now: i64, policy: &Policy, fx: &mut Fx) {
+    sync_membership(r, plan, policy, fx);
+    if joined(r).is_none() {
+        r.queue.ci_timed_out = false;
+    }
+    track_ci_wait(r, now, policy, fx);
+}
+
+/// `merge_queue_ci_timeout_secs` in ms.
+fn ci_timeout_ms(policy: &Policy) -> i64 {
+    i64::try_from(policy.merge_queue_ci_timeout_secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+}
+
+/// While the record is its queue's head and the head's CI has not settled, the
+/// `queue-ci` timer runs (armed once per head sha); otherwise nothing is waited for.
+fn track_ci_wait(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
+    let waiting = policy.merge_queue
+        && is_head(r)
+        && matches!(ci_view(r, policy), CiView::Missing | CiView::Pending(_));
+    let head = r.head_sha().cloned();
+    let (true, Some(head)) = (waiting, head) else {
+        r.queue.ci_wait = None;
+        return;
+    };
+    if r.queue
+        .ci_wait
+        .as_ref()
+        .is_some_and(|(sha, _)| *sha == head)
+    {
+        return;
+    }
+    r.queue.ci_wait = Some((head, now));
+    fx.push(EffectKind::Schedule(Timer {
+        due_ms: now.saturating_add(ci_timeout_ms(policy)),
+        kind: TimerKind::QueueCi,
+        id: "queue-ci".into(),
+    }));
+}
+
+/// The `queue-ci` timer: the head still waits for CI on the same sha after
+/// `merge_queue_ci_timeout_secs` → it parks (`ci-timeout`).
+pub(crate) fn on_ci_timer(r: &mut PrRecord, now: i64, policy: &Policy) -> bool {
+    let due = match &r.queue.ci_wait {
+        Some((sha, since)) if r.head_sha() == Some(sha) && is_head(r) => {
+            now >= since.saturating_add(ci_timeout_ms(policy))
+        }
+        Some(_) | None => false,
+    };
+    if due && !r.queue.ci_timed_out {
+        r.queue.ci_timed_out = true;
+        return true;
+    }
+    false
+}
+
+/// The membership part of [`sync`].
+fn sync_membership(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) {
     let wish = wish(r, plan, policy);
     let branch = r
         .queue
@@ -269,6 +331,7 @@ pub(crate) fn sync(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) 
         Wish::Leave(reason) => {
             r.queue.membership = None;
             r.queue.place = None;
+            r.queue.ci_timed_out = false;
             (branch, QueueAction::Leave { reason })
         }
     };
@@ -292,6 +355,8 @@ fn park(r: &mut PrRecord, reason: Ejection) {
     }
     r.queue.place = None;
     r.queue.updates = 0;
+    r.queue.ci_timed_out = false;
+    r.queue.ci_wait = None;
 }
 
 /// The queue says where the PR stands. Notices can arrive out of order and be

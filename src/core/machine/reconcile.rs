@@ -66,7 +66,7 @@ pub(crate) fn reconcile(
     if !matches!(plan.want, Want::Merge { .. }) && matches!(r.merge, MergeState::Verifying { .. }) {
         r.merge = MergeState::Idle;
     }
-    super::queue::sync(r, plan, policy, fx);
+    super::queue::sync(r, plan, now, policy, fx);
     ci_poll(r, now, policy, fx);
     let open = r.is_open();
     work::sync_labels(&mut r.work, open, policy, fx);
@@ -169,7 +169,7 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         reason: p.reason,
         tier: r.work.tier,
         tier_name: policy.tier_name(r.work.tier),
-        attempts: r.work.attempts.len(),
+        attempts: usize::try_from(r.work.attempts_total()).unwrap_or(usize::MAX),
         last_signature: r.work.attempts.last().map(|a| a.signature.clone()),
         head_sha: r.head_sha().cloned(),
         // Emitting this effect makes the step a change: the record will be committed
@@ -178,6 +178,10 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         // Bounded: the list goes into the comment's state block, and any account
         // can review (the comment names the first ten and counts the rest).
         unofficial_change_requests: plan::unofficial_change_requests(r)
+            .into_iter()
+            .take(UNOFFICIAL_KEPT)
+            .collect(),
+        uncounted_approvals: review::uncounted_approvals(r, policy)
             .into_iter()
             .take(UNOFFICIAL_KEPT)
             .collect(),
@@ -216,6 +220,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && let Some(parts) = key.as_array_mut()
     {
         parts.push(serde_json::json!(state.unofficial_change_requests));
+    }
+    // Likewise only when the bot or an agent approved.
+    if !state.uncounted_approvals.is_empty()
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!(["uncounted", state.uncounted_approvals]));
     }
     // Likewise only in the merge queue: the position, headship, parking, priority.
     if let Some(q) = &state.queue

@@ -47,10 +47,14 @@ pub(crate) enum ReviewWant {
 
 /// Whether `review` (a reviewer's latest APPROVED) counts toward the PR's required
 /// approvals: official, not stale, not dismissed, and for a reviewer agent only when
-/// the policy counts agents for this PR and the review is on the current head.
+/// the policy counts agents for this PR and the review is on the current head. The
+/// bot's and the agent users' (`agent_logins`) approvals never count.
 pub(crate) fn counts(review: &ReviewFact, pr: &PrSnapshot, policy: &Policy) -> bool {
     if review.state != ReviewState::Approved || !review.official || review.stale || review.dismissed
     {
+        return false;
+    }
+    if policy.is_bot_or_agent(&review.reviewer) {
         return false;
     }
     if !policy.is_reviewer(&review.reviewer) {
@@ -94,7 +98,7 @@ pub(crate) fn hinted(r: &PrRecord, pr: &PrSnapshot, policy: &Policy) -> u32 {
     let n = r
         .approval_hints
         .keys()
-        .filter(|who| !policy.is_reviewer(who) && !counted(who))
+        .filter(|who| !policy.is_reviewer(who) && !policy.is_bot_or_agent(who) && !counted(who))
         .count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -114,8 +118,9 @@ pub(crate) fn approval_hint(
     policy: &Policy,
 ) -> Option<Login> {
     let reviewer = sender?;
-    // A reviewer agent's verdict is a fact of its review round: always read.
-    if policy.is_reviewer(reviewer) {
+    // A reviewer agent's verdict is a fact of its review round: always read. The
+    // bot's and agent users' approvals never count: read (to show them as such).
+    if policy.is_reviewer(reviewer) || policy.is_bot_or_agent(reviewer) {
         return None;
     }
     let known = r
@@ -133,6 +138,18 @@ pub(crate) fn approval_hint(
     };
     let no_stance = known.is_none_or(|s| s == ReviewState::Approved);
     (approval && auto && no_stance).then(|| reviewer.clone())
+}
+
+/// Reviewers whose latest review is an approval by the bot user or an agent user:
+/// never counted, and shown as such in the status comment.
+pub(crate) fn uncounted_approvals(r: &PrRecord, policy: &Policy) -> Vec<String> {
+    let latest = r.reviews.as_ref().map(|v| &v.latest);
+    latest
+        .into_iter()
+        .flat_map(|m| m.values())
+        .filter(|rv| rv.state == ReviewState::Approved && policy.is_bot_or_agent(&rv.reviewer))
+        .map(|rv| rv.reviewer.to_string())
+        .collect()
 }
 
 /// Approvals the PR needs (bot or human PR).

@@ -61,7 +61,20 @@ pub(crate) fn awaiting_result_of(
         && a.signature == signature
         && a.head_sha.as_ref() == head
         && a.outcome == AttemptOutcome::Succeeded;
-    waiting.then_some(i + 1)
+    waiting.then_some(usize::try_from(ws.attempt_number(i)).unwrap_or(usize::MAX))
+}
+
+/// Why no more work is dispatched when the attempts since the last resume reached
+/// `max_attempts_total` (0: no bound).
+pub(crate) fn over_budget(ws: &WorkState, policy: &Policy) -> Option<String> {
+    let max = u64::from(policy.max_attempts_total);
+    let used = ws.attempts_total().saturating_sub(ws.attempts_base);
+    (max > 0 && used >= max).then(|| {
+        format!(
+            "{used} attempts on this PR (max_attempts_total = {max}); a user with write \
+             access must act (`/shepherd retry`, or push a commit)"
+        )
+    })
 }
 
 /// What to dispatch.
@@ -97,7 +110,7 @@ pub(crate) fn dispatch(
     let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
     let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     let expires_ms = now.saturating_add(ttl_ms);
-    let attempt = ws.attempts.iter().filter(|a| a.kind == spec.kind).count() + 1;
+    let attempt = ws.attempts_of(spec.kind).saturating_add(1);
     let mut context = spec.context;
     // The most recent attempts only: the history of a long-lived record grows.
     let recent = ws.attempts.len().saturating_sub(WORK_ITEM_ATTEMPTS);
@@ -164,7 +177,7 @@ pub(crate) fn end_active(
             work_id: active.item.id.clone(),
         });
     }
-    ws.attempts.push(Attempt {
+    ws.push_attempt(Attempt {
         work_id: active.item.id,
         kind: active.item.kind,
         tier: active.item.tier,
@@ -228,9 +241,13 @@ pub(crate) fn on_expiry(ws: &mut WorkState, work_id: &WorkId, now: i64, fx: &mut
 
 /// Leaves paused/needs-human and restarts the stuck count.
 pub(crate) fn resume(ws: &mut WorkState) -> bool {
-    let changed = ws.hold.is_some() || ws.stuck_base != ws.attempts.len();
+    let changed = ws.hold.is_some()
+        || ws.stuck_base != ws.attempts.len()
+        || ws.attempts_base != ws.attempts_total();
     ws.hold = None;
     ws.stuck_base = ws.attempts.len();
+    ws.attempts_base = ws.attempts_total();
+    ws.resume_by_push = None;
     changed
 }
 
@@ -265,7 +282,10 @@ pub(crate) fn enter_needs_human_with(
         since_ms: now,
         label_seen: false,
     });
-    let mut text = super::super::texts::needs_human(reason, &ws.attempts, |t| policy.tier_name(t));
+    let mut text =
+        super::super::texts::needs_human(reason, &ws.attempts, ws.attempt_number(0), |t| {
+            policy.tier_name(t)
+        });
     if !more.is_empty() {
         text.push('\n');
         text.push_str(more);

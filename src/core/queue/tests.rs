@@ -172,12 +172,14 @@ fn arb_action() -> impl Strategy<Value = QueueAction> {
     prop_oneof![
         3 => prop_oneof![Just(Priority::High), Just(Priority::Normal)]
             .prop_map(|priority| QueueAction::Join { priority }),
-        1 => Just(QueueAction::Park { reason: Ejection::CiFailed }),
+        1 => prop_oneof![Just(Ejection::CiFailed), Just(Ejection::CiTimeout)]
+            .prop_map(|reason| QueueAction::Park { reason }),
         1 => Just(QueueAction::Requeue { reason: Ejection::BaseMoving }),
         1 => prop_oneof![
             Just(Departure::Merged),
             Just(Departure::Closed),
-            Just(Departure::Dequeued)
+            Just(Departure::Dequeued),
+            Just(Departure::Retargeted)
         ]
         .prop_map(|reason| QueueAction::Leave { reason }),
     ]

@@ -9,6 +9,8 @@
 //! 1. Re-read the PR: merged → `Merged`; closed or moved past the pinned head →
 //!    `HeadMoved` (a redelivered advance whose update already happened stops here: the
 //!    update moved the head, so it is never done twice).
+//!    A PR that targets another branch now is neither updated nor merged: `HeadMoved`,
+//!    so its record re-reads it and leaves this branch's queue (`retargeted`).
 //! 2. The queue must still name this PR its head; otherwise the PR is told its place.
 //! 3. Take the branch's merge lease (the same one plain merges take), renewed while
 //!    this executor works and fenced before each write.
@@ -110,6 +112,17 @@ impl Executor {
         }
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
+        if pr.base.ref_name != ask.branch {
+            // Never updated or merged by this branch's queue: the record re-reads the
+            // PR (`HeadMoved`), sees its new base and leaves the queue itself
+            // (`retargeted`), so no two records believe they are the head.
+            tracing::info!(
+                branch = ask.branch,
+                now_targets = %pr.base.ref_name,
+                "the queue's head targets another branch now; not advancing"
+            );
+            return Ok(vec![outcome_event(effect, MergeOutcome::HeadMoved)]);
+        }
         let q = queue::load(&mut conn, keys, repo, ask.branch).await?;
         if q.head != Some(effect.number) {
             tracing::info!(head = ?q.head, "not the head of the merge queue; not advancing");

@@ -167,3 +167,43 @@ async fn paused(s: &Scenario, n: u64) -> bool {
     data.and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
         .is_some_and(|v| v["work"]["hold"]["hold"] == "paused")
 }
+
+/// Issue 26 finding 5: the bot's own approval, and an agent user's, never count: a
+/// human PR that needs two approvals, with one person's and the bot's (and an agent
+/// user's), is not merged, and the status comment says why; a second person merges it.
+#[tokio::test(flavor = "multi_thread")]
+async fn bot_and_agent_approvals_do_not_merge_a_human_pr() {
+    let s = Scenario::start("agent_logins = [\"agent-user\"]\n").await;
+    let bot = s.fake.bot_login().to_owned();
+    let n = open_green_pr(&s, "mallory", "Adds z.").await;
+    review(&s, n, "bob", "APPROVED").await;
+    review(&s, n, &bot, "APPROVED").await;
+    s.wait_idle().await;
+    assert_eq!(s.phase(REPO, n).await, "awaiting-review");
+    assert!(
+        s.fake.calls("POST", &merge_path(n)).is_empty(),
+        "one person's and the bot's approvals do not merge a human PR"
+    );
+    s.wait_fake("the status comment names the uncounted approval", |f| {
+        f.status_comments(REPO, n).iter().any(|b| {
+            b.contains(&format!("Approval by `{bot}` (bot/agent) not counted"))
+                && b.contains("waiting for 1 more approval")
+        })
+    })
+    .await;
+    review(&s, n, "agent-user", "APPROVED").await;
+    s.wait_idle().await;
+    assert!(
+        s.fake.calls("POST", &merge_path(n)).is_empty(),
+        "nor does an agent user's"
+    );
+    s.wait_fake("the agent user's approval is named too", |f| {
+        f.status_comments(REPO, n)
+            .iter()
+            .any(|b| b.contains("Approval by `agent-user` (bot/agent) not counted"))
+    })
+    .await;
+    review(&s, n, "dave", "APPROVED").await;
+    s.wait_fake("the PR is merged", |f| !f.merges().is_empty())
+        .await;
+}

@@ -96,6 +96,52 @@ async fn scenario_3_stuck_at_top_tier_then_resumed() {
     s.assert_no_duplicate_comments(REPO, n);
 }
 
+/// Issue 26 finding 6: `max_attempts_total` attempts, then `needs-human`; a push by
+/// a user without write access (the fake's default for others) neither clears it nor
+/// buys another attempt; a push by a user with write access does.
+#[tokio::test(flavor = "multi_thread")]
+async fn attempts_are_bounded_and_only_a_writers_push_clears_needs_human() {
+    let s = Scenario::start(
+        "max_attempts_total = 2
+",
+    )
+    .await;
+    let fake = &s.fake;
+    let (n, _) = open_red_bot_pr(&s).await;
+    for k in 1..=2 {
+        let items = s.wait_work_items(k).await;
+        assert_eq!(s.report(id(&items[k - 1]), "failed", None).await, 202);
+    }
+    s.wait_phase(REPO, n, "needs-human").await;
+    s.wait_idle().await;
+    assert_eq!(s.work_items().await.len(), 2, "no third attempt");
+    let why = "needs a human here.** 2 attempts on this PR (max_attempts_total = 2)";
+    assert_eq!(s.comments_containing(REPO, n, why), 1);
+
+    // mallory (read access) pushes; CI fails on her head too.
+    let sha = fake.push_fix(REPO, n);
+    fake.set_status(REPO, &sha, "ci/test", "failure", "2 tests failed");
+    s.send(&fake.pr_synchronized(REPO, n, "mallory")).await;
+    let perm = format!("/repos/{REPO}/collaborators/mallory/permission");
+    s.wait_fake("mallory's permission is read", |f| {
+        !f.calls("GET", &perm).is_empty()
+    })
+    .await;
+    s.wait_idle().await;
+    assert_eq!(s.phase(REPO, n).await, "needs-human");
+    assert_eq!(s.work_items().await.len(), 2, "her push bought nothing");
+
+    // carol (write access) pushes: the hold ends and work starts on her head.
+    fake.set_permission(REPO, "carol", "write");
+    let sha = fake.push_fix(REPO, n);
+    fake.set_status(REPO, &sha, "ci/test", "failure", "2 tests failed");
+    s.send(&fake.pr_synchronized(REPO, n, "carol")).await;
+    let items = s.wait_work_items(3).await;
+    assert_eq!(items[2]["head_sha"], sha.as_str());
+    assert_eq!(items[2]["attempt"], 3);
+    s.assert_no_duplicate_dispatch().await;
+}
+
 /// (6) A claim whose TTL runs out counts as a failed attempt: the next dispatch names
 /// it in the history (and escalates, the problem being the same).
 #[tokio::test(flavor = "multi_thread")]

@@ -939,3 +939,118 @@ async fn a_refused_update_hands_the_pr_to_a_human_and_the_next_is_tried() {
     assert_eq!(stored_queue(&s).await.head, None, "no head left in flight");
     s.fake.assert_calls_match_openapi();
 }
+
+/// Issue 26: the queue's head whose CI never settles blocks its branch no longer: after
+/// `merge_queue_ci_timeout_secs` it is parked (`ci-timeout`, status page and metrics)
+/// and the next PR is tested; once its CI settles it re-enters, and both merge.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_head_whose_ci_never_settles_is_ejected_with_ci_timeout() {
+    let s = start_with("merge_queue_ci_timeout_secs = 4\n", 500, &[]).await;
+    let prs = open_green(&s, 2).await;
+    // main moves, so #1 is updated and its CI on the new head runs (held).
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.0 == 1)
+    })
+    .await;
+    let end = Instant::now() + QUEUE_DEADLINE;
+    loop {
+        let q = stored_queue(&s).await;
+        let parked = q
+            .entries
+            .iter()
+            .find(|e| e.number == 1)
+            .and_then(|e| e.parked);
+        if parked == Some(shepherd::core::queue::Ejection::CiTimeout) {
+            assert_ne!(q.head, Some(1), "the next PR is tested: {q:?}");
+            break;
+        }
+        assert!(Instant::now() < end, "#1 ejected with ci-timeout: {q:?}");
+        pump_outbox(&s).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(merges(&s.fake).is_empty(), "nothing merged untested");
+    release_ci(&s, 200);
+    run_until(&s, "both merged", |f| merges(f).len() == 2).await;
+    assert_main_stayed_green(&s.fake);
+    let page = s.status_page().await;
+    assert!(page.contains("ci-timeout"), "{page}");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains("shepherd_merge_queue_ejections_total{reason=\"ci-timeout\"}"),
+        "{metrics}"
+    );
+    s.fake.assert_calls_match_openapi();
+}
+
+/// Issue 26: a head retargeted to another branch while it is tested (its `edited`
+/// webhook lost) is never merged by this branch's queue: the advance takes it out of
+/// `main`'s queue (`retargeted`) and the next PR merges into main; the retargeted PR
+/// goes through `dev`'s queue instead (updated onto dev's tip and tested there first).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_advance_leaves_a_retargeted_head_out_of_the_queue() {
+    let s = start(500, &[]).await;
+    let prs = open_green(&s, 2).await;
+    // `dev` stays at main's old tip.
+    let dev_tip = s.fake.branch_tip(REPO, "main");
+    s.fake.with_model(|m| {
+        (m.repo_mut(REPO).branches).insert("dev".into(), dev_tip.clone());
+    });
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.0 == 1)
+    })
+    .await;
+    // #1 now targets `dev`; no webhook says so.
+    s.fake.with_model(|m| {
+        let r = m.repo_mut(REPO);
+        if let Some(pull) = r.issues.get_mut(&1).and_then(|i| i.pull.as_mut()) {
+            pull.base_ref = "dev".into();
+        }
+    });
+    release_ci(&s, 200);
+    // Every webhook about #1 is lost until it left main's queue: only the advance can
+    // find out.
+    let end = Instant::now() + QUEUE_DEADLINE;
+    while queue_entries(&s).await.contains(&1) {
+        assert!(Instant::now() < end, "#1 left main's queue");
+        let hooks = s
+            .fake
+            .finish_ci_runs()
+            .into_iter()
+            .chain(s.fake.take_outbox());
+        for hook in hooks.collect::<Vec<_>>() {
+            let p = &hook.payload;
+            let n = p["pull_request"]["number"]
+                .as_u64()
+                .or_else(|| p["issue"]["number"].as_u64());
+            if n != Some(1) {
+                s.send(&hook).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run_until(&s, "both merged", |f| merges(f).len() == 2).await;
+    let all = merges(&s.fake);
+    let two = all.iter().find(|m| m.number == 2).expect("#2 merged");
+    assert_eq!(two.tip_after, s.fake.branch_tip(REPO, "main"), "{all:?}");
+    // #1 went into dev, after an update onto dev's tip (tested there), never merged
+    // by main's queue on main's tip.
+    let one = all.iter().find(|m| m.number == 1).expect("#1 merged");
+    assert_eq!(one.tip_before, dev_tip, "{all:?}");
+    assert_eq!(one.tip_after, s.fake.branch_tip(REPO, "dev"));
+    let onto_dev = updates(&s.fake)
+        .into_iter()
+        .find(|u| u.0 == 1 && u.3 == dev_tip);
+    let onto_dev = onto_dev.expect("#1 updated onto dev's tip before its merge");
+    assert_eq!(
+        one.merged_sha, onto_dev.2,
+        "the merged head is the one tested on dev"
+    );
+}

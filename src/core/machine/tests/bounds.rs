@@ -157,6 +157,9 @@ fn work_items_carry_only_the_most_recent_attempts() {
         .collect();
     h.r.work.stuck_base = 50;
     h.r.work.seq = 50;
+    // Stored as an older build kept them (no bound): 50 attempts since the last resume
+    // would hold the PR at `max_attempts_total`, which this test is not about.
+    h.r.work.attempts_base = 50;
     h.later(5);
     h.step(status('a', &[FAIL], h.now));
     let item = &h.r.work.active.as_ref().expect("dispatched").item;

@@ -2,6 +2,7 @@
 //! one-line strings so a test can assert the full effect list), table tests of single
 //! transitions, lifecycle walks and property tests.
 
+mod attempts;
 mod bounds;
 mod economy;
 mod hostile;

@@ -15,6 +15,7 @@ use proptest::prelude::*;
 use super::super::queue::is_head;
 use super::super::{merge_blockers, step};
 use super::{login, repo};
+use crate::core::effect::TimerKind;
 use crate::core::effect::{EffectKind, ObserveWhat};
 use crate::core::event::{
     CiContext, CiState, EffectOutcome, Event, MergeOutcome, PrAction, PrSnapshot, PrState,
@@ -22,7 +23,7 @@ use crate::core::event::{
 };
 use crate::core::ids::{Scope, Sha};
 use crate::core::policy::Policy;
-use crate::core::queue::{BranchQueue, HeadAction, HeadReading, head_action};
+use crate::core::queue::{BranchQueue, Ejection, HeadAction, HeadReading, head_action};
 use crate::core::record::PrRecord;
 
 /// PRs in the simulation.
@@ -57,6 +58,8 @@ struct WorldPr {
     /// A push changed the diff since the approval (Forgejo marks it stale; an update
     /// that merges the base in does not change the PR's diff).
     stale: bool,
+    /// The branch it targets (`main`, or `dev` after a retarget).
+    target: String,
 }
 
 /// Forgejo, the executor and the records.
@@ -124,6 +127,7 @@ impl Sim {
                     state: PrState::Open,
                     approved_on: None,
                     stale: false,
+                    target: "main".into(),
                 },
             );
             s.records.insert(n, PrRecord::new(repo(), n));
@@ -155,7 +159,7 @@ impl Sim {
             author: Some(login("bot")),
             head_sha: Some(w.head.clone()),
             head_ref: format!("pr-{n}"),
-            base_ref: "main".into(),
+            base_ref: w.target.clone(),
             labels: BTreeSet::new(),
             mergeable: Some(true),
             updated_ms: self.now,
@@ -323,6 +327,11 @@ impl Sim {
         if w.state != PrState::Open || w.head != *pinned {
             return MergeOutcome::HeadMoved;
         }
+        if w.target != "main" {
+            // As the executor: never updated or merged here; the record re-reads the
+            // PR and leaves main's queue itself.
+            return MergeOutcome::HeadMoved;
+        }
         if self.queue.head != Some(n) {
             return MergeOutcome::LockBusy { retry_ms: 1_000 };
         }
@@ -379,6 +388,10 @@ impl Sim {
                     "merge of a head whose CI is not green"
                 );
                 assert_eq!(w.base, self.tip, "merge of a head not built on the tip");
+                assert_eq!(
+                    w.target, "main",
+                    "merge of a PR that targets another branch"
+                );
                 assert_eq!(tip, self.tip);
                 self.merges.push((n, pinned.clone()));
                 // Fast-forward: the tested head is the new tip.
@@ -418,6 +431,8 @@ enum Op {
     Approve(u64),
     /// bob's approval goes away.
     Withdraw(u64),
+    /// The PR is retargeted to `dev` (its `edited` webhook is sent).
+    Retarget(u64),
 }
 
 fn arb_op() -> impl Strategy<Value = Op> {
@@ -431,6 +446,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => Just(Op::BaseMoves),
         3 => (1..=PRS).prop_map(Op::Approve),
         1 => (1..=PRS).prop_map(Op::Withdraw),
+        1 => (1..=PRS).prop_map(Op::Retarget),
     ]
 }
 
@@ -517,12 +533,19 @@ fn run(s: &mut Sim, op: &Op) {
             };
             s.events.push((*n, ev));
         }
+        Op::Retarget(n) if s.prs[n].state == PrState::Open => {
+            s.prs.get_mut(n).unwrap().target = "dev".into();
+            s.tick();
+            let ev = s.webhook(*n, PrAction::Edited, "alice");
+            s.events.push((*n, ev));
+        }
         Op::Deliver(_)
         | Op::Execute(_)
         | Op::Rerun(_)
         | Op::Fire(_)
         | Op::Push(_)
-        | Op::Approve(_) => {}
+        | Op::Approve(_)
+        | Op::Retarget(_) => {}
     }
 }
 
@@ -589,4 +612,149 @@ fn three_ready_prs_merge_in_order_each_tested_on_the_tip() {
     assert_eq!(s.tip, s.merges[2].1);
     assert!(s.queue.entries.is_empty());
     assert_eq!(s.queue.stats.merged, 3);
+}
+
+impl Sim {
+    /// Drains events and effects in order, finishing CI green on every new head of a
+    /// PR not in `stuck` (whose CI never settles); fires no timer.
+    fn settle(&mut self, stuck: &BTreeSet<u64>) {
+        for _ in 0..2_000 {
+            if !self.events.is_empty() {
+                run(self, &Op::Deliver(0));
+            } else if !self.effects.is_empty() {
+                run(self, &Op::Execute(0));
+            } else {
+                let pending: Vec<u64> = (1..=PRS)
+                    .filter(|n| {
+                        !stuck.contains(n)
+                            && self.prs[n].state == PrState::Open
+                            && self.ci.get(&self.prs[n].head) == Some(&None)
+                    })
+                    .collect();
+                if pending.is_empty() {
+                    return;
+                }
+                for n in pending {
+                    run(self, &Op::Ci(n, true));
+                }
+            }
+            assert!(self.heads() <= 1);
+        }
+    }
+
+    /// Fires the queue-ci timers that are due (the clock moves to them).
+    fn fire_queue_ci(&mut self) -> usize {
+        let (due, rest): (Vec<_>, Vec<_>) = self.timers.drain(..).partition(|(_, ev)| {
+            matches!(ev, Event::TimerFired { timer, .. } if timer.kind == TimerKind::QueueCi)
+        });
+        self.timers = rest;
+        let n = due.len();
+        for (k, ev) in due {
+            if let Event::TimerFired { timer, .. } = &ev {
+                self.now = self.now.max(timer.due_ms);
+            }
+            self.deliver(k, &ev);
+        }
+        n
+    }
+}
+
+/// Issue 26: the queue's head whose CI never settles is ejected after
+/// `merge_queue_ci_timeout_secs` (`ci-timeout`), the next PR is tested and merged,
+/// and the ejected one re-enters at its place once its CI settles.
+#[test]
+fn a_head_whose_ci_never_settles_is_ejected_after_the_timeout() {
+    let mut s = Sim::new(false);
+    for n in 1..=PRS {
+        run(&mut s, &Op::Approve(n));
+        run(&mut s, &Op::Ci(n, true));
+    }
+    // #1 merges (on the tip already); #2 is updated onto the new tip and its CI on
+    // the new head never finishes.
+    let stuck = BTreeSet::from([2]);
+    s.settle(&stuck);
+    assert_eq!(s.merges.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1]);
+    assert_eq!(s.queue.head, Some(2), "#2 is tested, waiting for CI");
+    assert!(s.records[&2].queue.ci_wait.is_some());
+    // The timer: #2 parks (ci-timeout); #3 is tested and merged.
+    assert!(s.fire_queue_ci() >= 1);
+    s.settle(&stuck);
+    let parked = s
+        .queue
+        .entries
+        .iter()
+        .find(|e| e.number == 2)
+        .map(|e| e.parked);
+    assert_eq!(parked, Some(Some(Ejection::CiTimeout)), "{:#?}", s.queue);
+    assert_eq!(s.queue.stats.ejections.get(&Ejection::CiTimeout), Some(&1));
+    assert_eq!(s.merges.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 3]);
+    let m = s.records[&2].queue.membership.clone().unwrap();
+    assert_eq!(m.parked, Some(Ejection::CiTimeout));
+    // Its CI settles at last: it re-enters, is updated onto the new tip, merges.
+    s.settle(&BTreeSet::new());
+    assert_eq!(
+        s.merges.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        [1, 3, 2]
+    );
+    assert!(s.queue.entries.is_empty());
+}
+
+/// A timer of a head whose CI settled in time does nothing.
+#[test]
+fn a_queue_ci_timer_after_ci_settled_does_nothing() {
+    let mut s = Sim::new(false);
+    for n in 1..=PRS {
+        run(&mut s, &Op::Approve(n));
+        run(&mut s, &Op::Ci(n, true));
+    }
+    s.settle(&BTreeSet::new());
+    assert_eq!(s.merges.len(), 3);
+    let before = s.records.clone();
+    s.fire_queue_ci();
+    for (n, r) in &s.records {
+        assert_eq!(r.queue, before[n].queue, "#{n}");
+    }
+    assert_eq!(s.queue.stats.ejections.get(&Ejection::CiTimeout), None);
+}
+
+/// Issue 26: a head retargeted to another branch (its webhook lost) is never merged
+/// through this branch's queue: the advance refuses it (`HeadMoved`), its record
+/// re-reads the PR and leaves the queue (`retargeted`), and the next PR is tested.
+#[test]
+fn the_advance_leaves_a_retargeted_pr_out_of_the_queue() {
+    let mut s = Sim::new(false);
+    for n in 1..=PRS {
+        run(&mut s, &Op::Approve(n));
+        run(&mut s, &Op::Ci(n, true));
+    }
+    // Drain until #1 asks to advance, then retarget it behind the record's back (its
+    // webhook is lost).
+    for _ in 0..500 {
+        let asked = s
+            .effects
+            .iter()
+            .any(|(n, k)| *n == 1 && matches!(k, EffectKind::QueueAdvance { .. }));
+        if asked {
+            break;
+        }
+        if !s.events.is_empty() {
+            run(&mut s, &Op::Deliver(0));
+        } else {
+            run(&mut s, &Op::Execute(0));
+        }
+    }
+    assert_eq!(s.queue.head, Some(1));
+    s.prs.get_mut(&1).unwrap().target = "dev".into();
+    s.settle(&BTreeSet::new());
+    let merged: Vec<u64> = s.merges.iter().map(|(n, _)| *n).collect();
+    assert_eq!(merged, [2, 3], "#1 is not merged into main");
+    assert!(
+        s.queue.entries.iter().all(|e| e.number != 1),
+        "{:#?}",
+        s.queue
+    );
+    // The record left main's queue too (it may wait for `dev`'s now).
+    let member = s.records[&1].queue.membership.as_ref();
+    assert!(member.is_none_or(|m| m.branch == "dev"), "{member:?}");
+    assert_eq!(s.prs[&1].state, PrState::Open);
 }

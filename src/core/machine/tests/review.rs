@@ -557,3 +557,98 @@ fn a_reviewer_agents_approval_is_read_and_a_persons_hint_stops_the_review() {
     assert!(dispatched(&h).is_empty(), "{fx:?}");
     assert!(fx.iter().any(|l| l.starts_with("merge aaa")), "{fx:?}");
 }
+
+/// The status comment body of the last step, if it wrote one.
+fn status_body(h: &H) -> Option<String> {
+    h.effects().iter().find_map(|e| match &e.kind {
+        EffectKind::UpsertComment { body, .. } => Some(body.clone()),
+        _ => None,
+    })
+}
+
+/// Issue 26 finding 5: the bot's and an agent user's approvals never count, whatever
+/// the PR, and the status comment says so; a person's approval still counts.
+#[test]
+fn bot_and_agent_approvals_never_count() {
+    let p = Policy {
+        agent_logins: vec!["Agent-1".into()],
+        ..policy()
+    };
+    // A human PR needing 2: one person + the bot does not merge.
+    let mut h = H::with(p.clone());
+    h.step(pr_event(PrAction::Opened, snap('a', T0), "alice"));
+    h.later(10);
+    h.step(green('a', h.now));
+    h.later(10);
+    let fx = h.step(reviews_with(
+        &[
+            ("bob", ReviewState::Approved, 'a', "lgtm"),
+            ("bot", ReviewState::Approved, 'a', "lgtm"),
+        ],
+        400,
+        h.now,
+    ));
+    assert!(!fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
+    assert_eq!(h.reason(), "waiting for 1 more approval");
+    let body = status_body(&h).expect("status comment");
+    assert!(
+        body.contains("Approval by `bot` (bot/agent) not counted"),
+        "{body}"
+    );
+    assert_eq!(
+        texts::parse_status_comment(&body)
+            .unwrap()
+            .uncounted_approvals,
+        vec!["bot".to_owned()]
+    );
+    // The agent user's approval (any case) counts no more, nor does its hint.
+    h.later(10);
+    let fx = h.step(review_hint(snap('a', T0), "agent-1"));
+    assert_eq!(fx, lines(&["observe reviews"]), "never taken on trust");
+    assert!(h.r.approval_hints.is_empty());
+    h.later(1);
+    let fx = h.step(reviews_with(
+        &[
+            ("bob", ReviewState::Approved, 'a', "lgtm"),
+            ("bot", ReviewState::Approved, 'a', "lgtm"),
+            ("agent-1", ReviewState::Approved, 'a', "lgtm"),
+        ],
+        400,
+        h.now,
+    ));
+    assert!(!fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
+    assert_eq!(h.reason(), "waiting for 1 more approval");
+    // A second person does merge it.
+    h.later(1);
+    let fx = h.step(reviews_with(
+        &[
+            ("bob", ReviewState::Approved, 'a', "lgtm"),
+            ("bot", ReviewState::Approved, 'a', "lgtm"),
+            ("agent-1", ReviewState::Approved, 'a', "lgtm"),
+            ("dave", ReviewState::Approved, 'a', "lgtm"),
+        ],
+        400,
+        h.now,
+    ));
+    assert!(fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
+    // A bot PR needing 1: the bot approving its own PR does not merge it, even
+    // where reviewer agents' approvals count.
+    let p = Policy {
+        reviewer_approvals_count: AgentScope::All,
+        reviewer_logins: vec!["bot".into()],
+        agent_review: AgentScope::Off,
+        ..p
+    };
+    let mut h = H::with(p);
+    h.step(pr_event(PrAction::Opened, bot_snap('a', T0), "bot"));
+    h.later(10);
+    h.step(green('a', h.now));
+    h.later(10);
+    let fx = h.step(reviews_with(
+        &[("bot", ReviewState::Approved, 'a', "")],
+        500,
+        h.now,
+    ));
+    assert!(!fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
+    assert_eq!(h.reason(), "waiting for 1 more approval");
+}

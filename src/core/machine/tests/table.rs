@@ -801,10 +801,10 @@ fn resume_by_command_from_a_trusted_user() {
 }
 
 #[test]
-fn resume_by_a_human_push() {
+fn resume_by_a_push_of_a_user_with_write_access() {
     let mut h = stuck();
     h.later(10);
-    h.step(pr_event(
+    let fx = h.step(pr_event(
         PrAction::Synchronized,
         PrSnapshot {
             mergeable: None,
@@ -812,6 +812,22 @@ fn resume_by_a_human_push() {
         },
         "alice",
     ));
+    // The pusher's permission is read first: a push without write access does not
+    // clear the hold (issue 26).
+    assert!(
+        fx.contains(&"observe permission alice".to_owned()),
+        "{fx:?}"
+    );
+    assert!(matches!(h.r.work.hold, Some(Hold::NeedsHuman { .. })));
+    h.later(1);
+    h.step(Event::ObservedPermission {
+        repo: repo(),
+        scope: Scope::Pr,
+        number: PR,
+        login: login("alice"),
+        permission: crate::core::event::Permission::Write,
+        at_ms: h.now,
+    });
     assert_eq!(h.r.work.hold, None);
     assert_eq!(h.phase(), Phase::AwaitingCi);
 }

@@ -164,7 +164,9 @@ fn stuck_pr_resumed_then_fixed() {
     assert_eq!(h.phase(), Phase::NeedsHuman);
     assert!(matches!(h.r.work.hold, Some(Hold::NeedsHuman { .. })));
 
-    // A human pushes a fix: resumed, CI green, no more work.
+    // A human with write access (here: trusted) pushes a fix: resumed, CI green, no
+    // more work.
+    h.p.trusted_users = vec!["alice".into()];
     h.later(600);
     let fx = h.step(pr_event(
         PrAction::Synchronized,
