@@ -10,10 +10,18 @@
 //!   the reviewer, and each way it can fail.
 //! - `review_e2e`: reviewer agents (issue 15): change request → feedback → push →
 //!   approval → merge, and three rounds of the same change request → needs-human.
+//! - `hostile_agent`: the agent sandbox (issue 26): a hostile script as the agent, in
+//!   the real bubblewrap sandbox, tries every attack of the issue's findings.
+//!
+//! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
+//! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
+//! and marker files in the test's temp dirs, which a sandboxed agent cannot see.
+//! `hostile_agent` and the opencode tests run with the sandbox on.
 
 mod bench;
 mod context;
 mod e2e;
+mod hostile_agent;
 mod opencode;
 mod opencode_loop;
 mod review_e2e;
@@ -88,8 +96,27 @@ impl Rig {
         write_script(self.dir.path(), name, body)
     }
 
-    /// `shepherd agents` on the rig running `command`, with the fake's URL and token.
+    /// `shepherd agents` on the rig running `command`, with the fake's URL and token,
+    /// unsandboxed (see the module docs; [`Self::sandboxed_runner`] for the sandbox).
     pub fn runner(&self, command: &str) -> Builder {
+        self.runner_with(command)
+            .env("SHEPHERD_AGENT_SANDBOX", "off")
+    }
+
+    /// `shepherd agents` on the rig running `command` in the real sandbox, with the
+    /// rig's folder (scripts, marker files) open to the agents' user and writable.
+    pub fn sandboxed_runner(&self, command: &str) -> Builder {
+        open_to_agents(self.dir.path());
+        self.runner_with(command)
+            .env("SHEPHERD_AGENT_SANDBOX", "on")
+            .env(
+                "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+                self.dir.path().display().to_string(),
+            )
+    }
+
+    /// The runner's settings, the sandbox's left to the caller.
+    fn runner_with(&self, command: &str) -> Builder {
         Shepherd::builder(&self.redis)
             .agents(command)
             .prefix(&self.prefix)
@@ -315,4 +342,47 @@ pub async fn read_pid(path: &std::path::Path) -> u32 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// Opens `dir` and everything in it to every user (folders 0777, files 0666, scripts
+/// keep their execute bits): the sandboxed agent runs as another uid.
+pub fn open_to_agents(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777));
+            for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                stack.push(e.path());
+            }
+        } else if meta.is_file() {
+            let mode = meta.permissions().mode() | 0o666;
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode));
+        }
+    }
+}
+
+/// The host pids of the live processes whose environment holds
+/// `SHEPHERD_WORK_ID=<id>` — every process an agent of work item `id` started,
+/// whatever namespace, session or process group it is in (zombies do not count).
+pub fn processes_of(work_id: &str) -> Vec<u32> {
+    let needle = format!("SHEPHERD_WORK_ID={work_id}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if env
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+            && alive(pid)
+        {
+            out.push(pid);
+        }
+    }
+    out
 }

@@ -15,6 +15,22 @@ use crate::support::opencode::OpencodeProject;
 use crate::support::poll_until_named;
 use crate::support::scenario::Scenario;
 
+/// `shepherd agents` with opencode in the real sandbox (issue 26): the project (its
+/// config and opencode's private `HOME`) and the test's marker folder are opened to
+/// the agents' user and writable inside the sandbox.
+fn sandboxed(
+    runner: crate::support::shepherd::Builder,
+    project: &OpencodeProject,
+    marks: &std::path::Path,
+) -> crate::support::shepherd::Builder {
+    super::open_to_agents(project.root());
+    super::open_to_agents(marks);
+    runner.env("SHEPHERD_AGENT_SANDBOX", "on").env(
+        "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+        format!("{}:{}", project.root().display(), marks.display()),
+    )
+}
+
 /// opencode takes seconds per run; this bounds a hang, it measures nothing.
 const AGENT_DEADLINE: Duration = Duration::from_secs(180);
 
@@ -35,7 +51,9 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
     ))
     .await;
     let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
-    let _runner = s.agents(&project.command_line()).start().await;
+    let _runner = sandboxed(s.agents(&project.command_line()), &project, marks.path())
+        .start()
+        .await;
 
     let n = fake.open_pr(REPO, NewPr::new("agent-bot", "Add y").body("Adds y."));
     let sha1 = fake.head_sha(REPO, n);
@@ -159,8 +177,7 @@ async fn opencode_reviews_a_bot_pr_as_its_own_user_and_its_approval_merges_it() 
     ))
     .await;
     let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
-    let _runner = s
-        .agents(&project.command_line())
+    let _runner = sandboxed(s.agents(&project.command_line()), &project, marks.path())
         .env(
             "SHEPHERD_REVIEWER_TOKENS",
             format!("{REVIEWER}={REVIEWER_TOKEN}"),
