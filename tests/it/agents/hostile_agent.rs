@@ -57,6 +57,8 @@ loot="$DIR/loot-$n"
     echo "== $p"; tr '\0' '\n' < "$p/environ"; tr '\0' ' ' < "$p/cmdline"; echo
   done
   echo "== folders"; ls -la "$(dirname "$PWD")" /tmp
+  echo "== scan"
+  for d in $SCAN; do for f in "$d"/*; do echo "-- $f"; cat "$f"; done; done
   echo "== files"
   find /etc /tmp /root /run /var/lib "$HOME" "$PWD" $SCAN -xdev -maxdepth 4 -type f -size -64k 2>/dev/null \
     | head -n 3000 | while IFS= read -r f; do echo "-- $f"; cat "$f"; done
@@ -66,7 +68,7 @@ setsid "$DIR/leftover.sh" setsid </dev/null >/dev/null 2>&1 &
 parent=$(cat "/proc/$PPID/environ" 2>/dev/null | wc -c)
 procs=$(ls -d /proc/[0-9]* | wc -l)
 others=$(ls -d "$(dirname "$PWD")"/shepherd-agent-* /tmp/shepherd-agent-* 2>/dev/null | grep -vc "^$PWD\$")
-summary="uid=$(id -u) pid1=$(cat /proc/1/comm) procs=$procs parent_environ_bytes=$parent other_items=$others folder=$(stat -c %a "$PWD") prompt=$(stat -c %a "$SHEPHERD_PROMPT_FILE") owner=$(stat -c %u "$PWD") loot_b64=$(head -c 2000 "$loot" | base64 -w0)"
+summary="uid=$(id -u) pid1=$(cat /proc/1/comm) ppid=$PPID procs=$procs parent_environ_bytes=$parent other_items=$others folder=$(stat -c %a "$PWD") prompt=$(stat -c %a "$SHEPHERD_PROMPT_FILE") owner=$(stat -c %u "$PWD") loot_b64=$(head -c 2000 "$loot" | base64 -w0)"
 echo "$summary" > "$DIR/summary-$n"
 echo "env: $(env | base64 -w0)"
 echo "loot: $(head -c 4000 "$loot" | base64 -w0)"
@@ -202,8 +204,8 @@ fn fields(summary: &str) -> std::collections::BTreeMap<String, String> {
 }
 
 /// What a hostile run found, checked: another uid (root runners), its own PID
-/// namespace (bwrap is pid 1, a handful of processes), no parent environment, no
-/// other item's folder, its folder and prompt private.
+/// namespace (bwrap is pid 1 and its parent, a handful of processes), no other
+/// item's folder, its folder and prompt private.
 fn assert_contained(summary: &str) {
     let f = fields(summary);
     let root = std::fs::metadata("/proc/self")
@@ -216,7 +218,9 @@ fn assert_contained(summary: &str) {
     assert_eq!(f["pid1"], "bwrap", "its own PID namespace: {summary}");
     let procs: u32 = f["procs"].parse().unwrap();
     assert!(procs < 20, "it sees only its own processes: {summary}");
-    assert_eq!(f["parent_environ_bytes"], "0", "{summary}");
+    // Its parent is the sandbox's init (holding the agent's own environment), never
+    // the runner, which it cannot see.
+    assert_eq!(f["ppid"], "1", "{summary}");
     assert_eq!(f["other_items"], "0", "{summary}");
     assert_eq!(f["folder"], "700", "{summary}");
     assert_eq!(f["prompt"], "600", "{summary}");
@@ -378,7 +382,8 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
             .into_owned();
         assert_no_secret(&format!("what the agent exfiltrated ({m})"), &text, &secrets);
     }
-    let loot = std::fs::read_to_string(exfil.path().join("loot-0")).unwrap();
+    let loot = String::from_utf8_lossy(&std::fs::read(exfil.path().join("loot-0")).unwrap())
+        .into_owned();
     assert!(
         loot.contains("== parent") && loot.contains("== files"),
         "the attack ran"
@@ -431,10 +436,10 @@ async fn finding_1_the_agent_reads_no_secret() {
     assert_eq!(results[0]["work_id"], id.as_str());
     let summary = std::fs::read_to_string(rig.path("summary-0")).unwrap();
     assert_contained(&summary);
-    let loot = std::fs::read_to_string(rig.path("loot-0")).unwrap();
+    let loot = String::from_utf8_lossy(&std::fs::read(rig.path("loot-0")).unwrap()).into_owned();
     assert!(
         loot.contains(&format!("-- {}", token_file.display())),
-        "the token file's path is seen, hidden behind an empty file: {loot}"
+        "the agent tried the token file (hidden behind an empty file)"
     );
     let secrets = secrets(rig.fake.token());
     assert_no_secret("the loot", &loot, &secrets);
