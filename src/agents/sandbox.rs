@@ -4,11 +4,15 @@
 //! runner treats it as hostile. With `SHEPHERD_AGENT_SANDBOX=on` (the default) each
 //! agent is started through bubblewrap (`bwrap`, Debian package `bubblewrap`):
 //!
-//! - **Its own PID namespace** (`--unshare-pid`, bwrap as its init): when the agent
-//!   exits, is stopped, or its runner dies (`--die-with-parent`, and the runner's
-//!   parent-death signal on bwrap itself), the namespace's init ends and the kernel
-//!   kills every process left in it — background, `setsid` and double-forked ones
-//!   too. The agent sees only its own processes in `/proc`.
+//! - **Its own PID namespace** (`--unshare-pid`), the agent its init (`--as-pid-1`):
+//!   when the agent exits, is stopped, or its runner dies (`--die-with-parent`, and
+//!   the runner's parent-death signal on bwrap itself), the kernel kills every
+//!   process left in the namespace — background, `setsid` and double-forked ones
+//!   too — and reports the agent's exit only once they are all gone, so nothing of
+//!   the agent runs while the runner reads its files. (With bwrap's own reaper as
+//!   init, bwrap would report the agent's exit while the rest still ran.) A stop's
+//!   SIGTERM to the process group ends bwrap, whose death signal kills the
+//!   namespace. The agent sees only its own processes in `/proc`.
 //! - **Another user.** bwrap always runs unprivileged, in a new user namespace
 //!   (`--unshare-user`). A runner running as root starts bwrap as [`AGENT_UID`]:[`AGENT_GID`]
 //!   (`nobody`:`nogroup`), so the agent cannot read the runner's memory, `/proc`
@@ -186,6 +190,7 @@ impl Bwrap {
             "--unshare-ipc",
             "--unshare-uts",
             "--unshare-cgroup-try",
+            "--as-pid-1",
             "--die-with-parent",
             "--ro-bind",
             "/",
@@ -269,11 +274,8 @@ pub fn probe(agents: &AgentsConfig) -> Result<String, String> {
         .make_private(dir.path())
         .map_err(|e| format!("cannot hand {} to the agent's user: {e}", dir.path().display()))?;
     let touch = dir.path().join("probe");
-    // Inside: its own PID namespace (bwrap is pid 1) and its folder writable.
-    let script = format!(
-        "[ \"$(cat /proc/1/comm)\" = bwrap ] && : > '{}'",
-        touch.display()
-    );
+    // Inside: its own PID namespace (it is pid 1) and its folder writable.
+    let script = format!("[ \"$$\" = 1 ] && : > '{}'", touch.display());
     let wrapped = sandbox.wrap(
         &["/bin/sh".into(), "-c".into(), script],
         dir.path(),
@@ -366,6 +368,7 @@ mod tests {
         let line = argv.join(" ");
         for part in [
             "--unshare-user --unshare-pid",
+            "--as-pid-1 --die-with-parent",
             "--die-with-parent",
             "--ro-bind / /",
             "--proc /proc",

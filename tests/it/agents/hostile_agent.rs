@@ -68,7 +68,7 @@ setsid "$DIR/leftover.sh" setsid </dev/null >/dev/null 2>&1 &
 parent=$(cat "/proc/$PPID/environ" 2>/dev/null | wc -c)
 procs=$(ls -d /proc/[0-9]* | wc -l)
 others=$(ls -d "$(dirname "$PWD")"/shepherd-agent-* /tmp/shepherd-agent-* 2>/dev/null | grep -vc "^$PWD\$")
-summary="uid=$(id -u) pid1=$(cat /proc/1/comm) ppid=$PPID procs=$procs parent_environ_bytes=$parent other_items=$others folder=$(stat -c %a "$PWD") prompt=$(stat -c %a "$SHEPHERD_PROMPT_FILE") owner=$(stat -c %u "$PWD") loot_b64=$(head -c 2000 "$loot" | base64 -w0)"
+summary="uid=$(id -u) self=$$ ppid=$PPID procs=$procs parent_environ_bytes=$parent other_items=$others folder=$(stat -c %a "$PWD") prompt=$(stat -c %a "$SHEPHERD_PROMPT_FILE") owner=$(stat -c %u "$PWD") loot_b64=$(head -c 2000 "$loot" | base64 -w0)"
 echo "$summary" > "$DIR/summary-$n"
 echo "env: $(env | base64 -w0)"
 echo "loot: $(head -c 4000 "$loot" | base64 -w0)"
@@ -204,7 +204,7 @@ fn fields(summary: &str) -> std::collections::BTreeMap<String, String> {
 }
 
 /// What a hostile run found, checked: another uid (root runners), its own PID
-/// namespace (bwrap is pid 1 and its parent, a handful of processes), no other
+/// namespace (it is pid 1, its parent invisible, a handful of processes), no other
 /// item's folder, its folder and prompt private.
 fn assert_contained(summary: &str) {
     let f = fields(summary);
@@ -215,12 +215,11 @@ fn assert_contained(summary: &str) {
         assert_eq!(f["uid"], "65534", "a root runner's agent is nobody: {summary}");
         assert_eq!(f["owner"], "65534", "{summary}");
     }
-    assert_eq!(f["pid1"], "bwrap", "its own PID namespace: {summary}");
+    assert_eq!(f["self"], "1", "its own PID namespace, itself its init: {summary}");
     let procs: u32 = f["procs"].parse().unwrap();
     assert!(procs < 20, "it sees only its own processes: {summary}");
-    // Its parent is the sandbox's init (holding the agent's own environment), never
-    // the runner, which it cannot see.
-    assert_eq!(f["ppid"], "1", "{summary}");
+    // Its parent (bwrap, then the runner) is outside its namespace: invisible.
+    assert_eq!(f["ppid"], "0", "{summary}");
     assert_eq!(f["other_items"], "0", "{summary}");
     assert_eq!(f["folder"], "700", "{summary}");
     assert_eq!(f["prompt"], "600", "{summary}");
@@ -284,8 +283,11 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
     s.send(&fake.pr_opened(REPO, red)).await;
     let mut ids: Vec<String> = Vec::new();
     for k in 1..=3 {
-        poll_until_named(DEADLINE, &format!("ci-fix attempt {k} is recorded"), || async {
-            attempts(&s, red).await.len() >= k
+        poll_until_named(DEADLINE, &format!("ci-fix attempt {k}'s result is recorded"), || async {
+            attempts(&s, red)
+                .await
+                .get(k - 1)
+                .is_some_and(|a| a["reported_signature"].is_string())
         })
         .await;
         let a = attempts(&s, red).await;
