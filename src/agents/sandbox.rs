@@ -269,10 +269,18 @@ pub fn probe(agents: &AgentsConfig) -> Result<String, String> {
     let dir = tempfile::Builder::new()
         .prefix("shepherd-agent-probe-")
         .tempdir_in(&agents.work_dir)
-        .map_err(|e| format!("cannot create a folder in {}: {e}", agents.work_dir.display()))?;
-    sandbox
-        .make_private(dir.path())
-        .map_err(|e| format!("cannot hand {} to the agent's user: {e}", dir.path().display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot create a folder in {}: {e}",
+                agents.work_dir.display()
+            )
+        })?;
+    sandbox.make_private(dir.path()).map_err(|e| {
+        format!(
+            "cannot hand {} to the agent's user: {e}",
+            dir.path().display()
+        )
+    })?;
     let touch = dir.path().join("probe");
     // Inside: its own PID namespace (it is pid 1) and its folder writable.
     let script = format!("[ \"$$\" = 1 ] && : > '{}'", touch.display());

@@ -557,7 +557,9 @@ mod tests {
             ..o.clone()
         });
         assert!(
-            unsandboxed.contains("agents unsandboxed</strong> (SHEPHERD_AGENT_SANDBOX=off) on runner host-1-abc"),
+            unsandboxed.contains(
+                "agents unsandboxed</strong> (SHEPHERD_AGENT_SANDBOX=off) on runner host-1-abc"
+            ),
             "{unsandboxed}"
         );
         let busy = render(&Overview {

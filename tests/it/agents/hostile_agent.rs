@@ -212,10 +212,16 @@ fn assert_contained(summary: &str) {
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap();
     if root {
-        assert_eq!(f["uid"], "65534", "a root runner's agent is nobody: {summary}");
+        assert_eq!(
+            f["uid"], "65534",
+            "a root runner's agent is nobody: {summary}"
+        );
         assert_eq!(f["owner"], "65534", "{summary}");
     }
-    assert_eq!(f["self"], "1", "its own PID namespace, itself its init: {summary}");
+    assert_eq!(
+        f["self"], "1",
+        "its own PID namespace, itself its init: {summary}"
+    );
     let procs: u32 = f["procs"].parse().unwrap();
     assert!(procs < 20, "it sees only its own processes: {summary}");
     // Its parent (bwrap, then the runner) is outside its namespace: invisible.
@@ -283,12 +289,16 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
     s.send(&fake.pr_opened(REPO, red)).await;
     let mut ids: Vec<String> = Vec::new();
     for k in 1..=3 {
-        poll_until_named(DEADLINE, &format!("ci-fix attempt {k}'s result is recorded"), || async {
-            attempts(&s, red)
-                .await
-                .get(k - 1)
-                .is_some_and(|a| a["reported_signature"].is_string())
-        })
+        poll_until_named(
+            DEADLINE,
+            &format!("ci-fix attempt {k}'s result is recorded"),
+            || async {
+                attempts(&s, red)
+                    .await
+                    .get(k - 1)
+                    .is_some_and(|a| a["reported_signature"].is_string())
+            },
+        )
         .await;
         let a = attempts(&s, red).await;
         let id = a[k - 1]["work_id"].as_str().unwrap().to_owned();
@@ -380,12 +390,16 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
     // Nothing stolen: what the agent saw and sent, the summaries, the stored logs, the
     // records, every key under the prefix, every call to Forgejo.
     for m in &marks {
-        let text = String::from_utf8_lossy(&std::fs::read(exfil.path().join(m)).unwrap())
-            .into_owned();
-        assert_no_secret(&format!("what the agent exfiltrated ({m})"), &text, &secrets);
+        let text =
+            String::from_utf8_lossy(&std::fs::read(exfil.path().join(m)).unwrap()).into_owned();
+        assert_no_secret(
+            &format!("what the agent exfiltrated ({m})"),
+            &text,
+            &secrets,
+        );
     }
-    let loot = String::from_utf8_lossy(&std::fs::read(exfil.path().join("loot-0")).unwrap())
-        .into_owned();
+    let loot =
+        String::from_utf8_lossy(&std::fs::read(exfil.path().join("loot-0")).unwrap()).into_owned();
     assert!(
         loot.contains("== parent") && loot.contains("== files"),
         "the attack ran"
@@ -397,11 +411,7 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
         let text = format!("{} {:?} {}", call.path, call.query, call.body);
         assert_no_secret("a Forgejo call", &text, &secrets);
     }
-    assert_no_secret(
-        "the status page",
-        &s.status_page().await,
-        &secrets,
-    );
+    assert_no_secret("the status page", &s.status_page().await, &secrets);
 
     let rss_after = rss_kb(runner.pid());
     assert!(
@@ -478,9 +488,11 @@ exit 0"#,
     // It hangs and is cancelled.
     std::fs::write(rig.path("hang"), "").unwrap();
     let second = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
-    poll_until_named(DEADLINE, "the second agent spawned its children", || async {
-        rig.path(&format!("spawned-{second}")).exists()
-    })
+    poll_until_named(
+        DEADLINE,
+        "the second agent spawned its children",
+        || async { rig.path(&format!("spawned-{second}")).exists() },
+    )
     .await;
     assert!(
         processes_of(&second).len() >= 3,

@@ -372,15 +372,15 @@ pub fn processes_of(work_id: &str) -> Vec<u32> {
     let needle = format!("SHEPHERD_WORK_ID={work_id}");
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if env
-            .split(|b| *b == 0)
-            .any(|var| var == needle.as_bytes())
-            && alive(pid)
-        {
+        if env.split(|b| *b == 0).any(|var| var == needle.as_bytes()) && alive(pid) {
             out.push(pid);
         }
     }
