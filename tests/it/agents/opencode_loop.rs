@@ -44,7 +44,7 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
     // The agent's one tool call: record its environment, "push" (the test plays the
     // git server below), and write the result file the runner reads.
     let stub = ModelStub::start(&format!(
-        "env > {env}; touch {pushed}; \
+        "env > {env}; echo \"sandbox_uid=$(id -u) sandbox_pid=$$\" >> {env}; touch {pushed}; \
          printf '{{\"outcome\":\"succeeded\",\"summary\":\"fixed ci/test\"}}' > \"$SHEPHERD_RESULT_FILE\"",
         env = agent_env.display(),
         pushed = pushed.display(),
@@ -145,6 +145,21 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
         "{env}"
     );
     assert!(env.contains("SHEPHERD_MODEL=stub-haiku"), "{env}");
+    // opencode ran in the sandbox: its own PID namespace (the tool's shell has a
+    // small pid there) and, under a root runner, the agents' user.
+    let pid: u32 = env
+        .split("sandbox_pid=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("the tool call wrote its pid");
+    assert!(pid < 100, "a pid of the agent's own namespace: {pid}");
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap();
+    if root {
+        assert!(env.contains("sandbox_uid=65534"), "{env}");
+    }
     assert!(
         !env.contains(fake.token()),
         "no Forgejo token in the agent's environment"
