@@ -8,7 +8,7 @@
 //! | finding | test |
 //! |---|---|
 //! | 1 every secret readable | [`finding_1_the_agent_reads_no_secret`] and the whole loop |
-//! | 2 processes outlive their item | [`finding_2_no_process_of_an_item_outlives_it`] and the whole loop |
+//! | 2 processes outlive their item | [`finding_2_no_process_of_an_item_outlives_it`], [`a_killed_runner_takes_every_process_of_its_sandboxed_agent_with_it`] and the whole loop |
 //! | 3 symlink / FIFO result files | [`finding_3_symlink_and_fifo_result_files_are_invalid_results`] and the whole loop |
 //! | 7 world-readable folders | [`finding_7_item_folders_are_private_to_the_agent`] |
 
@@ -608,4 +608,100 @@ async fn the_runner_refuses_to_start_without_its_sandbox() {
         err.contains("the agent sandbox") && err.contains("holds the work dir"),
         "{err}"
     );
+}
+
+/// Finding 2, the runner's death: a runner killed with SIGKILL takes its sandboxed
+/// agent and everything the agent started (`setsid` and double-forked children) with
+/// it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_runner_takes_every_process_of_its_sandboxed_agent_with_it() {
+    let rig = Rig::start().await;
+    let script = rig.script(
+        "hang.sh",
+        r#"setsid sh -c 'exec sleep 600' </dev/null >/dev/null 2>&1 &
+( sh -c 'exec sleep 600' </dev/null >/dev/null 2>&1 & )
+touch "$DIR/spawned-$SHEPHERD_WORK_ID"
+exec sleep 600"#,
+    );
+    let mut runner = rig.sandboxed_runner(&script).start().await;
+    let n = rig.open_pr(super::REPO);
+    let id = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    poll_until_named(DEADLINE, "the agent spawned its children", || async {
+        rig.path(&format!("spawned-{id}")).exists()
+    })
+    .await;
+    assert!(processes_of(&id).len() >= 3, "{:?}", processes_of(&id));
+    runner.kill();
+    poll_until_named(
+        Duration::from_secs(10),
+        "every process of the agent dies with its runner",
+        || async { processes_of(&id).is_empty() },
+    )
+    .await;
+}
+
+/// The checkout in the sandbox: the clone is handed to the agent's user, who commits
+/// and pushes from inside the sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandboxed_agent_commits_and_pushes_from_its_checkout() {
+    use std::os::unix::fs::MetadataExt as _;
+    let rig = Rig::start().await;
+    let bare = rig.path("git/acme/agents.git");
+    std::fs::create_dir_all(&bare).unwrap();
+    super::runner::git(&bare, &["init", "-q", "--bare"]);
+    let seed = rig.path("seed");
+    std::fs::create_dir_all(&seed).unwrap();
+    super::runner::git(&seed, &["init", "-q"]);
+    std::fs::write(seed.join("README"), "hello\n").unwrap();
+    super::runner::git(&seed, &["add", "README"]);
+    super::runner::git(
+        &seed,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.org",
+            "commit",
+            "-qm",
+            "one",
+        ],
+    );
+    let remote = format!("file://{}", bare.display());
+    super::runner::git(&seed, &["push", "-q", &remote, "HEAD:refs/heads/feature-x"]);
+    let sha = super::runner::git(&seed, &["rev-parse", "HEAD"]);
+    let n = rig.fake.open_pr(
+        super::REPO,
+        NewPr::new("agent-bot", "Fix")
+            .head_sha(&sha)
+            .head_ref("feature-x"),
+    );
+    let script = rig.script(
+        "git.sh",
+        r#"id -u > "$DIR/uid"
+echo change > change.txt && git add change.txt \
+  && git -c user.name=agent -c user.email=agent@example.org commit -qm fix \
+  && git -c safe.directory='*' push -q origin HEAD"#,
+    );
+    // The remote is the test's (root's), open to the agents' user, whose push says
+    // the folder is safe.
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let runner = rig.sandboxed_runner(&script);
+    let url = format!(
+        "file://{}/git/{{owner}}/{{repo}}.git",
+        rig.dir.path().display()
+    );
+    let _runner = runner
+        .env("SHEPHERD_AGENT_CHECKOUT", "true")
+        .env("SHEPHERD_AGENT_CLONE_URL", url)
+        .start()
+        .await;
+    rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let results = rig.wait_results(1).await;
+    assert_eq!(results[0]["outcome"], "succeeded", "{}", results[0]);
+    if root {
+        let uid = std::fs::read_to_string(rig.path("uid")).unwrap();
+        assert_eq!(uid.trim(), "65534");
+    }
+    let pushed = super::runner::git(&bare, &["rev-parse", "feature-x"]);
+    assert_ne!(pushed, sha, "the agent's push reached the branch");
 }
