@@ -914,6 +914,29 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_sandbox_is_on_by_default_and_its_writable_paths_are_absolute() {
+        let c = agents(&["--agent-command", "a"]).unwrap();
+        assert!(c.sandbox);
+        assert!(c.sandbox_writable.is_empty());
+        let c = agents(&[
+            "--agent-command",
+            "a",
+            "--agent-sandbox",
+            "off",
+            "--agent-sandbox-writable",
+            "/cache/npm:/cache/cargo",
+        ])
+        .unwrap();
+        assert!(!c.sandbox);
+        assert_eq!(
+            c.sandbox_writable,
+            [PathBuf::from("/cache/npm"), PathBuf::from("/cache/cargo")]
+        );
+        let e = agents(&["--agent-command", "a", "--agent-sandbox-writable", "cache"]).unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_AGENT_SANDBOX_WRITABLE");
+    }
+
+    #[test]
     fn reviewer_tokens_from_the_variable_and_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("reviewers");
