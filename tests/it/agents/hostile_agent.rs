@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::e2e::{REPO, attempts};
-use super::{Rig, open_to_agents, processes_of, write_script};
+use super::{Rig, TAG_VAR, open_to_agents, processes_of, write_script};
 use crate::support::fake_forgejo::NewPr;
 use crate::support::poll_until_named;
 use crate::support::scenario::{AGENT_TOKEN, DEADLINE, SCENARIO_ADMIN_TOKEN, Scenario};
@@ -249,6 +249,7 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
     let policy = "tiers = [\"small\", \"medium\", \"large\"]\nstuck_after = 1\n\
                   reviewer_logins = [\"rev-agent\"]\n";
     let s = Scenario::start(policy).await;
+    let tag = s.shepherd.prefix().to_owned();
     let fake = &s.fake;
     fake.add_user_token(REVIEWER, REVIEWER_TOKEN);
     let exfil = tempfile::tempdir().unwrap();
@@ -269,7 +270,8 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
         .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_FORGEJO_TOKEN)
         .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
         .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
-        .env("SHEPHERD_AGENT_ENV", "SCAN,OTHER_PR")
+        .env("SHEPHERD_AGENT_ENV", format!("SCAN,OTHER_PR,{TAG_VAR}"))
+        .env(TAG_VAR, s.shepherd.prefix())
         .env("SCAN", token_dir.path().display().to_string())
         .start()
         .await;
@@ -303,7 +305,7 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
         let a = attempts(&s, red).await;
         let id = a[k - 1]["work_id"].as_str().unwrap().to_owned();
         assert!(
-            processes_of(&id).is_empty(),
+            processes_of(&id, &tag).is_empty(),
             "a process of {id} outlived its recorded result"
         );
         ids.push(id);
@@ -358,7 +360,7 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
             .is_some_and(|r| r["state"] == "finished")
     })
     .await;
-    assert!(processes_of(&review_id).is_empty());
+    assert!(processes_of(&review_id, &tag).is_empty());
     ids.push(review_id.clone());
     let posted = reviews_of(green);
     assert_eq!(posted.len(), 1, "{posted:?}");
@@ -372,7 +374,10 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
 
     // Nothing outlived its item, ever: no process, and no leftover's mark.
     for id in &ids {
-        assert!(processes_of(id).is_empty(), "a process of {id} is alive");
+        assert!(
+            processes_of(id, &tag).is_empty(),
+            "a process of {id} is alive"
+        );
     }
     let marks: Vec<String> = std::fs::read_dir(exfil.path())
         .unwrap()
@@ -438,7 +443,7 @@ async fn finding_1_the_agent_reads_no_secret() {
         .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_FORGEJO_TOKEN)
         .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
         .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
-        .env("SHEPHERD_AGENT_ENV", "SCAN")
+        .env("SHEPHERD_AGENT_ENV", format!("SCAN,{TAG_VAR}"))
         .env("SCAN", token_dir.path().display().to_string())
         .start()
         .await;
@@ -466,6 +471,7 @@ async fn finding_1_the_agent_reads_no_secret() {
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_2_no_process_of_an_item_outlives_it() {
     let rig = Rig::start().await;
+    let tag = rig.prefix.clone();
     write_script(rig.dir.path(), "leftover.sh", LEFTOVER);
     let script = rig.script(
         "spawn.sh",
@@ -484,7 +490,7 @@ exit 0"#,
     rig.wait_results(1).await;
     rig.wait_state(&first, "finished").await;
     assert!(rig.path(&format!("spawned-{first}")).exists());
-    assert_eq!(processes_of(&first), Vec::<u32>::new());
+    assert_eq!(processes_of(&first, &tag), Vec::<u32>::new());
     // It hangs and is cancelled.
     std::fs::write(rig.path("hang"), "").unwrap();
     let second = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
@@ -495,16 +501,16 @@ exit 0"#,
     )
     .await;
     assert!(
-        processes_of(&second).len() >= 3,
+        processes_of(&second, &tag).len() >= 3,
         "the test sees the agent's processes: {:?}",
-        processes_of(&second)
+        processes_of(&second, &tag)
     );
     rig.cancel(&second, super::REPO, n).await;
     rig.wait_state(&second, "cancelled").await;
     poll_until_named(
         Duration::from_secs(10),
         "every process of the cancelled item is gone",
-        || async { processes_of(&second).is_empty() },
+        || async { processes_of(&second, &tag).is_empty() },
     )
     .await;
     // The leftovers never ran on.
@@ -616,6 +622,7 @@ async fn the_runner_refuses_to_start_without_its_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_runner_takes_every_process_of_its_sandboxed_agent_with_it() {
     let rig = Rig::start().await;
+    let tag = rig.prefix.clone();
     let script = rig.script(
         "hang.sh",
         r#"setsid sh -c 'exec sleep 600' </dev/null >/dev/null 2>&1 &
@@ -630,12 +637,16 @@ exec sleep 600"#,
         rig.path(&format!("spawned-{id}")).exists()
     })
     .await;
-    assert!(processes_of(&id).len() >= 3, "{:?}", processes_of(&id));
+    assert!(
+        processes_of(&id, &tag).len() >= 3,
+        "{:?}",
+        processes_of(&id, &tag)
+    );
     runner.kill();
     poll_until_named(
         Duration::from_secs(10),
         "every process of the agent dies with its runner",
-        || async { processes_of(&id).is_empty() },
+        || async { processes_of(&id, &tag).is_empty() },
     )
     .await;
 }

@@ -109,6 +109,8 @@ impl Rig {
         open_to_agents(self.dir.path());
         self.runner_with(command)
             .env("SHEPHERD_AGENT_SANDBOX", "on")
+            .env("SHEPHERD_AGENT_ENV", TAG_VAR)
+            .env(TAG_VAR, self.prefix.clone())
             .env(
                 "SHEPHERD_AGENT_SANDBOX_WRITABLE",
                 self.dir.path().display().to_string(),
@@ -365,11 +367,18 @@ pub fn open_to_agents(dir: &std::path::Path) {
     }
 }
 
+/// The variable a sandboxed runner of the tests passes to its agents (through
+/// `SHEPHERD_AGENT_ENV`), holding the test's key prefix: work ids repeat across tests
+/// running at the same time, the prefix does not.
+pub const TAG_VAR: &str = "IT_AGENT_TAG";
+
 /// The host pids of the live processes whose environment holds
-/// `SHEPHERD_WORK_ID=<id>` — every process an agent of work item `id` started,
-/// whatever namespace, session or process group it is in (zombies do not count).
-pub fn processes_of(work_id: &str) -> Vec<u32> {
+/// `SHEPHERD_WORK_ID=<id>` and [`TAG_VAR`]`=<tag>` — every process an agent of work
+/// item `id` of this test started, whatever namespace, session or process group it is
+/// in (zombies do not count).
+pub fn processes_of(work_id: &str, tag: &str) -> Vec<u32> {
     let needle = format!("SHEPHERD_WORK_ID={work_id}");
+    let tag = format!("{TAG_VAR}={tag}");
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
@@ -380,7 +389,8 @@ pub fn processes_of(work_id: &str) -> Vec<u32> {
             continue;
         };
         let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if env.split(|b| *b == 0).any(|var| var == needle.as_bytes()) && alive(pid) {
+        let has = |v: &str| env.split(|b| *b == 0).any(|var| var == v.as_bytes());
+        if has(&needle) && has(&tag) && alive(pid) {
             out.push(pid);
         }
     }
