@@ -100,7 +100,12 @@ impl Sandbox {
             run_as,
             work_dir,
             writable: agents.sandbox_writable.clone(),
-            hidden: hidden.into_iter().filter(|p| p.exists()).collect(),
+            // Under another uid the agent reaches only what others may read (and bwrap,
+            // running as that uid, could not even mount over the rest).
+            hidden: hidden
+                .into_iter()
+                .filter(|p| p.exists() && (run_as.is_none() || readable_by_others(p)))
+                .collect(),
         }))
     }
 
@@ -232,6 +237,14 @@ fn check_writable(work_dir: &Path, writable: &[PathBuf]) -> Result<(), String> {
         )),
         None => Ok(()),
     }
+}
+
+/// Whether users other than the owner may read `path` (it and every folder above it
+/// passable and readable by "others").
+fn readable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
+    mode(path) & 0o004 != 0 && path.ancestors().skip(1).all(|dir| mode(dir) & 0o001 != 0)
 }
 
 /// The runner's effective uid (the owner of its `/proc/self`; no `unsafe` libc call).
@@ -400,6 +413,24 @@ mod tests {
         let e = check_writable(work, &["/cache".into(), "/var/lib".into()]).unwrap_err();
         assert!(e.contains("/var/lib holds the work dir"), "{e}");
         assert!(check_writable(work, &["/cache".into(), "/var/lib/other".into()]).is_ok());
+    }
+
+    #[test]
+    fn only_files_others_can_read_need_hiding_from_another_uid() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let open = dir.path().join("open");
+        std::fs::write(&open, "x").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::write(&closed, "x").unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let parents_open = Path::new("/tmp")
+            .ancestors()
+            .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+        assert_eq!(readable_by_others(&open), parents_open);
+        assert!(!readable_by_others(&closed));
     }
 
     #[test]
