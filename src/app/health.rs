@@ -143,6 +143,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_watchdog_fails_while_a_read_of_an_agent_file_is_stuck() {
+        use crate::agents::outcome::STUCK_READS;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dog = rt.block_on(async {
+            let dog = Watchdog::start(CancellationToken::new());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            dog
+        });
+        assert_eq!(dog.check(STALL), Ok(()));
+        // As `read_agent_file_off_thread` counts a read past its time limit.
+        STUCK_READS.fetch_add(1, Ordering::SeqCst);
+        let e = dog.check(STALL).unwrap_err();
+        assert!(
+            e.contains("1 read(s) of files agents wrote are stuck"),
+            "{e}"
+        );
+        STUCK_READS.fetch_sub(1, Ordering::SeqCst);
+        assert_eq!(dog.check(STALL), Ok(()));
+    }
+
+    #[test]
     fn the_watchdog_fails_while_every_worker_thread_is_stuck() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
