@@ -6,6 +6,7 @@
 #
 # Env: BENCH_AGENTS_ITEMS (200)  BENCH_AGENTS_WEBHOOKS (100)  BENCH_AGENTS_RATE (20)
 #      BENCH_IT_BIN (the integration-test binary to run instead of a release build)
+#      BENCH_AGENTS_ONLY (sandbox: part 4 alone)
 #
 # Runs the ignored test tests/it/agents/bench.rs with the release build: the real
 # `shepherd agents` (and `shepherd run`) processes, a real redis-server per phase, the
@@ -15,6 +16,9 @@
 #   2. throughput: items per second with 1 and 2 runner processes (2 slots each);
 #   3. webhook → agent start: a signed action_run_failure webhook per red PR through
 #      `shepherd run` to the agent process writing its start time (p50/p90/p99).
+#   4. the agent sandbox's cost (issue 26): per item with SHEPHERD_AGENT_SANDBOX=off
+#      and =on in the same run (alternating, two rounds each); BENCH_AGENTS_ONLY=sandbox
+#      runs this part alone.
 # Prints the machine and the `BENCH …` lines. Every process it starts belongs to the
 # test, which stops them when it ends.
 set -euo pipefail

@@ -306,6 +306,19 @@ pub struct AgentSettings {
     /// besides SHEPHERD_REVIEWER_TOKENS.
     #[arg(long, env = "SHEPHERD_REVIEWER_TOKENS_FILE")]
     pub reviewer_tokens_file: Option<PathBuf>,
+
+    /// `on`: every agent runs in a bubblewrap sandbox (own PID and user namespace,
+    /// another uid when the runner is root, only its own folder and a private /tmp
+    /// writable); `shepherd agents` refuses to start when the sandbox cannot start.
+    /// `off`: agents run as the runner's user (a warning at every start, and "agents
+    /// unsandboxed" on the status page).
+    #[arg(long, env = "SHEPHERD_AGENT_SANDBOX", default_value = "on", value_parser = ["on", "off"])]
+    pub agent_sandbox: String,
+
+    /// Colon-separated paths the sandboxed agent may also write (shared caches: npm,
+    /// cargo, pip); paths that do not exist are skipped.
+    #[arg(long, env = "SHEPHERD_AGENT_SANDBOX_WRITABLE", default_value = "")]
+    pub agent_sandbox_writable: String,
 }
 
 /// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
@@ -359,6 +372,12 @@ pub struct AgentsConfig {
     pub checkout: Option<String>,
     /// The reviewer agents' tokens by login (`SHEPHERD_REVIEWER_TOKENS[_FILE]`).
     pub reviewer_tokens: Vec<(Login, SecretString)>,
+    /// The reviewer tokens' file (hidden inside the agents' sandbox).
+    pub reviewer_tokens_file: Option<PathBuf>,
+    /// Agents run in the sandbox (`SHEPHERD_AGENT_SANDBOX=on`).
+    pub sandbox: bool,
+    /// Extra writable paths inside the sandbox (`SHEPHERD_AGENT_SANDBOX_WRITABLE`).
+    pub sandbox_writable: Vec<PathBuf>,
 }
 
 impl AgentSettings {
@@ -434,8 +453,20 @@ impl AgentSettings {
             ));
         }
         let reviewer_tokens = self.reviewer_tokens()?;
+        let sandbox_writable: Vec<PathBuf> = std::env::split_paths(&self.agent_sandbox_writable)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        if let Some(p) = sandbox_writable.iter().find(|p| !p.is_absolute()) {
+            return Err(bad(
+                "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+                format!("{} is not an absolute path", p.display()),
+            ));
+        }
         Ok(AgentsConfig {
             reviewer_tokens,
+            reviewer_tokens_file: self.reviewer_tokens_file.clone(),
+            sandbox: self.agent_sandbox == "on",
+            sandbox_writable,
             command,
             max: self.agents_max,
             per_repo: self.agents_per_repo.min(self.agents_max),
@@ -881,6 +912,29 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(args);
         A::try_parse_from(v).expect("parse").s.validate()
+    }
+
+    #[test]
+    fn the_agent_sandbox_is_on_by_default_and_its_writable_paths_are_absolute() {
+        let c = agents(&["--agent-command", "a"]).unwrap();
+        assert!(c.sandbox);
+        assert!(c.sandbox_writable.is_empty());
+        let c = agents(&[
+            "--agent-command",
+            "a",
+            "--agent-sandbox",
+            "off",
+            "--agent-sandbox-writable",
+            "/cache/npm:/cache/cargo",
+        ])
+        .unwrap();
+        assert!(!c.sandbox);
+        assert_eq!(
+            c.sandbox_writable,
+            [PathBuf::from("/cache/npm"), PathBuf::from("/cache/cargo")]
+        );
+        let e = agents(&["--agent-command", "a", "--agent-sandbox-writable", "cache"]).unwrap_err();
+        assert_eq!(e.setting, "SHEPHERD_AGENT_SANDBOX_WRITABLE");
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Shared {
     pub secrets: Vec<String>,
     /// Forks the agents.
     pub spawner: Spawner,
+    /// What each agent process is contained in ([`super::sandbox`]).
+    pub sandbox: super::sandbox::Sandbox,
     /// Metrics.
     pub metrics: Metrics,
     /// This runner's consumer name.
@@ -126,6 +128,7 @@ pub fn new_run(shared: &Shared, item: &WorkItem, now_ms: i64) -> AgentRun {
         signature: None,
         note: None,
         output_bytes: None,
+        unsandboxed: !shared.sandbox.is_on(),
     }
 }
 
@@ -201,7 +204,7 @@ async fn execute(
             return fail_early(shared, item, run, "prompt", why).await;
         }
     };
-    let files = workdir::write_files(dir.path(), item, &prompt)?;
+    let files = workdir::write_files(&shared.sandbox, dir.path(), item, &prompt)?;
     let capture = Arc::new(Mutex::new(Capture::new(shared.agents.log_bytes)));
     let mut inv = workdir::invocation(shared, item, run, &files, prompt);
     if let Some(reason) =
@@ -209,6 +212,10 @@ async fn execute(
     {
         return Ok(stopped(run, Some(reason)));
     }
+    if shared.agents.checkout.is_some() {
+        shared.sandbox.give_tree(dir.path())?;
+    }
+    workdir::sandboxed(&shared.sandbox, &mut inv, dir.path());
     let agent = match shared.spawner.launch(&inv, capture.clone()).await {
         Ok(a) => a,
         Err(e) => {
@@ -389,7 +396,7 @@ async fn conclude(
             return Ok(d);
         }
     };
-    let file = outcome::read_result_file(&files.result);
+    let file = outcome::read_result_file_off_thread(files.result.clone()).await;
     let result = outcome::decide(finish, file, &output);
     let log = match &result.log_note {
         Some(note) => format!("{output}\n{}", outcome::mask(note, &shared.secrets)),
@@ -407,7 +414,7 @@ async fn conclude(
     // A reviewer agent's verdict is posted now, as its own user; what that came to is
     // the result (the agent's own result file only adds its figures to the metrics). An
     // agent that failed without writing a verdict keeps its own failure (exit status).
-    let wrote = files.review.exists();
+    let wrote = std::fs::symlink_metadata(&files.review).is_ok();
     let failed = report.outcome == crate::core::event::WorkOutcome::Failed;
     if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish)
         && (wrote || !failed)

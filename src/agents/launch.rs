@@ -137,6 +137,9 @@ pub struct Invocation {
     pub dir: PathBuf,
     /// Written to the child's stdin, which is then closed.
     pub stdin: String,
+    /// The uid and gid the process is started as (a root runner's sandbox:
+    /// [`super::sandbox`]); `None`: the runner's.
+    pub run_as: Option<(u32, u32)>,
 }
 
 /// Forks agent processes from one thread that lives as long as the runner (see the
@@ -187,6 +190,12 @@ impl Spawner {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        if let Some((uid, gid)) = inv.run_as {
+            // std drops the supplementary groups too (setgroups) when root switches.
+            cmd.uid(uid).gid(gid);
+        }
+        // After the switch of user (std runs pre_exec hooks last), so the kernel keeps
+        // the parent-death signal.
         set_parent_death_signal(&mut cmd);
         let (reply, child) = oneshot::channel();
         self.tx

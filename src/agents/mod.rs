@@ -33,6 +33,7 @@
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
 //! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
+//! | `sandbox.rs` | the bubblewrap sandbox each agent runs in (own PID and user namespace, own folder) |
 //!
 //! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
 //! `GET /metrics` on `SHEPHERD_LISTEN`.
@@ -47,6 +48,7 @@ pub mod outcome;
 pub mod prompt;
 pub mod review;
 pub mod runner;
+pub mod sandbox;
 pub mod workdir;
 
 use std::ffi::OsString;
@@ -89,6 +91,7 @@ pub async fn run(
             agents.work_dir.display()
         )
     })?;
+    let sandbox = start_sandbox(&agents)?;
     let forgejo = ForgejoClient::from_config(&config, Some(metrics.clone()))
         .context("shepherd agents reads each work item's context from Forgejo")?
         .with_cause(crate::forgejo::Cause::Agent);
@@ -113,6 +116,7 @@ pub async fn run(
         config: config.clone(),
         agents,
         spawner,
+        sandbox,
         metrics: metrics.clone(),
         runner: name.clone(),
         reviewers,
@@ -131,6 +135,34 @@ pub async fn run(
     let result = runner::run(shared, consumer, shutdown).await;
     tracing::info!(consumer = %name, "agent runner stopped");
     result
+}
+
+/// Makes the runner not dumpable, then probes the sandbox: refuses to start when it
+/// cannot start (saying why), or warns when the operator turned it off.
+fn start_sandbox(agents: &AgentsConfig) -> anyhow::Result<sandbox::Sandbox> {
+    if let Err(e) = sandbox::make_runner_undumpable() {
+        tracing::warn!(error = %e, "the runner could not make itself not dumpable");
+    }
+    if !agents.sandbox {
+        tracing::warn!(
+            "SHEPHERD_AGENT_SANDBOX=off: agents run unsandboxed, as the runner's user; an \
+             injected agent can read the runner's secrets and outlive its work item"
+        );
+        return Ok(sandbox::Sandbox::Off);
+    }
+    let what = sandbox::probe(agents).map_err(|e| {
+        anyhow::anyhow!("the agent sandbox cannot start (SHEPHERD_AGENT_SANDBOX=on): {e}")
+    })?;
+    tracing::info!(sandbox = %what, "agent sandbox ready");
+    let sb = sandbox::Sandbox::from_config(agents, sandbox::secret_files(agents))
+        .map_err(|e| anyhow::anyhow!("the agent sandbox: {e}"))?;
+    sandbox::prepare_work_dir(&sb, &agents.work_dir).with_context(|| {
+        format!(
+            "SHEPHERD_AGENT_WORK_DIR: {} cannot be made passable for the agents' user",
+            agents.work_dir.display()
+        )
+    })?;
+    Ok(sb)
 }
 
 /// A client per reviewer token (same URL and timeout as the runner's own), and a

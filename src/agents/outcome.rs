@@ -72,24 +72,145 @@ pub struct BadResultFile {
     pub head: String,
 }
 
+/// How long reading one file the agent wrote may take (a regular file of a few KiB
+/// takes microseconds; this bounds a filesystem that hangs).
+pub const FILE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads of agents' files still running past [`FILE_READ_LIMIT`] (their threads are
+/// stuck); `/healthz` of `shepherd agents` fails while there is one.
+pub static STUCK_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Why a file the agent wrote was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentFileError {
+    /// There is none.
+    Missing,
+    /// Larger than the limit: its size and its first bytes.
+    TooLarge(u64, Vec<u8>),
+    /// A symlink, FIFO, device, folder…, or unreadable (the reason).
+    Refused(String),
+}
+
+/// Reads a file the agent wrote as data: opened without following a symlink and
+/// without blocking on a FIFO (`O_NOFOLLOW | O_NONBLOCK`), accepted only when the
+/// opened file is a regular file (`fstat`), and read up to `max` bytes (one more
+/// tells a file that grew). Blocking: call it off the async threads
+/// ([`read_agent_file_off_thread`]).
+pub fn read_agent_file(path: &Path, max: u64) -> Result<Vec<u8>, AgentFileError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(AgentFileError::Missing),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err(AgentFileError::Refused("it is a symbolic link".into()));
+        }
+        Err(e) => return Err(AgentFileError::Refused(e.to_string())),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| AgentFileError::Refused(e.to_string()))?;
+    if !meta.file_type().is_file() {
+        return Err(AgentFileError::Refused(format!(
+            "it is not a regular file ({})",
+            file_kind(&meta)
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| AgentFileError::Refused(e.to_string()))?;
+    if bytes.len() as u64 > max || meta.len() > max {
+        bytes.truncate(BAD_FILE_KEPT);
+        return Err(AgentFileError::TooLarge(meta.len().max(max + 1), bytes));
+    }
+    Ok(bytes)
+}
+
+/// What kind of file `meta` describes, for the error.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = meta.file_type();
+    match () {
+        () if t.is_dir() => "a folder",
+        () if t.is_fifo() => "a FIFO",
+        () if t.is_socket() => "a socket",
+        () if t.is_char_device() => "a character device",
+        () if t.is_block_device() => "a block device",
+        () => "not a regular file",
+    }
+}
+
+/// [`read_agent_file`] on tokio's blocking pool, bounded by [`FILE_READ_LIMIT`]: a read
+/// that takes longer is refused and its thread counted in [`STUCK_READS`] until it
+/// ends.
+pub async fn read_agent_file_off_thread(
+    path: std::path::PathBuf,
+    max: u64,
+) -> Result<Vec<u8>, AgentFileError> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let late = Arc::new(AtomicBool::new(false));
+    let flag = late.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let r = read_agent_file(&path, max);
+        if flag.swap(true, Ordering::SeqCst) {
+            // The caller gave up on this read and counted it as stuck.
+            STUCK_READS.fetch_sub(1, Ordering::SeqCst);
+        }
+        r
+    });
+    match tokio::time::timeout(FILE_READ_LIMIT, task).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(AgentFileError::Refused(format!("the read failed: {e}"))),
+        Err(_) => {
+            if !late.swap(true, Ordering::SeqCst) {
+                STUCK_READS.fetch_add(1, Ordering::SeqCst);
+                tracing::error!("reading a file an agent wrote is stuck; /healthz reports it");
+            }
+            Err(AgentFileError::Refused(format!(
+                "reading it took longer than {} s",
+                FILE_READ_LIMIT.as_secs()
+            )))
+        }
+    }
+}
+
 /// Reads the result file at `path`: `Ok(None)` when the agent wrote none (absent or
-/// empty).
+/// empty). Symlinks, FIFOs and other special files are bad result files.
 pub fn read_result_file(path: &Path) -> Result<Option<ResultFile>, BadResultFile> {
+    parse_result_file(read_agent_file(path, RESULT_FILE_MAX))
+}
+
+/// [`read_result_file`] off the async threads, with a time limit.
+pub async fn read_result_file_off_thread(
+    path: std::path::PathBuf,
+) -> Result<Option<ResultFile>, BadResultFile> {
+    parse_result_file(read_agent_file_off_thread(path, RESULT_FILE_MAX).await)
+}
+
+/// The result file's bytes (or why there are none) as the result file.
+fn parse_result_file(
+    read: Result<Vec<u8>, AgentFileError>,
+) -> Result<Option<ResultFile>, BadResultFile> {
     let bad = |error, head: &[u8]| BadResultFile {
         error,
         head: String::from_utf8_lossy(&head[..head.len().min(BAD_FILE_KEPT)]).into_owned(),
     };
-    let len = match std::fs::metadata(path) {
-        Ok(m) => m.len(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(bad(ResultFileError::Unreadable(e.to_string()), b"")),
+    let bytes = match read {
+        Ok(b) => b,
+        Err(AgentFileError::Missing) => return Ok(None),
+        Err(AgentFileError::TooLarge(len, head)) => {
+            return Err(bad(ResultFileError::TooLarge(len), &head));
+        }
+        Err(AgentFileError::Refused(why)) => {
+            return Err(bad(ResultFileError::Unreadable(why), b""));
+        }
     };
-    if len > RESULT_FILE_MAX {
-        let head = read_head(path);
-        return Err(bad(ResultFileError::TooLarge(len), &head));
-    }
-    let bytes =
-        std::fs::read(path).map_err(|e| bad(ResultFileError::Unreadable(e.to_string()), b""))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
@@ -97,16 +218,6 @@ pub fn read_result_file(path: &Path) -> Result<Option<ResultFile>, BadResultFile
     serde_path_to_error::deserialize(de)
         .map(Some)
         .map_err(|e| bad(ResultFileError::Invalid(e.to_string()), &bytes))
-}
-
-/// The first bytes of a file too large to read whole.
-fn read_head(path: &Path) -> Vec<u8> {
-    use std::io::Read as _;
-    let mut head = Vec::new();
-    if let Ok(f) = std::fs::File::open(path) {
-        let _ = f.take(BAD_FILE_KEPT as u64).read_to_end(&mut head);
-    }
-    head
 }
 
 /// How the agent's process ended.
@@ -230,12 +341,62 @@ fn tail(text: &str) -> String {
 }
 
 /// Replaces every occurrence of each secret in `text` with `***` (secrets shorter than
-/// four bytes are ignored: masking them would garble the text and hide nothing).
+/// four bytes are ignored: masking them would garble the text and hide nothing) — and
+/// of its disguises: reversed, hex (either case) and base64 (standard and URL-safe, at
+/// each of the three alignments it can have inside a longer encoded text). Defence in
+/// depth: the sandbox keeps secrets from agents in the first place.
 pub fn mask(text: &str, secrets: &[String]) -> String {
     let mut out = text.to_owned();
     for s in secrets.iter().filter(|s| s.len() >= 4) {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "***");
+        for form in disguises(s) {
+            if out.contains(form.as_str()) {
+                out = out.replace(form.as_str(), "***");
+            }
+        }
+    }
+    out
+}
+
+/// The forms of `secret` [`mask`] hides, longest first.
+pub fn disguises(secret: &str) -> Vec<String> {
+    let mut forms = vec![
+        secret.to_owned(),
+        secret.chars().rev().collect(),
+        hex::encode(secret),
+        hex::encode_upper(secret),
+    ];
+    for k in 0..3 {
+        let mut bytes = vec![0u8; k];
+        bytes.extend_from_slice(secret.as_bytes());
+        let encoded = base64(&bytes);
+        // The characters that depend on the secret's bytes alone.
+        let start = (4 * k).div_ceil(3);
+        let end = 8 * (k + secret.len()) / 6;
+        if end >= start + 6 {
+            let core = &encoded[start..end];
+            forms.push(core.to_owned());
+            forms.push(core.replace('+', "-").replace('/', "_"));
+        }
+    }
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    forms.dedup();
+    forms
+}
+
+/// Standard base64 without padding.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        let chars = chunk.len() + 1;
+        for i in 0..chars {
+            out.push(char::from(ABC[((n >> (18 - 6 * i)) & 63) as usize]));
         }
     }
     out
@@ -294,6 +455,30 @@ mod tests {
     }
 
     #[test]
+    fn symlinks_fifos_and_folders_are_not_result_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let bad = read_result_file(&path).unwrap_err();
+        assert_eq!(
+            bad.error,
+            ResultFileError::Unreadable("it is a symbolic link".into())
+        );
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success(), "mkfifo");
+        // No writer: a blocking open would hang here.
+        let bad = read_result_file(&path).unwrap_err();
+        assert!(bad.error.to_string().contains("a FIFO"), "{}", bad.error);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let bad = read_result_file(&path).unwrap_err();
+        assert!(bad.error.to_string().contains("a folder"), "{}", bad.error);
+        let r = decide(exit(0), Err(bad), "");
+        assert_eq!(r.report.signature.as_deref(), Some("result-file"));
+    }
+
+    #[test]
     fn tails_are_bounded_and_secrets_masked() {
         let long = "line\n".repeat(1000) + "é".repeat(2000).as_str();
         assert!(tail(&long).len() <= TAIL_BYTES);
@@ -302,5 +487,30 @@ mod tests {
             &["s3cr3t-value".into(), "ab".into()],
         );
         assert_eq!(masked, "token=*** and ***; ab");
+    }
+
+    #[test]
+    fn disguised_secrets_are_masked() {
+        let secret = "tok-3f9a7c2e1b";
+        let secrets = [secret.to_owned()];
+        let b64 = |s: &str| base64(s.as_bytes());
+        assert_eq!(base64(b"hello"), "aGVsbG8");
+        for text in [
+            format!("raw {secret} end"),
+            format!("rev {} end", secret.chars().rev().collect::<String>()),
+            format!("hex {} end", hex::encode(secret)),
+            format!("HEX {} end", hex::encode_upper(secret)),
+            format!("b64 {} end", b64(secret)),
+            format!("b64 in text {} end", b64(&format!("TOKEN={secret}\n"))),
+            format!("b64 off by one {} end", b64(&format!("T={secret}"))),
+            format!("b64 off by two {} end", b64(&format!("TO={secret}"))),
+        ] {
+            let masked = mask(&text, &secrets);
+            assert!(masked.contains("***"), "not masked: {text} → {masked}");
+            for form in disguises(secret) {
+                assert!(!masked.contains(&form), "{form} left in {masked}");
+            }
+        }
+        assert_eq!(mask("nothing here", &secrets), "nothing here");
     }
 }

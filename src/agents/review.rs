@@ -136,21 +136,39 @@ pub struct InlineComment {
     pub body: String,
 }
 
-/// Reads and checks the review file; the error says what is wrong.
+/// Reads and checks the review file; the error says what is wrong. The file is data:
+/// a symlink, FIFO or other special file is refused, like one over
+/// [`REVIEW_FILE_MAX`] (`super::outcome::read_agent_file`).
 pub fn read_review_file(path: &Path) -> Result<ReviewFile, String> {
-    let len = match std::fs::metadata(path) {
-        Ok(m) => m.len(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    parse_review_file(super::outcome::read_agent_file(path, REVIEW_FILE_MAX))
+}
+
+/// [`read_review_file`] off the async threads, with a time limit.
+pub async fn read_review_file_off_thread(path: &Path) -> Result<ReviewFile, String> {
+    parse_review_file(
+        super::outcome::read_agent_file_off_thread(path.to_path_buf(), REVIEW_FILE_MAX).await,
+    )
+}
+
+/// The review file's bytes (or why there are none) as a checked review.
+fn parse_review_file(
+    read: Result<Vec<u8>, super::outcome::AgentFileError>,
+) -> Result<ReviewFile, String> {
+    use super::outcome::AgentFileError;
+    let bytes = match read {
+        Ok(b) => b,
+        Err(AgentFileError::Missing) => {
             return Err("the agent wrote no review file (SHEPHERD_REVIEW_FILE)".into());
         }
-        Err(e) => return Err(format!("the review file cannot be read: {e}")),
+        Err(AgentFileError::TooLarge(len, _)) => {
+            return Err(format!(
+                "the review file has {len} bytes, more than the {REVIEW_FILE_MAX} accepted"
+            ));
+        }
+        Err(AgentFileError::Refused(why)) => {
+            return Err(format!("the review file cannot be read: {why}"));
+        }
     };
-    if len > REVIEW_FILE_MAX {
-        return Err(format!(
-            "the review file has {len} bytes, more than the {REVIEW_FILE_MAX} accepted"
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| format!("the review file cannot be read: {e}"))?;
     let de = &mut serde_json::Deserializer::from_slice(&bytes);
     let file: ReviewFile = serde_path_to_error::deserialize(de)
         .map_err(|e| format!("the review file is not a valid review: {e}"))?;
@@ -225,7 +243,7 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
         signature: Some(signature.to_owned()),
         summary: Some(why),
     };
-    let file = match read_review_file(path) {
+    let file = match read_review_file_off_thread(path).await {
         Ok(f) => f,
         Err(why) => return failed("review-file", why),
     };
@@ -399,6 +417,22 @@ mod tests {
                 .unwrap_err()
                 .contains("no review file")
         );
+    }
+
+    #[test]
+    fn a_review_file_that_is_a_symlink_or_a_fifo_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("other.json");
+        std::fs::write(&target, r#"{"event":"APPROVED"}"#).unwrap();
+        let link = dir.path().join("review.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = read_review_file(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        let fifo = dir.path().join("fifo.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success(), "mkfifo");
+        let err = read_review_file(&fifo).unwrap_err();
+        assert!(err.contains("a FIFO"), "{err}");
     }
 
     #[test]

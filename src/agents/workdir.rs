@@ -8,6 +8,7 @@ use secrecy::SecretString;
 
 use super::job::Shared;
 use super::launch::{Invocation, Placeholders, expand};
+use super::sandbox::Sandbox;
 use crate::core::effect::WorkItem;
 use crate::store::agent_runs::AgentRun;
 
@@ -47,20 +48,57 @@ pub struct Files {
     pub review: PathBuf,
 }
 
-/// Writes the prompt and the work item into `dir`.
-pub fn write_files(dir: &std::path::Path, item: &WorkItem, prompt: &str) -> std::io::Result<Files> {
+/// Writes the prompt and the work item into `dir`, all private to the agent (the
+/// folder 0700, its files 0600, owned by the agent's uid under a root runner's
+/// sandbox), with an empty `home` folder (the sandboxed agent's `HOME`).
+pub fn write_files(
+    sandbox: &Sandbox,
+    dir: &std::path::Path,
+    item: &WorkItem,
+    prompt: &str,
+) -> std::io::Result<Files> {
     let files = Files {
         prompt: dir.join("prompt.md"),
         work: dir.join("work.json"),
         result: dir.join("result.json"),
         review: dir.join("review.json"),
     };
-    std::fs::write(&files.prompt, prompt)?;
-    std::fs::write(
-        &files.work,
-        serde_json::to_vec_pretty(item).map_err(std::io::Error::other)?,
-    )?;
+    sandbox.make_private(dir)?;
+    write_private(&files.prompt, prompt.as_bytes())?;
+    let work = serde_json::to_vec_pretty(item).map_err(std::io::Error::other)?;
+    write_private(&files.work, &work)?;
+    for f in [&files.prompt, &files.work] {
+        sandbox.make_private(f)?;
+    }
+    let home = dir.join("home");
+    std::fs::create_dir(&home)?;
+    sandbox.make_private(&home)?;
     Ok(files)
+}
+
+/// Creates `path` (0600 from the start: never readable by others, even briefly).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+/// Puts `inv` into the sandbox: bwrap's command line around it, the agent's user,
+/// `HOME` in the item's folder `dir`. Nothing changes with the sandbox off.
+pub fn sandboxed(sandbox: &Sandbox, inv: &mut Invocation, dir: &std::path::Path) {
+    if !sandbox.is_on() {
+        return;
+    }
+    sandbox.adjust_env(&mut inv.env, &dir.join("home"));
+    let wrapped = sandbox.wrap(&inv.argv, dir, &inv.dir);
+    inv.argv = wrapped.argv;
+    inv.run_as = wrapped.run_as;
+    inv.dir = PathBuf::from("/");
 }
 
 /// The command line and environment of one run.
@@ -97,6 +135,7 @@ pub fn invocation(
         env,
         dir: files.prompt.parent().map(PathBuf::from).unwrap_or_default(),
         stdin: prompt,
+        run_as: None,
     }
 }
 

@@ -75,9 +75,10 @@ pub async fn agents_process(
         shutdown.cancel();
         r
     };
+    let watchdog = health::Watchdog::start(shutdown.clone());
     let (result, ()) = tokio::join!(
         runner,
-        health::serve(&config, metrics.clone(), shutdown.clone())
+        health::serve_watched(&config, metrics.clone(), Some(watchdog), shutdown.clone())
     );
     result
 }

@@ -315,6 +315,22 @@ fn running_agents(h: &mut String, o: &Overview) {
         h.push_str("<p class=\"muted\">No agent runner holds work.</p>");
         return;
     }
+    let mut unsandboxed: Vec<&str> = o
+        .agents
+        .iter()
+        .filter(|a| a.unsandboxed)
+        .map(|a| a.runner.as_str())
+        .collect();
+    unsandboxed.dedup();
+    if !unsandboxed.is_empty() {
+        let _ = write!(
+            h,
+            "<p class=\"warn\"><strong>agents unsandboxed</strong> \
+             (SHEPHERD_AGENT_SANDBOX=off) on runner {}: their agents can read the runner's \
+             secrets and outlive their work items.</p>",
+            esc(&unsandboxed.join(", "))
+        );
+    }
     h.push_str(
         "<table><tr><th>Work item</th><th>Kind</th><th>Tier</th><th>Model</th><th>State</th>\
          <th>For</th><th>Deadline</th><th>Runner</th><th>Work id</th></tr>",
@@ -531,12 +547,27 @@ mod tests {
             signature: None,
             note: None,
             output_bytes: None,
+            unsandboxed: false,
         };
+        let unsandboxed = render(&Overview {
+            agents: vec![AgentRun {
+                unsandboxed: true,
+                ..run.clone()
+            }],
+            ..o.clone()
+        });
+        assert!(
+            unsandboxed.contains(
+                "agents unsandboxed</strong> (SHEPHERD_AGENT_SANDBOX=off) on runner host-1-abc"
+            ),
+            "{unsandboxed}"
+        );
         let busy = render(&Overview {
             agents: vec![run],
             ..o.clone()
         });
         assert!(busy.contains("Running agents (1)"), "{busy}");
+        assert!(!busy.contains("agents unsandboxed"), "{busy}");
         assert!(busy.contains("<td>o/r#2</td><td>ci-fix</td><td>1 (codex)</td><td>stub/&lt;m&gt;</td><td>running</td>"), "{busy}");
         assert!(busy.contains("host-1-abc"));
     }

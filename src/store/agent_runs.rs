@@ -55,6 +55,11 @@ impl RunState {
     }
 }
 
+/// Serde's test for a flag left out when false.
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// One work item in a runner.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentRun {
@@ -106,6 +111,10 @@ pub struct AgentRun {
     /// Bytes of output the agent wrote.
     #[serde(default)]
     pub output_bytes: Option<u64>,
+    /// The runner runs its agents without the sandbox (`SHEPHERD_AGENT_SANDBOX=off`);
+    /// the status page says "agents unsandboxed".
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsandboxed: bool,
 }
 
 /// Writes `run` (and keeps the running table in step with its state).

@@ -246,21 +246,9 @@ fn kustomization_lists_every_manifest() {
     assert_eq!(listed, present, "kustomization.yaml resources vs files");
 }
 
-/// The settings of the agent sandbox (issue 26), which the deployment files name in
-/// comments ahead of the binary. Accepted only while the binary knows no
-/// `SHEPHERD_AGENT_SANDBOX*` setting at all: once it does, every name must match.
-const ANNOUNCED_SANDBOX_VARS: &[&str] =
-    &["SHEPHERD_AGENT_SANDBOX", "SHEPHERD_AGENT_SANDBOX_WRITABLE"];
-
 #[test]
 fn every_env_var_used_in_docker_and_docs_exists_in_the_binary() {
-    let mut known = documented_env_vars();
-    if !known
-        .iter()
-        .any(|n| n.starts_with("SHEPHERD_AGENT_SANDBOX"))
-    {
-        known.extend(ANNOUNCED_SANDBOX_VARS.iter().map(|n| (*n).to_owned()));
-    }
+    let known = documented_env_vars();
     let mut sources: Vec<PathBuf> = files_under("docker");
     sources.push(root().join(".dockerignore"));
     sources.push(root().join("docs/operations.md"));

@@ -11,6 +11,11 @@
 //!    log, report, ack).
 //! 2. **Throughput**: `BENCH_AGENTS_ITEMS` items queued at once for 1 and 2 runner
 //!    processes (2 slots each): items per second until the last result is queued.
+//! 4. **The sandbox's cost** (issue 26): one runner, one slot, the agent `true`,
+//!    `BENCH_AGENTS_ITEMS` items one after another, with `SHEPHERD_AGENT_SANDBOX=off`
+//!    and `on` in the same run (off, on, off, on; the means of each): the difference
+//!    per item is the sandbox's cost (bwrap, namespaces, the folder's ownership).
+//!    `BENCH_AGENTS_ONLY=sandbox` runs this part alone.
 //! 3. **Webhook → agent start**: `shepherd run` and one runner; per PR (CI already
 //!    red, the poll pushed a day away), the signed `action_run_failure` webhook, then
 //!    the time until the agent process writes its start time (p50/p99), at
@@ -48,7 +53,12 @@ async fn bench_agents() {
     let items = setting("BENCH_AGENTS_ITEMS", 200);
     let hooks = setting("BENCH_AGENTS_WEBHOOKS", 100);
     let rate = setting("BENCH_AGENTS_RATE", 20);
+    if std::env::var("BENCH_AGENTS_ONLY").as_deref() == Ok("sandbox") {
+        sandbox_cost(items).await;
+        return;
+    }
     overhead(items).await;
+    sandbox_cost(items).await;
     for runners in [1, 2] {
         throughput(items, runners).await;
     }
@@ -108,6 +118,43 @@ async fn overhead(items: usize) {
          overhead_ms={:.2} ratio={:.2}",
         per_item - baseline,
         per_item / baseline
+    );
+}
+
+/// Part 4: per-item wall time with the sandbox off and on, alternating.
+async fn sandbox_cost(items: usize) {
+    let mut off = Vec::new();
+    let mut on = Vec::new();
+    for round in 0..4 {
+        let sandboxed = round % 2 == 1;
+        let rig = Rig::start().await;
+        let prs: Vec<u64> = (0..items).map(|_| rig.open_pr(REPO)).collect();
+        let builder = match sandboxed {
+            true => rig.sandboxed_runner("true"),
+            false => rig.runner("true"),
+        };
+        let _runner = builder
+            .env("SHEPHERD_AGENTS_MAX", "1")
+            .env("SHEPHERD_LOG", "warn")
+            .start()
+            .await;
+        let started = Instant::now();
+        for n in &prs {
+            rig.dispatch(REPO, *n, "ci-fix", 0, HOUR).await;
+        }
+        wait_results(&rig, items).await;
+        let per_item = started.elapsed().as_secs_f64() * 1000.0 / items as f64;
+        match sandboxed {
+            true => on.push(per_item),
+            false => off.push(per_item),
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (off, on) = (mean(&off), mean(&on));
+    println!(
+        "BENCH sandbox items={items} off_per_item_ms={off:.2} on_per_item_ms={on:.2} \
+         sandbox_cost_ms={:.2}",
+        on - off
     );
 }
 

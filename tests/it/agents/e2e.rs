@@ -121,6 +121,12 @@ printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD
         },
     )
     .await;
+    // This runner's agents are unsandboxed (`SHEPHERD_AGENT_SANDBOX=off`): the page
+    // says so.
+    assert!(
+        s.status_page().await.contains("agents unsandboxed"),
+        "the status page warns of the unsandboxed runner"
+    );
     // The output so far is stored while it runs.
     poll_until_named(
         DEADLINE,

@@ -13,11 +13,19 @@
 //! - `binding`: every action bound to the record (issue 26): forged entries refused
 //!   and counted, verdicts for a moved head not posted, a record that moved on while
 //!   the agent ran.
+//! - `hostile_agent`: the agent sandbox (issue 26): a hostile script as the agent, in
+//!   the real bubblewrap sandbox, tries every attack of the issue's findings.
+//!
+//! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
+//! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
+//! and marker files in the test's temp dirs, which a sandboxed agent cannot see.
+//! `hostile_agent` and the opencode tests run with the sandbox on.
 
 mod bench;
 mod binding;
 mod context;
 mod e2e;
+mod hostile_agent;
 mod opencode;
 mod opencode_loop;
 mod review_e2e;
@@ -92,8 +100,29 @@ impl Rig {
         write_script(self.dir.path(), name, body)
     }
 
-    /// `shepherd agents` on the rig running `command`, with the fake's URL and token.
+    /// `shepherd agents` on the rig running `command`, with the fake's URL and token,
+    /// unsandboxed (see the module docs; [`Self::sandboxed_runner`] for the sandbox).
     pub fn runner(&self, command: &str) -> Builder {
+        self.runner_with(command)
+            .env("SHEPHERD_AGENT_SANDBOX", "off")
+    }
+
+    /// `shepherd agents` on the rig running `command` in the real sandbox, with the
+    /// rig's folder (scripts, marker files) open to the agents' user and writable.
+    pub fn sandboxed_runner(&self, command: &str) -> Builder {
+        open_to_agents(self.dir.path());
+        self.runner_with(command)
+            .env("SHEPHERD_AGENT_SANDBOX", "on")
+            .env("SHEPHERD_AGENT_ENV", TAG_VAR)
+            .env(TAG_VAR, self.prefix.clone())
+            .env(
+                "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+                self.dir.path().display().to_string(),
+            )
+    }
+
+    /// The runner's settings, the sandbox's left to the caller.
+    fn runner_with(&self, command: &str) -> Builder {
         Shepherd::builder(&self.redis)
             .agents(command)
             .prefix(&self.prefix)
@@ -402,4 +431,55 @@ pub async fn read_pid(path: &std::path::Path) -> u32 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// Opens `dir` and everything in it to every user (folders 0777, files 0666, scripts
+/// keep their execute bits): the sandboxed agent runs as another uid.
+pub fn open_to_agents(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777));
+            for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                stack.push(e.path());
+            }
+        } else if meta.is_file() {
+            let mode = meta.permissions().mode() | 0o666;
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode));
+        }
+    }
+}
+
+/// The variable a sandboxed runner of the tests passes to its agents (through
+/// `SHEPHERD_AGENT_ENV`), holding the test's key prefix: work ids repeat across tests
+/// running at the same time, the prefix does not.
+pub const TAG_VAR: &str = "IT_AGENT_TAG";
+
+/// The host pids of the live processes whose environment holds
+/// `SHEPHERD_WORK_ID=<id>` and [`TAG_VAR`]`=<tag>` — every process an agent of work
+/// item `id` of this test started, whatever namespace, session or process group it is
+/// in (zombies do not count).
+pub fn processes_of(work_id: &str, tag: &str) -> Vec<u32> {
+    let needle = format!("SHEPHERD_WORK_ID={work_id}");
+    let tag = format!("{TAG_VAR}={tag}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let has = |v: &str| env.split(|b| *b == 0).any(|var| var == v.as_bytes());
+        if has(&needle) && has(&tag) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
 }

@@ -15,6 +15,22 @@ use crate::support::opencode::OpencodeProject;
 use crate::support::poll_until_named;
 use crate::support::scenario::Scenario;
 
+/// `shepherd agents` with opencode in the real sandbox (issue 26): the project (its
+/// config and opencode's private `HOME`) and the test's marker folder are opened to
+/// the agents' user and writable inside the sandbox.
+fn sandboxed(
+    runner: crate::support::shepherd::Builder,
+    project: &OpencodeProject,
+    marks: &std::path::Path,
+) -> crate::support::shepherd::Builder {
+    super::open_to_agents(project.root());
+    super::open_to_agents(marks);
+    runner.env("SHEPHERD_AGENT_SANDBOX", "on").env(
+        "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+        format!("{}:{}", project.root().display(), marks.display()),
+    )
+}
+
 /// opencode takes seconds per run; this bounds a hang, it measures nothing.
 const AGENT_DEADLINE: Duration = Duration::from_secs(180);
 
@@ -28,14 +44,16 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
     // The agent's one tool call: record its environment, "push" (the test plays the
     // git server below), and write the result file the runner reads.
     let stub = ModelStub::start(&format!(
-        "env > {env}; touch {pushed}; \
+        "env > {env}; echo \"sandbox_uid=$(id -u) sandbox_pid=$$\" >> {env}; touch {pushed}; \
          printf '{{\"outcome\":\"succeeded\",\"summary\":\"fixed ci/test\"}}' > \"$SHEPHERD_RESULT_FILE\"",
         env = agent_env.display(),
         pushed = pushed.display(),
     ))
     .await;
     let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
-    let _runner = s.agents(&project.command_line()).start().await;
+    let _runner = sandboxed(s.agents(&project.command_line()), &project, marks.path())
+        .start()
+        .await;
 
     let n = fake.open_pr(REPO, NewPr::new("agent-bot", "Add y").body("Adds y."));
     let sha1 = fake.head_sha(REPO, n);
@@ -127,6 +145,21 @@ async fn opencode_fixes_a_failing_ci_through_shepherd_agents_and_the_pr_merges()
         "{env}"
     );
     assert!(env.contains("SHEPHERD_MODEL=stub-haiku"), "{env}");
+    // opencode ran in the sandbox: its own PID namespace (the tool's shell has a
+    // small pid there) and, under a root runner, the agents' user.
+    let pid: u32 = env
+        .split("sandbox_pid=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("the tool call wrote its pid");
+    assert!(pid < 100, "a pid of the agent's own namespace: {pid}");
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap();
+    if root {
+        assert!(env.contains("sandbox_uid=65534"), "{env}");
+    }
     assert!(
         !env.contains(fake.token()),
         "no Forgejo token in the agent's environment"
@@ -159,8 +192,7 @@ async fn opencode_reviews_a_bot_pr_as_its_own_user_and_its_approval_merges_it() 
     ))
     .await;
     let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
-    let _runner = s
-        .agents(&project.command_line())
+    let _runner = sandboxed(s.agents(&project.command_line()), &project, marks.path())
         .env(
             "SHEPHERD_REVIEWER_TOKENS",
             format!("{REVIEWER}={REVIEWER_TOKEN}"),

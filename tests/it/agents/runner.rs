@@ -457,7 +457,7 @@ async fn a_bad_agent_command_is_a_clear_error_at_start() {
 }
 
 /// Runs git in `dir` for the test's repository setup.
-fn git(dir: &std::path::Path, args: &[&str]) -> String {
+pub(super) fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .args(args)
         .current_dir(dir)

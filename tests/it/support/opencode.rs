@@ -100,6 +100,11 @@ impl OpencodeProject {
         Self { dir }
     }
 
+    /// The folder holding the project and opencode's private state (`HOME`).
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// The project directory (`opencode.json`, `.opencode/`).
     pub fn project(&self) -> PathBuf {
         self.dir.path().join("project")

@@ -167,10 +167,14 @@ impl Scenario {
     }
 
     /// `shepherd agents` for this scenario (same Redis, key prefix, Forgejo and policy
-    /// file) running `command` for each work item; start it with `.start()`.
+    /// file) running `command` for each work item; start it with `.start()`. Its
+    /// agents run unsandboxed (`SHEPHERD_AGENT_SANDBOX=off`: the scenarios follow
+    /// their host pids and marker files); a test sets `SHEPHERD_AGENT_SANDBOX=on`
+    /// (later settings win) for the real sandbox.
     pub fn agents(&self, command: &str) -> super::shepherd::Builder {
         Shepherd::builder(&*self._redis)
             .agents(command)
+            .env("SHEPHERD_AGENT_SANDBOX", "off")
             .prefix(self.shepherd.prefix())
             .env("SHEPHERD_FORGEJO_URL", self.fake.url())
             .env("SHEPHERD_FORGEJO_TOKEN", self.fake.token())

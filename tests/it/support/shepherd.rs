@@ -186,6 +186,11 @@ impl Shepherd {
         self.url("/webhooks/forgejo")
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
