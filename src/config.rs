@@ -319,6 +319,28 @@ pub struct AgentSettings {
     /// cargo, pip); paths that do not exist are skipped.
     #[arg(long, env = "SHEPHERD_AGENT_SANDBOX_WRITABLE", default_value = "")]
     pub agent_sandbox_writable: String,
+
+    /// `uid:gid` the sandboxed agents run as when the runner runs as root (never 0; the
+    /// agents image's `shepherd-agent` user is 10002:10002). A non-root runner's agents
+    /// keep its uid outside their user namespace.
+    #[arg(long, env = "SHEPHERD_AGENT_UID", default_value = "65534:65534")]
+    pub agent_uid: String,
+}
+
+/// `uid:gid` (or a bare `uid`, the gid then equal) of `SHEPHERD_AGENT_UID`; root is
+/// refused, since the point of the setting is a user other than the runner.
+fn parse_uid_gid(text: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = text.split_once(':').unwrap_or((text, text));
+    let number = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{text:?} is not uid:gid (two numbers)"))
+    };
+    let (uid, gid) = (number(uid)?, number(gid)?);
+    if uid == 0 || gid == 0 {
+        return Err("agents never run as root (uid or gid 0)".into());
+    }
+    Ok((uid, gid))
 }
 
 /// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
@@ -378,6 +400,8 @@ pub struct AgentsConfig {
     pub sandbox: bool,
     /// Extra writable paths inside the sandbox (`SHEPHERD_AGENT_SANDBOX_WRITABLE`).
     pub sandbox_writable: Vec<PathBuf>,
+    /// The uid and gid a root runner's agents run as (`SHEPHERD_AGENT_UID`).
+    pub agent_uid: (u32, u32),
 }
 
 impl AgentSettings {
@@ -462,11 +486,13 @@ impl AgentSettings {
                 format!("{} is not an absolute path", p.display()),
             ));
         }
+        let agent_uid = parse_uid_gid(&self.agent_uid).map_err(|e| bad("SHEPHERD_AGENT_UID", e))?;
         Ok(AgentsConfig {
             reviewer_tokens,
             reviewer_tokens_file: self.reviewer_tokens_file.clone(),
             sandbox: self.agent_sandbox == "on",
             sandbox_writable,
+            agent_uid,
             command,
             max: self.agents_max,
             per_repo: self.agents_per_repo.min(self.agents_max),
@@ -935,6 +961,20 @@ mod tests {
         );
         let e = agents(&["--agent-command", "a", "--agent-sandbox-writable", "cache"]).unwrap_err();
         assert_eq!(e.setting, "SHEPHERD_AGENT_SANDBOX_WRITABLE");
+    }
+
+    #[test]
+    fn the_agents_uid_defaults_to_nobody_and_is_never_root() {
+        let c = agents(&["--agent-command", "a"]).unwrap();
+        assert_eq!(c.agent_uid, (65534, 65534));
+        let c = agents(&["--agent-command", "a", "--agent-uid", "10002:10003"]).unwrap();
+        assert_eq!(c.agent_uid, (10002, 10003));
+        let c = agents(&["--agent-command", "a", "--agent-uid", "10002"]).unwrap();
+        assert_eq!(c.agent_uid, (10002, 10002));
+        for bad in ["0", "0:10002", "10002:0", "agent", "1:2:3", ""] {
+            let e = agents(&["--agent-command", "a", "--agent-uid", bad]).unwrap_err();
+            assert_eq!(e.setting, "SHEPHERD_AGENT_UID", "{bad}");
+        }
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //!   SIGTERM to the process group ends bwrap, whose death signal kills the
 //!   namespace. The agent sees only its own processes in `/proc`.
 //! - **Another user.** bwrap always runs unprivileged, in a new user namespace
-//!   (`--unshare-user`). A runner running as root starts bwrap as [`AGENT_UID`]:[`AGENT_GID`]
-//!   (`nobody`:`nogroup`), so the agent cannot read the runner's memory, `/proc`
+//!   (`--unshare-user`). A runner running as root starts bwrap as `SHEPHERD_AGENT_UID`
+//!   (default [`AGENT_UID`]:[`AGENT_GID`], `nobody`:`nogroup`), so the agent cannot read the runner's memory, `/proc`
 //!   entries or root's files; a runner that is not root keeps its own uid outside
 //!   the namespace, and then the PID namespace, the runner being not dumpable
 //!   (`PR_SET_DUMPABLE` 0, [`make_runner_undumpable`]) and the secret files hidden
@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::AgentsConfig;
 
-/// The uid a root runner's agents run as (`nobody`).
+/// The uid a root runner's agents run as by default (`nobody`; `SHEPHERD_AGENT_UID`).
 pub const AGENT_UID: u32 = 65534;
 /// The gid a root runner's agents run as (`nogroup`).
 pub const AGENT_GID: u32 = 65534;
@@ -94,7 +94,7 @@ impl Sandbox {
             })?;
         let work_dir = absolute(&agents.work_dir);
         check_writable(&work_dir, &agents.sandbox_writable)?;
-        let run_as = (effective_uid() == 0).then_some((AGENT_UID, AGENT_GID));
+        let run_as = (effective_uid() == 0).then_some(agents.agent_uid);
         Ok(Sandbox::On(Bwrap {
             program,
             run_as,

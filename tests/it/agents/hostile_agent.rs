@@ -558,17 +558,23 @@ async fn finding_3_symlink_and_fifo_result_files_are_invalid_results() {
 }
 
 /// Finding 7: the item's folder is 0700 and its files 0600, owned by the agent's user
-/// (nobody, under a root runner), checked from outside while the agent runs.
+/// (`SHEPHERD_AGENT_UID` under a root runner; the default, nobody, is what the opencode
+/// loop tests see), checked from outside while the agent runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_7_item_folders_are_private_to_the_agent() {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let rig = Rig::start().await;
     let script = rig.script(
         "private.sh",
-        r#"dirname "$SHEPHERD_PROMPT_FILE" > "$DIR/folder"
+        r#"id -u > "$DIR/uid"; id -g >> "$DIR/uid"
+dirname "$SHEPHERD_PROMPT_FILE" > "$DIR/folder"
 while [ ! -e "$DIR/release" ]; do sleep 0.05; done"#,
     );
-    let _runner = rig.sandboxed_runner(&script).start().await;
+    let _runner = rig
+        .sandboxed_runner(&script)
+        .env("SHEPHERD_AGENT_UID", "10002:10003")
+        .start()
+        .await;
     let n = rig.open_pr(super::REPO);
     let id = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
     poll_until_named(DEADLINE, "the agent names its folder", || async {
@@ -580,7 +586,13 @@ while [ ! -e "$DIR/release" ]; do sleep 0.05; done"#,
     let meta = std::fs::metadata(&folder).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o700, "{folder:?}");
     if root {
-        assert_eq!(meta.uid(), 65534, "the agent's user owns its folder");
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (10002, 10003),
+            "the agent's user owns its folder"
+        );
+        let ids = std::fs::read_to_string(rig.path("uid")).unwrap();
+        assert_eq!(ids, "10002\n10003\n", "the agent runs as SHEPHERD_AGENT_UID");
     }
     for f in ["prompt.md", "work.json"] {
         let meta = std::fs::metadata(folder.join(f)).unwrap();
