@@ -7,6 +7,7 @@ mod app;
 mod bench_lag;
 mod core_purity;
 mod deploy;
+mod doctor;
 pub(crate) mod drills;
 mod fake_forgejo;
 mod forgejo_client;
