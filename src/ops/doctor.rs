@@ -48,7 +48,7 @@ impl Check {
         Self {
             name,
             ok: true,
-            detail: detail.into(),
+            detail: one_line(&detail.into()),
             fix: None,
         }
     }
@@ -57,9 +57,29 @@ impl Check {
         Self {
             name,
             ok: false,
-            detail: detail.into(),
-            fix: Some(fix.into()),
+            detail: one_line(&detail.into()),
+            fix: Some(one_line(&fix.into())),
         }
+    }
+}
+
+/// Longest detail shown (a parser's error can run over many lines).
+const MAX_DETAIL: usize = 400;
+
+/// `text` on one line (whitespace runs, newlines and a parser's `|` gutters folded to
+/// one space), at most [`MAX_DETAIL`] characters.
+fn one_line(text: &str) -> String {
+    let folded = text
+        .lines()
+        .map(|l| l.trim().trim_start_matches(|c: char| c.is_ascii_digit()).trim())
+        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
+        .map(|l| l.trim_start_matches('|').trim())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let folded = folded.split_whitespace().collect::<Vec<_>>().join(" ");
+    match folded.char_indices().nth(MAX_DETAIL) {
+        Some((cut, _)) => format!("{}…", &folded[..cut]),
+        None => folded,
     }
 }
 
@@ -844,6 +864,17 @@ mod tests {
             "redis://***@r:6379"
         );
         assert_eq!(redacted_redis_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn details_are_one_line() {
+        let toml_error = "SHEPHERD_CONFIG: invalid policy file /p: TOML parse error at line 2\n  |\n2 | x = 1\n  | ^^^^^\nunknown field `x`";
+        assert_eq!(
+            one_line(toml_error),
+            "SHEPHERD_CONFIG: invalid policy file /p: TOML parse error at line 2 x = 1 unknown field `x`"
+        );
+        let long = "word ".repeat(200);
+        assert_eq!(one_line(&long).chars().count(), MAX_DETAIL + 1);
     }
 
     #[test]
