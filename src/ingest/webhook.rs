@@ -270,7 +270,11 @@ async fn ingest(
             .inc();
         tracing::warn!(error = %e, "cannot record the repository");
     }
-    log_accepted(&ACCEPTED, &delivery, matches!(outcome, Enqueued::Duplicate(_)));
+    log_accepted(
+        &ACCEPTED,
+        &delivery,
+        matches!(outcome, Enqueued::Duplicate(_)),
+    );
     Ok(Accepted {
         event: delivery.event().to_owned(),
         delivery: delivery.id().to_owned(),
@@ -724,10 +728,19 @@ mod accept_log_tests {
 
     #[test]
     fn numbers_come_from_the_payload_kinds_that_have_one() {
-        assert_eq!(number_of(br#"{"number": 7, "pull_request": {"number": 7}}"#), Some(7));
+        assert_eq!(
+            number_of(br#"{"number": 7, "pull_request": {"number": 7}}"#),
+            Some(7)
+        );
         assert_eq!(number_of(br#"{"pull_request": {"number": 8}}"#), Some(8));
-        assert_eq!(number_of(br#"{"issue": {"number": 9}, "comment": {}}"#), Some(9));
-        assert_eq!(number_of(br#"{"ref": "refs/heads/main", "pull_request": null}"#), None);
+        assert_eq!(
+            number_of(br#"{"issue": {"number": 9}, "comment": {}}"#),
+            Some(9)
+        );
+        assert_eq!(
+            number_of(br#"{"ref": "refs/heads/main", "pull_request": null}"#),
+            None
+        );
         assert_eq!(number_of(b"{not json"), None);
     }
 }

@@ -71,7 +71,11 @@ const MAX_DETAIL: usize = 400;
 fn one_line(text: &str) -> String {
     let folded = text
         .lines()
-        .map(|l| l.trim().trim_start_matches(|c: char| c.is_ascii_digit()).trim())
+        .map(|l| {
+            l.trim()
+                .trim_start_matches(|c: char| c.is_ascii_digit())
+                .trim()
+        })
         .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
         .map(|l| l.trim_start_matches('|').trim())
         .collect::<Vec<_>>()
@@ -130,7 +134,9 @@ pub async fn doctor(req: &DoctorRequest) -> DoctorReport {
     checks.push(check);
     checks.push(bot_login(&config, &token));
     checks.push(token_scopes(&config, api.as_ref(), &token).await);
-    checks.push(webhook_secrets(&config, &policy, |name| std::env::var(name).ok()));
+    checks.push(webhook_secrets(&config, &policy, |name| {
+        std::env::var(name).ok()
+    }));
     if req.agents.agent_command.is_some() {
         checks.extend(agents(req, &policy, api.as_ref()).await);
     }
@@ -373,11 +379,15 @@ impl Api {
     async fn get(&self, path: &str, token: Option<&SecretString>) -> Answer {
         let mut request = self.http.get(format!("{}{path}", self.base));
         if let Some(token) = token {
-            let mut value =
-                match reqwest::header::HeaderValue::from_str(&format!("token {}", token.expose_secret())) {
-                    Ok(v) => v,
-                    Err(_) => return Answer::Unreachable("the token is not a valid header value".into()),
-                };
+            let mut value = match reqwest::header::HeaderValue::from_str(&format!(
+                "token {}",
+                token.expose_secret()
+            )) {
+                Ok(v) => v,
+                Err(_) => {
+                    return Answer::Unreachable("the token is not a valid header value".into());
+                }
+            };
             value.set_sensitive(true);
             request = request.header(reqwest::header::AUTHORIZATION, value);
         }
@@ -572,7 +582,11 @@ pub const SCOPE_PROBES: [(&str, &str, &str); 2] = [
         "/repos/search?limit=1",
         "pull requests, commit statuses, reviews, merges, branches",
     ),
-    ("issue", "/repos/issues/search?limit=1", "comments and labels"),
+    (
+        "issue",
+        "/repos/issues/search?limit=1",
+        "comments and labels",
+    ),
 ];
 
 /// The token's scopes cover the categories Shepherd calls.
@@ -741,7 +755,10 @@ pub fn sandbox_can_start() -> Result<String, String> {
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
     let why = stderr.lines().next().unwrap_or("no message").trim();
-    Err(format!("bwrap cannot start a sandbox ({}): {why}", output.status))
+    Err(format!(
+        "bwrap cannot start a sandbox ({}): {why}",
+        output.status
+    ))
 }
 
 /// Every reviewer login of the policy (defaults and overrides), lower-cased.
@@ -791,7 +808,9 @@ async fn reviewer_tokens(
                 problems.push(format!("the token given for {login} belongs to {user}"));
             }
             Ok(_) if !logins.contains(&login) => {
-                problems.push(format!("{login} is not one of the policy's reviewer_logins"));
+                problems.push(format!(
+                    "{login} is not one of the policy's reviewer_logins"
+                ));
             }
             Ok(_) => good.push(login),
             Err(answer) => match answer.missing_scopes() {
@@ -803,17 +822,17 @@ async fn reviewer_tokens(
         }
     }
     for login in &logins {
-        if !tokens.iter().any(|(l, _)| l.as_str().eq_ignore_ascii_case(login)) {
+        if !tokens
+            .iter()
+            .any(|(l, _)| l.as_str().eq_ignore_ascii_case(login))
+        {
             problems.push(format!(
                 "no token for {login}: its reviews cannot be posted"
             ));
         }
     }
     if problems.is_empty() {
-        return Check::pass(
-            NAME,
-            format!("each reviewer's own: {}", good.join(", ")),
-        );
+        return Check::pass(NAME, format!("each reviewer's own: {}", good.join(", ")));
     }
     Check::fail(
         NAME,
@@ -844,9 +863,15 @@ mod tests {
         let no = persistence("yes", "no", "");
         assert!(!no.ok && no.detail.contains("30 s"), "{no:?}");
         let rdb = persistence("no", "everysec", "3600 1 300 100");
-        assert!(!rdb.ok && rdb.detail.contains("since the last snapshot"), "{rdb:?}");
+        assert!(
+            !rdb.ok && rdb.detail.contains("since the last snapshot"),
+            "{rdb:?}"
+        );
         let none = persistence("no", "everysec", "");
-        assert!(!none.ok && none.detail.contains("no persistence at all"), "{none:?}");
+        assert!(
+            !none.ok && none.detail.contains("no persistence at all"),
+            "{none:?}"
+        );
     }
 
     #[test]
@@ -863,7 +888,10 @@ mod tests {
             redacted_redis_url("redis://hunter2@r:6379"),
             "redis://***@r:6379"
         );
-        assert_eq!(redacted_redis_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redacted_redis_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
     }
 
     #[test]
@@ -884,8 +912,14 @@ mod tests {
             "token does not have at least one of required scope(s): [read:issue]".into(),
         );
         assert_eq!(refusal.missing_scopes().as_deref(), Some("read:issue"));
-        assert_eq!(Answer::Status(403, "forbidden".into()).missing_scopes(), None);
-        assert_eq!(Answer::Status(401, "token is required".into()).missing_scopes(), None);
+        assert_eq!(
+            Answer::Status(403, "forbidden".into()).missing_scopes(),
+            None
+        );
+        assert_eq!(
+            Answer::Status(401, "token is required".into()).missing_scopes(),
+            None
+        );
     }
 
     #[test]
@@ -902,7 +936,11 @@ mod tests {
                 args.push("--webhook-secrets".into());
                 args.push(secrets.join(","));
             }
-            T::try_parse_from(args).expect("parse").s.validate().expect("valid")
+            T::try_parse_from(args)
+                .expect("parse")
+                .s
+                .validate()
+                .expect("valid")
         };
         let none = PolicyFile::default();
         let c = webhook_secrets(&settings(&["s3cret-value"]), &none, |_| None);

@@ -359,7 +359,11 @@ fn route(
 /// `GET /repos/search`: every repository, one page, as `{"ok", "data"}`
 /// (`SearchResults`), with `X-Total-Count`.
 fn search_repos(model: &Model, query: &[(String, String)]) -> Reply {
-    let items: Vec<Value> = model.repos.values().map(|r| render::repo(model, r)).collect();
+    let items: Vec<Value> = model
+        .repos
+        .values()
+        .map(|r| render::repo(model, r))
+        .collect();
     let page = paginate(items, query);
     let mut r = Reply::json(200, json!({"ok": true, "data": page.body}));
     r.total = page.total;
