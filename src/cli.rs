@@ -46,8 +46,10 @@ pub enum Command {
     /// Run the agent runner: consume work items (group `agents` on `<prefix>:dispatch`),
     /// run SHEPHERD_AGENT_COMMAND for each, report the results.
     Agents(AgentsArgs),
-    /// Check the configuration as on a first deploy and print a checklist, one line
-    /// per check (✓/✗, what was found, the fix): the settings and policy file parse;
+    /// Check the configuration as on a first deploy: a checklist, one line per check
+    /// (✓/✗ and the fix); exit status 0 only when every check passes.
+    ///
+    /// The checks: the settings and policy file parse;
     /// Redis answers, its version, and whether its persistence can lose an acknowledged
     /// delivery; Forgejo answers at SHEPHERD_FORGEJO_URL; the token is valid, whose it
     /// is and whether that is SHEPHERD_BOT_LOGIN; its scopes cover what Shepherd calls

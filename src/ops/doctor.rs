@@ -212,7 +212,7 @@ pub async fn redis(config: &Config) -> Vec<Check> {
                     format!("{at} is not usable: {e}"),
                     "correct SHEPHERD_REDIS_URL",
                 ),
-                not_checked("redis persistence", "Redis is not reachable"),
+                not_checked("redis persistence", "Redis is not reachable", "redis"),
             ];
         }
     };
@@ -251,15 +251,16 @@ fn unreachable_redis(at: &str, why: &str) -> Vec<Check> {
             "start Redis there or correct SHEPHERD_REDIS_URL (`shepherd run` starts a local \
              redis-server when none answers)",
         ),
-        not_checked("redis persistence", "Redis is not reachable"),
+        not_checked("redis persistence", "Redis is not reachable", "redis"),
     ]
 }
 
-fn not_checked(name: &'static str, why: &str) -> Check {
+/// A check that needs another one to pass first (`first`, by name).
+fn not_checked(name: &'static str, why: &str, first: &str) -> Check {
     Check::fail(
         name,
         format!("not checked: {why}"),
-        "fix the check above first",
+        format!("fix the {first} check first"),
     )
 }
 
@@ -493,7 +494,7 @@ async fn forgejo_token(config: &Config, api: Option<&Api>) -> (Check, Token) {
     };
     let Some(api) = api else {
         return (
-            not_checked(NAME, "SHEPHERD_FORGEJO_URL is not set"),
+            not_checked(NAME, "SHEPHERD_FORGEJO_URL is not set", "forgejo url"),
             Token::Unusable,
         );
     };
@@ -568,6 +569,7 @@ fn bot_login(config: &Config, token: &Token) -> Check {
         (Some(bot), None) => not_checked(
             NAME,
             &format!("SHEPHERD_BOT_LOGIN={bot}, but the token's user is unknown"),
+            "forgejo token",
         ),
     }
 }
@@ -595,7 +597,7 @@ async fn token_scopes(config: &Config, api: Option<&Api>, token: &Token) -> Chec
     const FIX: &str = "as the bot user, create a token with write:repository and write:issue \
                        (docs/operations.md §1.1) and set SHEPHERD_FORGEJO_TOKEN";
     let (Some(api), Some(secret), Token::Accepted(_)) = (api, &config.forgejo_token, token) else {
-        return not_checked(NAME, "the token is not usable");
+        return not_checked(NAME, "the token is not usable", "forgejo token");
     };
     let mut present = Vec::new();
     let mut missing = Vec::new();
@@ -797,7 +799,7 @@ async fn reviewer_tokens(
         );
     }
     let Some(api) = api else {
-        return not_checked(NAME, "SHEPHERD_FORGEJO_URL is not set");
+        return not_checked(NAME, "SHEPHERD_FORGEJO_URL is not set", "forgejo url");
     };
     let mut problems = Vec::new();
     let mut good = Vec::new();
