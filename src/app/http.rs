@@ -74,7 +74,7 @@ pub async fn serve(state: AppState, shutdown: CancellationToken) -> anyhow::Resu
     let handle = server.handle();
     // Writes the per-second summary of accepted deliveries above 50 a second.
     let summaries = shutdown.child_token();
-    let summariser = tokio::spawn(ingest::webhook::summarise_deliveries(summaries.clone()));
+    let summariser = tokio::spawn(ingest::accept_log::summarise_deliveries(summaries.clone()));
     let stopper = tokio::spawn(async move {
         shutdown.cancelled().await;
         handle.stop(true).await;
