@@ -46,6 +46,27 @@ pub enum Command {
     /// Run the agent runner: consume work items (group `agents` on `<prefix>:dispatch`),
     /// run SHEPHERD_AGENT_COMMAND for each, report the results.
     Agents(AgentsArgs),
+    /// Check the configuration as on a first deploy: a checklist, one line per check
+    /// (✓/✗ and the fix); exit status 0 only when every check passes.
+    ///
+    /// The checks: the settings and policy file parse;
+    /// Redis answers, its version, and whether its persistence can lose an acknowledged
+    /// delivery; Forgejo answers at SHEPHERD_FORGEJO_URL; the token is valid, whose it
+    /// is and whether that is SHEPHERD_BOT_LOGIN; its scopes cover what Shepherd calls
+    /// (read probes only); webhook secrets are present. With SHEPHERD_AGENT_COMMAND,
+    /// also the agent runner: its settings, the program, the sandbox, the reviewer
+    /// tokens. Read only: nothing is written to Redis or Forgejo, no secret is
+    /// printed. Exit status 0 only when every check passes.
+    Doctor(DoctorArgs),
+}
+
+/// Arguments of `doctor`: the agent runner's settings, checked when
+/// SHEPHERD_AGENT_COMMAND is set.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// The runner's settings (as for `agents`).
+    #[command(flatten)]
+    pub agents: crate::config::AgentSettings,
 }
 
 /// Arguments of `agents`.

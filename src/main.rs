@@ -7,6 +7,10 @@ use shepherd::cli::Cli;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // `doctor` reports an invalid configuration as one of its checks.
+    if let shepherd::cli::Command::Doctor(args) = &cli.command {
+        return shepherd::app::doctor::main(&cli.settings, args);
+    }
     let config = match cli.settings.validate() {
         Ok(c) => c,
         Err(e) => {

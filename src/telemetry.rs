@@ -16,8 +16,14 @@ pub fn init_logging(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
+        // Colours only on a terminal: a log file or a pipe gets plain `key=value` text.
         LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr).with_target(false))
+            .with(
+                fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_target(false)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(

@@ -72,11 +72,16 @@ pub async fn serve(state: AppState, shutdown: CancellationToken) -> anyhow::Resu
     .run();
     tracing::info!(%listen, "listening");
     let handle = server.handle();
+    // Writes the per-second summary of accepted deliveries above 50 a second.
+    let summaries = shutdown.child_token();
+    let summariser = tokio::spawn(ingest::accept_log::summarise_deliveries(summaries.clone()));
     let stopper = tokio::spawn(async move {
         shutdown.cancelled().await;
         handle.stop(true).await;
     });
     let result = server.await.context("HTTP server failed");
     stopper.abort();
+    summaries.cancel();
+    let _ = summariser.await;
     result
 }

@@ -10,12 +10,14 @@
 //! | `run` | a local `redis-server` when none answers ([`local_redis`]), then `serve` and the worker tasks in one process |
 //! | `send` | nothing: signs and POSTs one payload ([`send`]) |
 //! | `replay`, `inspect`, `rebuild`, `resync`, `dlq` | nothing: one `ops` function, printed ([`commands`]) |
+//! | `doctor` | nothing: the checks of `ops::doctor`, printed as a checklist ([`doctor`]); run from `main.rs` before the configuration is validated, since that is its first check |
 //!
 //! Dependencies run one way (`docs/development.md`): `core` ← `store`, `forgejo` ←
 //! `worker` ← `ops` ← `ingest` ← `app`. `crate::cli` is imported only here and by
 //! `main.rs`; `tests/it/core_purity.rs` checks both rules.
 
 pub mod commands;
+pub mod doctor;
 pub mod health;
 pub mod http;
 pub mod local_redis;
@@ -50,6 +52,8 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let agents = args.settings.validate()?;
             agents_process(config, agents, args.consumer).await
         }
+        // `main.rs` runs `doctor::main` instead (it checks the configuration itself).
+        Command::Doctor(_) => anyhow::bail!("`doctor` runs before the configuration is read"),
     }
 }
 
@@ -143,6 +147,17 @@ pub async fn run_both(config: Config, consumer: Option<String>) -> anyhow::Resul
     served
 }
 
+/// The Forgejo settings the executor and the periodic resync lack, named for the
+/// start line (`None` when both are set).
+fn forgejo_missing(config: &Config) -> Option<&'static str> {
+    match (config.forgejo_url.is_some(), config.forgejo_token.is_some()) {
+        (true, true) => None,
+        (false, true) => Some("SHEPHERD_FORGEJO_URL"),
+        (true, false) => Some("SHEPHERD_FORGEJO_TOKEN"),
+        (false, false) => Some("SHEPHERD_FORGEJO_URL, SHEPHERD_FORGEJO_TOKEN"),
+    }
+}
+
 /// The worker tasks of `work` and `run`, until `shutdown` is cancelled: the events
 /// consumer (`store::consumer`: a reader per shard and the reclaimer), the timer
 /// poller, the results intake, the periodic resync, the gauge sampler, the stream
@@ -179,6 +194,17 @@ pub async fn worker_tasks(
         known_repos: Default::default(),
     });
     tracing::info!(consumer = %ctx.consumer, shards = ctx.config.shards, "worker started");
+    if let Some(missing) = forgejo_missing(&ctx.config) {
+        tracing::info!(
+            unset = %missing,
+            "no Forgejo API access, so the executor (comments, labels, merges, work \
+             dispatch) and the periodic resync are off; deliveries are still verified, \
+             queued and folded into each PR's record, and their effects wait in the \
+             effects stream for a worker that has Forgejo access. To turn them on, set \
+             SHEPHERD_FORGEJO_URL, SHEPHERD_FORGEJO_TOKEN and SHEPHERD_BOT_LOGIN \
+             (`shepherd doctor` checks them)"
+        );
+    }
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(consumer::run(ctx.clone(), shutdown.clone()));
     tasks.spawn(timers::poll_loop(ctx.clone(), shutdown.clone()));

@@ -14,6 +14,7 @@
 //! [`MAX_IN_FLIGHT`] deliveries wait on it at once: past that a delivery gets 503
 //! rather than a place in an unbounded queue.
 
+pub mod accept_log;
 pub mod admin;
 pub mod delivery;
 pub mod probe;

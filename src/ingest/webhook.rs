@@ -1,7 +1,9 @@
 //! `POST /webhooks/forgejo` (and `/webhooks/gitea`): read the body once under the size
 //! limit, verify, classify, dedup+append, answer (DESIGN §3). Every refusal is an
 //! [`IngestError`], turned into an HTTP answer in exactly one place
-//! ([`ResponseError`] below), with a short message and no internals.
+//! ([`ResponseError`] below), with a short message and no internals. Every queued (or
+//! already queued) delivery is logged through `ingest::accept_log`: one `info` line
+//! each, or a summary a second above 50 a second; refusals keep their own lines.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 use tracing::instrument;
 
+use crate::ingest::accept_log;
 use crate::ingest::delivery::{self, Delivery, DeliveryError, EVENT_HEADERS};
 use crate::ingest::signature::{self, SignatureError};
 use crate::ingest::{AppState, BODY_TIMEOUT, WorkerRedis};
@@ -29,7 +32,7 @@ const RETRY_AFTER_SECS: u32 = 5;
 /// Event types Forgejo (and Gitea's `status`) can send; used only to bound the
 /// cardinality of the `event` metric label. Anything else is counted as `other`
 /// (and still accepted and archived).
-const KNOWN_EVENTS: [&str; 31] = [
+pub(super) const KNOWN_EVENTS: [&str; 31] = [
     "create",
     "delete",
     "fork",
@@ -268,6 +271,7 @@ async fn ingest(
             .inc();
         tracing::warn!(error = %e, "cannot record the repository");
     }
+    accept_log::log_accepted(&delivery, matches!(outcome, Enqueued::Duplicate(_)));
     Ok(Accepted {
         event: delivery.event().to_owned(),
         delivery: delivery.id().to_owned(),

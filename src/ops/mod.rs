@@ -13,6 +13,7 @@
 //! rebuild   fold a PR's archived events from an empty record; diff; --apply (CAS)
 //! resync    read open PRs from Forgejo and queue them as observations
 //! dlq       list, show, retry and drop dead letters
+//! doctor    the configuration checked as on a first deploy (read only)
 //! status    the figures behind the status page (queues, dead letters, PRs)
 //! timefmt   RFC 3339 / relative times, ages
 //! diff      a field-level JSON diff
@@ -21,6 +22,7 @@
 pub mod archive;
 pub mod diff;
 pub mod dlq;
+pub mod doctor;
 pub mod inspect;
 pub mod rebuild;
 pub mod replay;

@@ -47,6 +47,7 @@ pub mod lock;
 pub mod markers;
 pub mod queue;
 pub mod repos;
+pub mod server;
 pub mod status_comment;
 pub mod streams;
 pub mod timers;

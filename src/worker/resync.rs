@@ -216,10 +216,15 @@ pub async fn run_periodic_resync(
     let Some(interval) = config.resync_interval else {
         return Ok(());
     };
+    if config.forgejo_url.is_none() || config.forgejo_token.is_none() {
+        // Not a failure: the worker's start line (`app::worker_tasks`) says what is off.
+        tracing::debug!("periodic resync off: no Forgejo API configured");
+        return Ok(());
+    }
     let client = match ForgejoClient::from_config(&config, metrics.clone()) {
         Ok(c) => c,
         Err(e) => {
-            tracing::info!(error = %e, "periodic resync off: no Forgejo API configured");
+            tracing::warn!(error = %e, "periodic resync off: the Forgejo client cannot be made");
             return Ok(());
         }
     };

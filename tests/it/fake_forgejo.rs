@@ -235,16 +235,18 @@ async fn rest_details_match_forgejo() {
     fake.close(REPO, closed);
     let token = fake.token().to_owned();
 
-    assert_eq!(get(&fake, "/version", None).await.0, 401);
-    assert_eq!(get(&fake, "/version", Some("token nope")).await.0, 401);
+    // `/version` is public in Forgejo; `/user` needs a token.
+    assert_eq!(get(&fake, "/version", None).await.0, 200);
+    assert_eq!(get(&fake, "/user", None).await.0, 401);
+    assert_eq!(get(&fake, "/user", Some("token nope")).await.0, 401);
     assert_eq!(
-        get(&fake, "/version", Some(&format!("Bearer {token}")))
+        get(&fake, "/user", Some(&format!("Bearer {token}")))
             .await
             .0,
         200
     );
     assert_eq!(
-        get(&fake, &format!("/version?access_token={token}"), None)
+        get(&fake, &format!("/user?access_token={token}"), None)
             .await
             .0,
         200
@@ -373,10 +375,11 @@ async fn rest_details_match_forgejo() {
     );
     assert!(fake.comments_on(REPO, open).is_empty());
 
-    let logged: Vec<Call> = fake.calls("*", "/version");
+    let logged: Vec<Call> = fake.calls("*", "/user");
     assert_eq!(logged.len(), 4);
     assert_eq!(logged[0].status, 401);
     assert_eq!(logged[3].query_param("access_token"), Some(token.as_str()));
+    assert_eq!(fake.calls("GET", "/version")[0].status, 200);
     assert!(fake.writes().iter().all(|c| c.method != "GET"));
     fake.clear_calls();
     assert!(fake.all_calls().is_empty());

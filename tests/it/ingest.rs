@@ -684,3 +684,209 @@ async fn every_server_thread_accepts_its_first_delivery_after_redis_returns() {
     let mut conn = redis.conn().await;
     assert_eq!(xlen(&mut conn, &events(&s)).await, 8);
 }
+
+/// The server's log so far.
+fn log_text(log: &tempfile::NamedTempFile) -> String {
+    std::fs::read_to_string(log.path()).unwrap_or_default()
+}
+
+/// The `delivery queued` lines of a log.
+fn queued_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" INFO ") && l.contains("delivery queued"))
+        .collect()
+}
+
+/// The `summarised=N` figures of a log's summary lines.
+fn summarised_counts(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("deliveries summarised"))
+        .map(|l| {
+            let n = l.split(" summarised=").nth(1).expect("a summarised= field");
+            n.split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .expect("a number")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn accepted_deliveries_are_logged_one_line_each_at_a_low_rate() {
+    let redis = RedisServer::start();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let s = Shepherd::builder(&redis)
+        .stderr_to(log.reopen().unwrap())
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let pr = new_delivery();
+    let push = new_delivery();
+    let comment = new_delivery();
+    let push_body = br#"{"ref": "refs/heads/main", "repository": {"full_name": "acme/Web"}}"#;
+    let comment_body = br#"{"action": "created", "issue": {"number": 12},
+        "comment": {"body": "hi"}, "repository": {"full_name": "acme/web"}}"#;
+    for (body, event, id) in [
+        (SMALL as &[u8], "pull_request", &pr),
+        (push_body, "push", &push),
+        (comment_body, "issue_comment", &comment),
+    ] {
+        let r = post(&client, &s.webhook_url(), &signed(body, event, id)).await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED);
+    }
+    // A redelivery is answered 200 and says so; a bad signature gets no such line.
+    let r = post(
+        &client,
+        &s.webhook_url(),
+        &signed(SMALL, "pull_request", &pr),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let forged = with(
+        signed(SMALL, "pull_request", &new_delivery()),
+        "X-Forgejo-Signature",
+        "00",
+    );
+    assert_eq!(
+        status_of(&client, &s, &forged).await,
+        StatusCode::UNAUTHORIZED
+    );
+    poll_until_named(Duration::from_secs(10), "three queued lines", || {
+        let text = log_text(&log);
+        async move { queued_lines(&text).len() >= 3 && text.contains("already queued") }
+    })
+    .await;
+    let text = log_text(&log);
+    let lines = queued_lines(&text);
+    assert_eq!(lines.len(), 3, "{text}");
+    let line_of = |id: &str| {
+        *lines
+            .iter()
+            .find(|l| l.contains(&format!("delivery={id}")))
+            .unwrap_or_else(|| panic!("no line for {id}:\n{text}"))
+    };
+    let l = line_of(&pr);
+    for part in [
+        "event=pull_request",
+        "repo=forgejo-bot-test/widgets",
+        "number=7",
+    ] {
+        assert!(l.contains(part), "{part} in {l}");
+    }
+    let l = line_of(&push);
+    assert!(
+        l.contains("event=push") && l.contains("repo=acme/web"),
+        "{l}"
+    );
+    assert!(!l.contains("number="), "a push has no number: {l}");
+    let l = line_of(&comment);
+    assert!(
+        l.contains("event=issue_comment") && l.contains("number=12"),
+        "{l}"
+    );
+    let again: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("already queued"))
+        .collect();
+    assert_eq!(again.len(), 1, "{text}");
+    assert!(again[0].contains(&format!("delivery={pr}")), "{text}");
+    assert!(!text.contains("deliveries summarised"), "{text}");
+}
+
+#[tokio::test]
+async fn a_burst_above_fifty_a_second_is_summarised_not_logged_line_by_line() {
+    const BURST: usize = 400;
+    let redis = RedisServer::start();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let s = Shepherd::builder(&redis)
+        .stderr_to(log.reopen().unwrap())
+        .start()
+        .await;
+    let client = reqwest::Client::new();
+    let sends: Vec<_> = (0..BURST)
+        .map(|_| {
+            let r = signed(SMALL, "pull_request", &new_delivery());
+            let (client, url) = (client.clone(), s.webhook_url());
+            tokio::spawn(async move { post(&client, &url, &r).await.status() })
+        })
+        .collect();
+    for send in sends {
+        assert_eq!(send.await.unwrap(), StatusCode::ACCEPTED);
+    }
+    // Every delivery shows exactly once: on a line of its own or in a summary.
+    poll_until_named(Duration::from_secs(15), "every delivery logged", || {
+        let text = log_text(&log);
+        async move {
+            let summarised: u64 = summarised_counts(&text).iter().sum();
+            queued_lines(&text).len() as u64 + summarised == BURST as u64
+        }
+    })
+    .await;
+    let text = log_text(&log);
+    let singles = queued_lines(&text).len();
+    let summaries: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("deliveries summarised"))
+        .collect();
+    eprintln!(
+        "{singles} single lines; summaries:\n{}",
+        summaries.join("\n")
+    );
+    assert!(!summaries.is_empty(), "a summary line:\n{text}");
+    for line in &summaries {
+        assert!(line.contains(" INFO "), "{line}");
+        let per_event = line.split("per_event=").nth(1).expect("per_event");
+        let counted: u64 = per_event
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .split(',')
+            .map(|pair| {
+                let (event, n) = pair.split_once('=').expect("event=n");
+                assert_eq!(event, "pull_request", "{line}");
+                n.parse::<u64>().unwrap()
+            })
+            .sum();
+        let summarised = line.split(" summarised=").nth(1).unwrap();
+        assert!(summarised.starts_with(&format!("{counted} ")), "{line}");
+    }
+    // Lines of their own only for the start of the burst (at most the first 50 of
+    // its first two seconds); the rest is in the summaries.
+    assert!(
+        singles <= 2 * 50,
+        "{singles} single lines for a burst of {BURST}"
+    );
+}
+
+#[tokio::test]
+async fn a_start_without_forgejo_says_what_is_off_at_info_without_an_error() {
+    let redis = RedisServer::start();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let _worker = Shepherd::builder(&redis)
+        .args(["work"])
+        .stderr_to(log.reopen().unwrap())
+        .start()
+        .await;
+    poll_until_named(Duration::from_secs(10), "the no-Forgejo line", || {
+        let text = log_text(&log);
+        async move { text.contains("no Forgejo API access") }
+    })
+    .await;
+    let text = log_text(&log);
+    let line = text
+        .lines()
+        .find(|l| l.contains("no Forgejo API access"))
+        .unwrap();
+    assert!(line.contains(" INFO "), "{line}");
+    for part in [
+        "executor",
+        "periodic resync",
+        "are off",
+        "unset=SHEPHERD_FORGEJO_URL, SHEPHERD_FORGEJO_TOKEN",
+    ] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert!(!text.contains("error="), "{text}");
+    assert!(!text.contains("WARN"), "{text}");
+}

@@ -8,6 +8,7 @@ mod bench_lag;
 mod bench_smoke;
 mod core_purity;
 mod deploy;
+mod doctor;
 pub(crate) mod drills;
 mod fake_forgejo;
 mod forgejo_client;

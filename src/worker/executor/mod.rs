@@ -77,7 +77,8 @@ pub struct Executor {
 /// effects wait and returns (the effects stay queued for an executor that can run).
 pub async fn run_executor(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
     if ctx.config.forgejo_url.is_none() || ctx.config.forgejo_token.is_none() {
-        tracing::warn!(
+        // Said once at `info` by the worker's start line (`app::worker_tasks`).
+        tracing::debug!(
             "executor disabled: SHEPHERD_FORGEJO_URL and SHEPHERD_FORGEJO_TOKEN are not both \
              set; effects stay queued"
         );

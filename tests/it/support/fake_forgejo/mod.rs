@@ -141,6 +141,7 @@ impl FakeForgejo {
             token: token.to_owned(),
             bot_login: bot_login.to_owned(),
             user_tokens: Mutex::new(Vec::new()),
+            token_scopes: Mutex::new(Vec::new()),
             outbox: Mutex::new(Vec::new()),
         });
         lock(&shared.model).user_id(bot_login);
@@ -168,6 +169,16 @@ impl FakeForgejo {
     pub fn add_user_token(&self, login: &str, token: &str) {
         lock(&self.shared.user_tokens).push((token.to_owned(), login.to_owned()));
         self.with_model(|m| m.user_id(login));
+    }
+
+    /// Limits `token` to `scopes` (`read:repository`, `write:issue`, `all`, …): a
+    /// route of another scope category answers Forgejo's 403. Tokens never limited
+    /// have every scope.
+    pub fn limit_token_scopes(&self, token: &str, scopes: &[&str]) {
+        lock(&self.shared.token_scopes).push((
+            token.to_owned(),
+            scopes.iter().map(|s| (*s).to_owned()).collect(),
+        ));
     }
 
     /// The bot's login (the token's user).

@@ -29,6 +29,9 @@ pub struct Shared {
     pub bot_login: String,
     /// Further users' tokens (`(token, login)`): reviewer agents post as themselves.
     pub user_tokens: Mutex<Vec<(String, String)>>,
+    /// Tokens limited to some scopes (`(token, scopes)`, e.g. `read:repository`); a
+    /// token not listed here has every scope.
+    pub token_scopes: Mutex<Vec<(String, Vec<String>)>>,
     /// Webhooks Forgejo would have sent for the bot's writes, oldest first.
     pub outbox: Mutex<Vec<Webhook>>,
 }
@@ -150,9 +153,16 @@ async fn answer(
     if !req.path().starts_with("/api/v1/") {
         return Reply::not_found();
     }
+    // `GET /version` needs no token (Forgejo's miscellaneous routes).
+    if method == "GET" && path == "/version" && request_token(req, query).is_none() {
+        return version();
+    }
     let Some(doer) = authorized(req, query, shared) else {
         return Reply::error(401, "token is required");
     };
+    if let Some(refusal) = scope_refusal(req, query, shared, method, path) {
+        return refusal;
+    }
     let fault = take_fault(&mut lock(&shared.faults), method, path);
     let mut override_status = None;
     match fault {
@@ -204,6 +214,19 @@ fn touch_target(model: &mut Model, segs: &[&str]) {
 /// The user of the request's token — `Authorization: token|bearer <T>` (any case),
 /// or `?token=` / `?access_token=` — when it is the bot's or another known user's.
 fn authorized(req: &HttpRequest, query: &[(String, String)], shared: &Shared) -> Option<String> {
+    let token = request_token(req, query)?;
+    if token == shared.token {
+        return Some(shared.bot_login.clone());
+    }
+    lock(&shared.user_tokens)
+        .iter()
+        .find(|(t, _)| *t == token)
+        .map(|(_, login)| login.clone())
+}
+
+/// The token a request carries: `Authorization: token|bearer <T>` (any case), or
+/// `?token=` / `?access_token=`.
+fn request_token(req: &HttpRequest, query: &[(String, String)]) -> Option<String> {
     let header = req
         .headers()
         .get("authorization")
@@ -217,14 +240,56 @@ fn authorized(req: &HttpRequest, query: &[(String, String)], shared: &Shared) ->
         .iter()
         .find(|(k, _)| k == "token" || k == "access_token")
         .map(|(_, v)| v.clone());
-    let token = header.or(param)?;
-    if token == shared.token {
-        return Some(shared.bot_login.clone());
+    header.or(param)
+}
+
+/// The scope category of an API path, as Forgejo's route groups assign them
+/// (`routers/api/v1/api.go`: `tokenRequiresScopes`): `/user…` is `user`,
+/// `/repos/issues/search` and `/repos/{o}/{r}/issues…` and `…/labels…` are `issue`,
+/// the rest of `/repos/…` is `repository`; `/version` needs none.
+fn scope_category(path: &str) -> Option<&'static str> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["user", ..] => Some("user"),
+        ["repos", "issues", "search"] => Some("issue"),
+        ["repos", _, _, "issues" | "labels", ..] => Some("issue"),
+        ["repos", ..] => Some("repository"),
+        _ => None,
     }
-    lock(&shared.user_tokens)
+}
+
+/// Forgejo's 403 for a token whose scopes do not cover the route: a `GET` needs
+/// `read:<category>` (which `write:<category>` includes), anything else
+/// `write:<category>`; the message is `tokenRequiresScopes`' own.
+fn scope_refusal(
+    req: &HttpRequest,
+    query: &[(String, String)],
+    shared: &Shared,
+    method: &str,
+    path: &str,
+) -> Option<Reply> {
+    let token = request_token(req, query)?;
+    let category = scope_category(path)?;
+    let scopes = lock(&shared.token_scopes)
         .iter()
         .find(|(t, _)| *t == token)
-        .map(|(_, login)| login.clone())
+        .map(|(_, s)| s.clone())?;
+    let level = if method == "GET" { "read" } else { "write" };
+    let held = |s: &str| {
+        s == "all" || s == format!("write:{category}") || s == format!("{level}:{category}")
+    };
+    if scopes.iter().any(|s| held(s)) {
+        return None;
+    }
+    Some(Reply::error(
+        403,
+        &format!("token does not have at least one of required scope(s): [{level}:{category}]"),
+    ))
+}
+
+/// `GET /version`.
+fn version() -> Reply {
+    Reply::json(200, json!({"version": "15.0.3+gitea-1.22.0"}))
 }
 
 fn to_response(reply: Reply) -> HttpResponse {
@@ -276,8 +341,10 @@ fn route(
     body: &Value,
 ) -> Reply {
     match (method, segs) {
-        ("GET", ["version"]) => Reply::json(200, json!({"version": "15.0.3+gitea-1.22.0"})),
+        ("GET", ["version"]) => version(),
         ("GET", ["user"]) => Reply::json(200, render::user(model, bot)),
+        ("GET", ["repos", "search"]) => search_repos(model, query),
+        ("GET", ["repos", "issues", "search"]) => search_issues(model, query),
         (_, ["repos", owner, name, rest @ ..]) => {
             let repo = format!("{owner}/{name}");
             if !model.repos.contains_key(&repo) {
@@ -287,6 +354,35 @@ fn route(
         }
         _ => Reply::not_found(),
     }
+}
+
+/// `GET /repos/search`: every repository, one page, as `{"ok", "data"}`
+/// (`SearchResults`), with `X-Total-Count`.
+fn search_repos(model: &Model, query: &[(String, String)]) -> Reply {
+    let items: Vec<Value> = model
+        .repos
+        .values()
+        .map(|r| render::repo(model, r))
+        .collect();
+    let page = paginate(items, query);
+    let mut r = Reply::json(200, json!({"ok": true, "data": page.body}));
+    r.total = page.total;
+    r
+}
+
+/// `GET /repos/issues/search`: open issues and PRs of every repository, one page.
+fn search_issues(model: &Model, query: &[(String, String)]) -> Reply {
+    let items: Vec<Value> = model
+        .repos
+        .values()
+        .flat_map(|r| {
+            r.issues
+                .values()
+                .filter(|i| i.state == "open")
+                .map(move |i| render::issue(model, r, i))
+        })
+        .collect();
+    paginate(items, query)
 }
 
 /// Routes merge requests (kept here so `routes_repo` stays about reads and issues).
