@@ -14,7 +14,6 @@ pub fn main(settings: &Settings, args: &DoctorArgs) -> ExitCode {
     let request = DoctorRequest {
         settings: settings.clone(),
         agents: args.agents.clone(),
-        sandbox: std::env::var("SHEPHERD_AGENT_SANDBOX").ok(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -450,14 +450,40 @@ async fn doctor_fails_when_the_sandbox_is_off_or_cannot_start() {
         .run()
         .await;
     out.assert_failed("agent sandbox", &["sandbox off", "warning"]);
-    // No bwrap on the PATH: the sandbox cannot start.
+    // A host that refuses user namespaces: bwrap (first on the PATH) fails as it does
+    // there; the runner's own probe says so.
+    let bin = tempfile::tempdir().expect("a temp dir");
+    // Runnable by the agents' uid, which a root runner starts bwrap as.
+    std::fs::set_permissions(
+        bin.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("open the folder");
+    let bwrap = bin.path().join("bwrap");
+    std::fs::write(
+        &bwrap,
+        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n",
+    )
+    .expect("write the failing bwrap");
+    std::fs::set_permissions(&bwrap, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("make it executable");
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
     let out = Setup::with_agents(&redis, &forgejo)
         .set("SHEPHERD_AGENT_COMMAND", "/bin/true {prompt_file}")
-        .set("PATH", "/nonexistent")
+        .set("PATH", &path)
         .run()
         .await;
     assert!(out.passed("agent command"), "{}", out.stdout);
-    out.assert_failed("agent sandbox", &["bwrap", "bubblewrap"]);
+    out.assert_failed("agent sandbox", &["No permissions to create new namespace"]);
+    // A writable path holding the work dir would show every item's folder: refused.
+    let out = Setup::with_agents(&redis, &forgejo)
+        .set("SHEPHERD_AGENT_SANDBOX_WRITABLE", "/")
+        .run()
+        .await;
+    out.assert_failed(
+        "agent sandbox",
+        &["SHEPHERD_AGENT_SANDBOX_WRITABLE", "work dir"],
+    );
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@ use secrecy::SecretString;
 
 use super::forgejo::Api;
 use super::{Check, DoctorRequest, not_checked};
+use crate::config::AgentsConfig;
 use crate::core::policy::PolicyFile;
 
 /// The agent runner's checks: its settings, the program, the sandbox, the reviewer
@@ -44,16 +45,18 @@ pub(super) async fn agents(
             ),
         },
     );
-    checks.push(sandbox_check(req.sandbox.as_deref()).await);
+    checks.push(sandbox_check(&agents).await);
     checks.push(reviewer_tokens(&agents.reviewer_tokens, policy, api).await);
     checks
 }
 
-/// The sandbox can start, unless `SHEPHERD_AGENT_SANDBOX=off`, which is reported as a
-/// failure with a warning.
-async fn sandbox_check(setting: Option<&str>) -> Check {
+/// The sandbox can start — the runner's own start-up probe
+/// ([`crate::agents::sandbox::probe`]: a sandboxed shell in a throw-away folder of the
+/// work dir, removed after) — unless `SHEPHERD_AGENT_SANDBOX=off`, which is reported as
+/// a failure with a warning.
+async fn sandbox_check(agents: &AgentsConfig) -> Check {
     const NAME: &str = "agent sandbox";
-    if setting.is_some_and(|s| s.trim().eq_ignore_ascii_case("off")) {
+    if !agents.sandbox {
         return Check::fail(
             NAME,
             "sandbox off (SHEPHERD_AGENT_SANDBOX=off): agents run with the runner's own rights \
@@ -62,37 +65,17 @@ async fn sandbox_check(setting: Option<&str>) -> Check {
              means (its own container or VM, no other secrets in reach)",
         );
     }
-    match tokio::task::spawn_blocking(sandbox_can_start).await {
+    let agents = agents.clone();
+    match tokio::task::spawn_blocking(move || crate::agents::sandbox::probe(&agents)).await {
         Ok(Ok(detail)) => Check::pass(NAME, detail),
         Ok(Err(why)) => Check::fail(
             NAME,
             why,
             "install bubblewrap (apt-get install bubblewrap); in a container, allow \
-             unprivileged user namespaces (docs/operations.md)",
+             unprivileged user namespaces (docs/operations.md, \"Deploying agents\")",
         ),
         Err(e) => Check::fail(NAME, format!("the check failed: {e}"), "run doctor again"),
     }
-}
-
-/// Whether a bubblewrap sandbox starts here: runs `/bin/true` in one with every
-/// namespace unshared.
-pub fn sandbox_can_start() -> Result<String, String> {
-    let output = std::process::Command::new("bwrap")
-        .args(["--unshare-all", "--die-with-parent"])
-        .args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"])
-        .args(["--", "/bin/true"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("bwrap (bubblewrap) cannot run: {e}"))?;
-    if output.status.success() {
-        return Ok("bubblewrap starts a sandbox (bwrap --unshare-all)".to_owned());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let why = stderr.lines().next().unwrap_or("no message").trim();
-    Err(format!(
-        "bwrap cannot start a sandbox ({}): {why}",
-        output.status
-    ))
 }
 
 /// Every reviewer login of the policy (defaults and overrides), lower-cased.

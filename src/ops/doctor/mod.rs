@@ -21,7 +21,6 @@
 mod agents;
 mod forgejo;
 
-pub use agents::sandbox_can_start;
 pub use forgejo::{SCOPE_PROBES, Token};
 
 use std::time::Duration;
@@ -105,8 +104,6 @@ pub struct DoctorRequest {
     pub settings: Settings,
     /// The agent runner's settings (checked when `SHEPHERD_AGENT_COMMAND` is set).
     pub agents: AgentSettings,
-    /// `SHEPHERD_AGENT_SANDBOX` as set (`off`: the sandbox is off).
-    pub sandbox: Option<String>,
 }
 
 /// The checklist.

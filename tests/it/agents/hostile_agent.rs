@@ -592,7 +592,10 @@ while [ ! -e "$DIR/release" ]; do sleep 0.05; done"#,
             "the agent's user owns its folder"
         );
         let ids = std::fs::read_to_string(rig.path("uid")).unwrap();
-        assert_eq!(ids, "10002\n10003\n", "the agent runs as SHEPHERD_AGENT_UID");
+        assert_eq!(
+            ids, "10002\n10003\n",
+            "the agent runs as SHEPHERD_AGENT_UID"
+        );
     }
     for f in ["prompt.md", "work.json"] {
         let meta = std::fs::metadata(folder.join(f)).unwrap();
