@@ -288,6 +288,17 @@ impl Runner {
         {
             tracing::debug!(error = %e, "refreshing the running table failed");
         }
+        if !self.shared.sandbox.is_on()
+            && let Err(e) = agent_runs::announce_unsandboxed(
+                &mut self.shared.store.conn(),
+                self.shared.store.keys(),
+                &self.shared.runner,
+                now,
+            )
+            .await
+        {
+            tracing::debug!(error = %e, "announcing the unsandboxed runner failed");
+        }
     }
 
     /// Starts waiting items while there are free slots.

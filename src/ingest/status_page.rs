@@ -311,16 +311,14 @@ fn running_agents(h: &mut String, o: &Overview) {
             .filter(|a| a.state.as_str() == "running")
             .count()
     );
-    if o.agents.is_empty() {
-        h.push_str("<p class=\"muted\">No agent runner holds work.</p>");
-        return;
-    }
     let mut unsandboxed: Vec<&str> = o
         .agents
         .iter()
         .filter(|a| a.unsandboxed)
         .map(|a| a.runner.as_str())
+        .chain(o.unsandboxed_runners.iter().map(String::as_str))
         .collect();
+    unsandboxed.sort_unstable();
     unsandboxed.dedup();
     if !unsandboxed.is_empty() {
         let _ = write!(
@@ -330,6 +328,10 @@ fn running_agents(h: &mut String, o: &Overview) {
              secrets and outlive their work items.</p>",
             esc(&unsandboxed.join(", "))
         );
+    }
+    if o.agents.is_empty() {
+        h.push_str("<p class=\"muted\">No agent runner holds work.</p>");
+        return;
     }
     h.push_str(
         "<table><tr><th>Work item</th><th>Kind</th><th>Tier</th><th>Model</th><th>State</th>\
@@ -570,5 +572,17 @@ mod tests {
         assert!(!busy.contains("agents unsandboxed"), "{busy}");
         assert!(busy.contains("<td>o/r#2</td><td>ci-fix</td><td>1 (codex)</td><td>stub/&lt;m&gt;</td><td>running</td>"), "{busy}");
         assert!(busy.contains("host-1-abc"));
+        // An idle unsandboxed runner (no work held) is shown too.
+        let idle = render(&Overview {
+            unsandboxed_runners: vec!["host-2-def".into()],
+            ..o.clone()
+        });
+        assert!(
+            idle.contains(
+                "agents unsandboxed</strong> (SHEPHERD_AGENT_SANDBOX=off) on runner host-2-def"
+            ),
+            "{idle}"
+        );
+        assert!(idle.contains("No agent runner holds work."), "{idle}");
     }
 }

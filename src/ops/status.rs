@@ -251,6 +251,10 @@ pub struct Overview {
     /// runner's heartbeat is recent; oldest first.
     #[serde(default)]
     pub agents: Vec<AgentRun>,
+    /// Agent runners with a recent heartbeat that run their agents unsandboxed
+    /// (`SHEPHERD_AGENT_SANDBOX=off`), whether or not they hold work.
+    #[serde(default)]
+    pub unsandboxed_runners: Vec<String>,
     /// The merge queues of every known repository (policy `merge_queue`).
     #[serde(default)]
     pub merge_queues: Vec<BranchQueueSummary>,
@@ -397,6 +401,8 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     out.queues
         .push(queue(&mut conn, &ops.keys.dispatch(), AGENTS_GROUP).await?);
     out.agents = agent_runs::live(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
+    out.unsandboxed_runners =
+        agent_runs::unsandboxed_runners(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
     for repo in super::resync::known(ops).await? {
         out.prs.extend(repo_prs(ops, &repo).await?);
         out.merge_queues.extend(repo_queues(ops, &repo).await?);

@@ -170,6 +170,45 @@ pub async fn heartbeat(conn: &mut Conn, keys: &Keys, runs: &[AgentRun]) -> Resul
     Ok(())
 }
 
+/// Records that `runner` runs its agents unsandboxed, at `now_ms` (every heartbeat of
+/// such a runner); entries older than a day are dropped on the way.
+pub async fn announce_unsandboxed(
+    conn: &mut Conn,
+    keys: &Keys,
+    runner: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let mut pipe = redis::pipe();
+    pipe.zadd(keys.agents_unsandboxed(), runner, now_ms)
+        .ignore()
+        .cmd("ZREMRANGEBYSCORE")
+        .arg(keys.agents_unsandboxed())
+        .arg("-inf")
+        .arg(now_ms.saturating_sub(24 * 3_600_000))
+        .ignore();
+    super::client::query_pipeline::<redis::Value>(conn, &pipe).await?;
+    Ok(())
+}
+
+/// The runners that run agents unsandboxed and whose heartbeat is no older than
+/// `fresh` at `now_ms`, by name.
+pub async fn unsandboxed_runners(
+    conn: &mut Conn,
+    keys: &Keys,
+    now_ms: i64,
+    fresh: Duration,
+) -> Result<Vec<String>, StoreError> {
+    let fresh_ms = i64::try_from(fresh.as_millis()).unwrap_or(i64::MAX);
+    let mut runners: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(keys.agents_unsandboxed())
+        .arg(now_ms.saturating_sub(fresh_ms))
+        .arg("+inf")
+        .query_async(conn)
+        .await?;
+    runners.sort();
+    Ok(runners)
+}
+
 /// The state of work item `work_id` in a runner, if any runner took it.
 pub async fn load(
     conn: &mut Conn,

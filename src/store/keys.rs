@@ -284,6 +284,13 @@ impl Keys {
         format!("{}:agents:running", self.prefix)
     }
 
+    /// Sorted set of the agent runners that run agents unsandboxed
+    /// (`SHEPHERD_AGENT_SANDBOX=off`): runner → its last heartbeat (unix ms), for the
+    /// status page's "agents unsandboxed" whether or not they hold work.
+    pub fn agents_unsandboxed(&self) -> String {
+        format!("{}:agents:unsandboxed", self.prefix)
+    }
+
     /// State of one work item in an agent runner (JSON, TTL = the retention window):
     /// waiting, running, or how it finished (`inspect`).
     pub fn agent_run(&self, work_id: &str) -> String {

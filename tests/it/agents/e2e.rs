@@ -107,6 +107,17 @@ while [ ! -e "$DIR/release" ]; do sleep 0.05; done
 printf '{"outcome":"succeeded","summary":"fixed the failing test"}' > "$SHEPHERD_RESULT_FILE""#,
     );
     let _runner = s.agents(&script).start().await;
+    // An unsandboxed runner shows on the status page from its first heartbeat, before
+    // it holds any work.
+    poll_until_named(
+        DEADLINE,
+        "the status page names the idle unsandboxed runner",
+        || async {
+            let page = s.status_page().await;
+            page.contains("agents unsandboxed") && page.contains("No agent runner holds work.")
+        },
+    )
+    .await;
     let (n, _) = open_red_pr(&s).await;
     let item = s.wait_work_items(1).await.remove(0);
     let id = item["id"].as_str().unwrap().to_owned();
