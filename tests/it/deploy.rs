@@ -671,6 +671,13 @@ fn scaled_object_of<'a>(docs: &'a [Value], role: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no ScaledObject scales {name}"))
 }
 
+/// The ConfigMap that sets `SHEPHERD_KEY_PREFIX` (and the shards) for the workers.
+fn key_prefix_config_map(docs: &[Value]) -> &Value {
+    docs.iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["data"]["SHEPHERD_KEY_PREFIX"].is_string())
+        .expect("a ConfigMap sets SHEPHERD_KEY_PREFIX")
+}
+
 /// host:port of the Redis URL in the Secret `secret` (what KEDA's scalers take).
 fn redis_address_of(docs: &[Value], secret: &str) -> String {
     let url = docs
@@ -689,10 +696,7 @@ fn redis_address_of(docs: &[Value], secret: &str) -> String {
 #[test]
 fn keda_watches_the_streams_and_groups_the_workers_consume() {
     let docs = k8s_documents();
-    let env = docs
-        .iter()
-        .find(|d| d["kind"] == "ConfigMap" && d["data"]["SHEPHERD_KEY_PREFIX"].is_string())
-        .expect("a ConfigMap sets SHEPHERD_KEY_PREFIX");
+    let env = key_prefix_config_map(&docs);
     let prefix = env["data"]["SHEPHERD_KEY_PREFIX"].as_str().unwrap();
     let shards: u16 = env["data"]["SHEPHERD_SHARDS"]
         .as_str()
@@ -1662,10 +1666,7 @@ fn k8s_agents_pods_get_their_own_secrets_and_the_sandboxs_security_context() {
 #[test]
 fn keda_scales_the_agents_from_zero_on_the_dispatch_group() {
     let docs = k8s_documents();
-    let env = docs
-        .iter()
-        .find(|d| d["kind"] == "ConfigMap" && d["data"]["SHEPHERD_KEY_PREFIX"].is_string())
-        .expect("a ConfigMap sets SHEPHERD_KEY_PREFIX");
+    let env = key_prefix_config_map(&docs);
     let prefix = env["data"]["SHEPHERD_KEY_PREFIX"].as_str().unwrap();
     let dispatch = Keys::new(prefix, 1).dispatch();
     let spec = &scaled_object_of(&docs, "agents")["spec"];

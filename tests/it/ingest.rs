@@ -690,6 +690,22 @@ fn log_text(log: &tempfile::NamedTempFile) -> String {
     std::fs::read_to_string(log.path()).unwrap_or_default()
 }
 
+/// A `shepherd` process (`args`, or `serve`) whose log goes to a temporary file, read
+/// with [`log_text`].
+async fn logged(redis: &RedisServer, args: &[&str]) -> (tempfile::NamedTempFile, Shepherd) {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut builder = Shepherd::builder(redis).stderr_to(log.reopen().unwrap());
+    if !args.is_empty() {
+        builder = builder.args(args.iter().copied());
+    }
+    (log, builder.start().await)
+}
+
+/// The lines of a log that hold `text`.
+fn lines_with<'a>(log: &'a str, text: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(text)).collect()
+}
+
 /// The `delivery queued` lines of a log.
 fn queued_lines(log: &str) -> Vec<&str> {
     log.lines()
@@ -699,8 +715,8 @@ fn queued_lines(log: &str) -> Vec<&str> {
 
 /// The `summarised=N` figures of a log's summary lines.
 fn summarised_counts(log: &str) -> Vec<u64> {
-    log.lines()
-        .filter(|l| l.contains("deliveries summarised"))
+    lines_with(log, "deliveries summarised")
+        .into_iter()
         .map(|l| {
             let n = l.split(" summarised=").nth(1).expect("a summarised= field");
             n.split_whitespace()
@@ -715,11 +731,7 @@ fn summarised_counts(log: &str) -> Vec<u64> {
 #[tokio::test]
 async fn accepted_deliveries_are_logged_one_line_each_at_a_low_rate() {
     let redis = RedisServer::start();
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let s = Shepherd::builder(&redis)
-        .stderr_to(log.reopen().unwrap())
-        .start()
-        .await;
+    let (log, s) = logged(&redis, &[]).await;
     let client = reqwest::Client::new();
     let pr = new_delivery();
     let push = new_delivery();
@@ -785,10 +797,7 @@ async fn accepted_deliveries_are_logged_one_line_each_at_a_low_rate() {
         l.contains("event=issue_comment") && l.contains("number=12"),
         "{l}"
     );
-    let again: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("already queued"))
-        .collect();
+    let again = lines_with(&text, "already queued");
     assert_eq!(again.len(), 1, "{text}");
     assert!(again[0].contains(&format!("delivery={pr}")), "{text}");
     assert!(!text.contains("deliveries summarised"), "{text}");
@@ -798,11 +807,7 @@ async fn accepted_deliveries_are_logged_one_line_each_at_a_low_rate() {
 async fn a_burst_above_fifty_a_second_is_summarised_not_logged_line_by_line() {
     const BURST: usize = 400;
     let redis = RedisServer::start();
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let s = Shepherd::builder(&redis)
-        .stderr_to(log.reopen().unwrap())
-        .start()
-        .await;
+    let (log, s) = logged(&redis, &[]).await;
     let client = reqwest::Client::new();
     let sends: Vec<_> = (0..BURST)
         .map(|_| {
@@ -825,10 +830,7 @@ async fn a_burst_above_fifty_a_second_is_summarised_not_logged_line_by_line() {
     .await;
     let text = log_text(&log);
     let singles = queued_lines(&text).len();
-    let summaries: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("deliveries summarised"))
-        .collect();
+    let summaries = lines_with(&text, "deliveries summarised");
     eprintln!(
         "{singles} single lines; summaries:\n{}",
         summaries.join("\n")
@@ -862,22 +864,14 @@ async fn a_burst_above_fifty_a_second_is_summarised_not_logged_line_by_line() {
 #[tokio::test]
 async fn a_start_without_forgejo_says_what_is_off_at_info_without_an_error() {
     let redis = RedisServer::start();
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let _worker = Shepherd::builder(&redis)
-        .args(["work"])
-        .stderr_to(log.reopen().unwrap())
-        .start()
-        .await;
+    let (log, _worker) = logged(&redis, &["work"]).await;
     poll_until_named(Duration::from_secs(10), "the no-Forgejo line", || {
         let text = log_text(&log);
         async move { text.contains("no Forgejo API access") }
     })
     .await;
     let text = log_text(&log);
-    let line = text
-        .lines()
-        .find(|l| l.contains("no Forgejo API access"))
-        .unwrap();
+    let line = lines_with(&text, "no Forgejo API access")[0];
     assert!(line.contains(" INFO "), "{line}");
     for part in [
         "executor",

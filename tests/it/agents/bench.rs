@@ -65,22 +65,33 @@ async fn bench_agents() {
     webhook_to_start(hooks, rate).await;
 }
 
-/// Part 1.
-async fn overhead(items: usize) {
-    let rig = Rig::start().await;
-    let prs: Vec<u64> = (0..items).map(|_| rig.open_pr(REPO)).collect();
-    let _runner = rig
-        .runner("true")
+/// Starts `runner` with one slot (logging warnings only), dispatches a `ci-fix` for
+/// each of `prs` and waits for every result: the runner, and the wall time per item
+/// in ms.
+async fn one_at_a_time(
+    rig: &Rig,
+    runner: crate::support::shepherd::Builder,
+    prs: &[u64],
+) -> (crate::support::shepherd::Shepherd, f64) {
+    let runner = runner
         .env("SHEPHERD_AGENTS_MAX", "1")
         .env("SHEPHERD_LOG", "warn")
         .start()
         .await;
     let started = Instant::now();
-    for n in &prs {
+    for n in prs {
         rig.dispatch(REPO, *n, "ci-fix", 0, HOUR).await;
     }
-    wait_results(&rig, items).await;
-    let per_item = started.elapsed().as_secs_f64() * 1000.0 / items as f64;
+    wait_results(rig, prs.len()).await;
+    let per_item = started.elapsed().as_secs_f64() * 1000.0 / prs.len() as f64;
+    (runner, per_item)
+}
+
+/// Part 1.
+async fn overhead(items: usize) {
+    let rig = Rig::start().await;
+    let prs: Vec<u64> = (0..items).map(|_| rig.open_pr(REPO)).collect();
+    let (_runner, per_item) = one_at_a_time(&rig, rig.runner("true"), &prs).await;
 
     // Baseline: the same reads and the same spawn, done directly.
     let forgejo = shepherd::forgejo::ForgejoClient::new(
@@ -133,17 +144,7 @@ async fn sandbox_cost(items: usize) {
             true => rig.sandboxed_runner("true"),
             false => rig.runner("true"),
         };
-        let _runner = builder
-            .env("SHEPHERD_AGENTS_MAX", "1")
-            .env("SHEPHERD_LOG", "warn")
-            .start()
-            .await;
-        let started = Instant::now();
-        for n in &prs {
-            rig.dispatch(REPO, *n, "ci-fix", 0, HOUR).await;
-        }
-        wait_results(&rig, items).await;
-        let per_item = started.elapsed().as_secs_f64() * 1000.0 / items as f64;
+        let (_runner, per_item) = one_at_a_time(&rig, builder, &prs).await;
         match sandboxed {
             true => on.push(per_item),
             false => off.push(per_item),

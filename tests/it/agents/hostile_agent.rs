@@ -20,6 +20,7 @@ use super::{Rig, TAG_VAR, open_to_agents, processes_of, write_script};
 use crate::support::fake_forgejo::NewPr;
 use crate::support::poll_until_named;
 use crate::support::scenario::{AGENT_TOKEN, DEADLINE, SCENARIO_ADMIN_TOKEN, Scenario};
+use crate::support::shepherd::Builder;
 
 /// The reviewer agent's user and its token (in a world-readable file, on purpose).
 const REVIEWER: &str = "rev-agent";
@@ -111,6 +112,19 @@ fn assert_no_secret(what: &str, text: &str, secrets: &[String]) {
     }
 }
 
+/// `runner` holding every secret there is to steal: the reviewer-token file
+/// `token_file`, the agents' Forgejo token, the agent token and the admin token.
+fn with_secrets(runner: Builder, token_file: &Path) -> Builder {
+    runner
+        .env(
+            "SHEPHERD_REVIEWER_TOKENS_FILE",
+            token_file.display().to_string(),
+        )
+        .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_FORGEJO_TOKEN)
+        .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
+        .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
+}
+
 /// A world-readable reviewer-token file outside `/tmp` (where an unsandboxed agent of
 /// any uid could read it), and the folder holding it.
 fn reviewer_token_file() -> (tempfile::TempDir, PathBuf) {
@@ -121,6 +135,33 @@ fn reviewer_token_file() -> (tempfile::TempDir, PathBuf) {
     std::fs::write(&file, format!("{REVIEWER}={REVIEWER_TOKEN}\n")).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     (dir, file)
+}
+
+/// Whether the test runs as root (then the runner's agents run as another user).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").unwrap().uid() == 0
+}
+
+/// The names of the files in `dir` (the scripts' marker files).
+fn file_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect()
+}
+
+/// Dispatches a `ci-fix` work item for PR `n` on the rig's repository; its id.
+async fn ci_fix(rig: &Rig, n: u64) -> String {
+    rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await
+}
+
+/// Waits (up to 10 s) until no process of work item `id` (tagged `tag`) is alive.
+async fn wait_no_process_of(id: &str, tag: &str, what: &str) {
+    poll_until_named(Duration::from_secs(10), what, || async {
+        processes_of(id, tag).is_empty()
+    })
+    .await;
 }
 
 /// Resident memory of process `pid` in KiB.
@@ -208,10 +249,7 @@ fn fields(summary: &str) -> std::collections::BTreeMap<String, String> {
 /// item's folder, its folder and prompt private.
 fn assert_contained(summary: &str) {
     let f = fields(summary);
-    let root = std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap();
-    if root {
+    if running_as_root() {
         assert_eq!(
             f["uid"], "65534",
             "a root runner's agent is nobody: {summary}"
@@ -256,20 +294,12 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
     let script = hostile_scripts(exfil.path());
     let (token_dir, token_file) = reviewer_token_file();
     open_to_agents(exfil.path());
-    let runner = s
-        .agents(&script)
+    let runner = with_secrets(s.agents(&script), &token_file)
         .env("SHEPHERD_AGENT_SANDBOX", "on")
         .env(
             "SHEPHERD_AGENT_SANDBOX_WRITABLE",
             exfil.path().display().to_string(),
         )
-        .env(
-            "SHEPHERD_REVIEWER_TOKENS_FILE",
-            token_file.display().to_string(),
-        )
-        .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_FORGEJO_TOKEN)
-        .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
-        .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
         .env("SHEPHERD_AGENT_ENV", format!("SCAN,OTHER_PR,{TAG_VAR}"))
         .env(TAG_VAR, s.shepherd.prefix())
         .env("SCAN", token_dir.path().display().to_string())
@@ -379,10 +409,7 @@ async fn a_hostile_agent_steals_nothing_outlives_nothing_and_forges_no_review() 
             "a process of {id} is alive"
         );
     }
-    let marks: Vec<String> = std::fs::read_dir(exfil.path())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
+    let marks = file_names(exfil.path());
     assert!(
         marks.iter().all(|m| !m.starts_with("leftover-")),
         "a leftover process ran on: {marks:?}"
@@ -434,21 +461,13 @@ async fn finding_1_the_agent_reads_no_secret() {
     let rig = Rig::start().await;
     let script = hostile_scripts(rig.dir.path());
     let (token_dir, token_file) = reviewer_token_file();
-    let runner = rig
-        .sandboxed_runner(&script)
-        .env(
-            "SHEPHERD_REVIEWER_TOKENS_FILE",
-            token_file.display().to_string(),
-        )
-        .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_FORGEJO_TOKEN)
-        .env("SHEPHERD_AGENT_TOKEN", AGENT_TOKEN)
-        .env("SHEPHERD_ADMIN_TOKEN", SCENARIO_ADMIN_TOKEN)
+    let runner = with_secrets(rig.sandboxed_runner(&script), &token_file)
         .env("SHEPHERD_AGENT_ENV", format!("SCAN,{TAG_VAR}"))
         .env("SCAN", token_dir.path().display().to_string())
         .start()
         .await;
     let n = rig.open_pr(super::REPO);
-    let id = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let id = ci_fix(&rig, n).await;
     let results = rig.wait_results(1).await;
     assert_eq!(results[0]["work_id"], id.as_str());
     let summary = std::fs::read_to_string(rig.path("summary-0")).unwrap();
@@ -486,14 +505,14 @@ exit 0"#,
     let _runner = rig.sandboxed_runner(&script).start().await;
     let n = rig.open_pr(super::REPO);
     // It exits, leaving its children.
-    let first = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let first = ci_fix(&rig, n).await;
     rig.wait_results(1).await;
     rig.wait_state(&first, "finished").await;
     assert!(rig.path(&format!("spawned-{first}")).exists());
     assert_eq!(processes_of(&first, &tag), Vec::<u32>::new());
     // It hangs and is cancelled.
     std::fs::write(rig.path("hang"), "").unwrap();
-    let second = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let second = ci_fix(&rig, n).await;
     poll_until_named(
         DEADLINE,
         "the second agent spawned its children",
@@ -507,17 +526,9 @@ exit 0"#,
     );
     rig.cancel(&second, super::REPO, n).await;
     rig.wait_state(&second, "cancelled").await;
-    poll_until_named(
-        Duration::from_secs(10),
-        "every process of the cancelled item is gone",
-        || async { processes_of(&second, &tag).is_empty() },
-    )
-    .await;
+    wait_no_process_of(&second, &tag, "every process of the cancelled item is gone").await;
     // The leftovers never ran on.
-    let marks: Vec<String> = std::fs::read_dir(rig.dir.path())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
+    let marks = file_names(rig.dir.path());
     assert!(
         marks.iter().all(|m| !m.starts_with("leftover-")),
         "{marks:?}"
@@ -529,18 +540,18 @@ exit 0"#,
 /// and stays healthy.
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_3_symlink_and_fifo_result_files_are_invalid_results() {
-    let rig = Rig::start().await;
-    let script = rig.script(
+    let (rig, script) = Rig::with_script(
         "bad-result.sh",
         r#"if [ -e "$DIR/fifo" ]; then mkfifo "$SHEPHERD_RESULT_FILE"; else ln -s /dev/zero "$SHEPHERD_RESULT_FILE"; fi"#,
-    );
+    )
+    .await;
     let runner = rig.sandboxed_runner(&script).start().await;
     let rss_before = rss_kb(runner.pid());
     let n = rig.open_pr(super::REPO);
-    rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    ci_fix(&rig, n).await;
     rig.wait_results(1).await;
     std::fs::write(rig.path("fifo"), "").unwrap();
-    rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    ci_fix(&rig, n).await;
     let results = rig.wait_results(2).await;
     for (r, what) in results.iter().zip(["a symbolic link", "a FIFO"]) {
         assert_eq!(r["outcome"], "failed", "{r}");
@@ -563,26 +574,26 @@ async fn finding_3_symlink_and_fifo_result_files_are_invalid_results() {
 #[tokio::test(flavor = "multi_thread")]
 async fn finding_7_item_folders_are_private_to_the_agent() {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let rig = Rig::start().await;
-    let script = rig.script(
+    let (rig, script) = Rig::with_script(
         "private.sh",
         r#"id -u > "$DIR/uid"; id -g >> "$DIR/uid"
 dirname "$SHEPHERD_PROMPT_FILE" > "$DIR/folder"
 while [ ! -e "$DIR/release" ]; do sleep 0.05; done"#,
-    );
+    )
+    .await;
     let _runner = rig
         .sandboxed_runner(&script)
         .env("SHEPHERD_AGENT_UID", "10002:10003")
         .start()
         .await;
     let n = rig.open_pr(super::REPO);
-    let id = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let id = ci_fix(&rig, n).await;
     poll_until_named(DEADLINE, "the agent names its folder", || async {
         std::fs::read_to_string(rig.path("folder")).is_ok_and(|f| f.ends_with('\n'))
     })
     .await;
     let folder = PathBuf::from(std::fs::read_to_string(rig.path("folder")).unwrap().trim());
-    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let root = running_as_root();
     let meta = std::fs::metadata(&folder).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o700, "{folder:?}");
     if root {
@@ -636,18 +647,18 @@ async fn the_runner_refuses_to_start_without_its_sandbox() {
 /// it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_runner_takes_every_process_of_its_sandboxed_agent_with_it() {
-    let rig = Rig::start().await;
-    let tag = rig.prefix.clone();
-    let script = rig.script(
+    let (rig, script) = Rig::with_script(
         "hang.sh",
         r#"setsid sh -c 'exec sleep 600' </dev/null >/dev/null 2>&1 &
 ( sh -c 'exec sleep 600' </dev/null >/dev/null 2>&1 & )
 touch "$DIR/spawned-$SHEPHERD_WORK_ID"
 exec sleep 600"#,
-    );
+    )
+    .await;
+    let tag = rig.prefix.clone();
     let mut runner = rig.sandboxed_runner(&script).start().await;
     let n = rig.open_pr(super::REPO);
-    let id = rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    let id = ci_fix(&rig, n).await;
     poll_until_named(DEADLINE, "the agent spawned its children", || async {
         rig.path(&format!("spawned-{id}")).exists()
     })
@@ -658,49 +669,15 @@ exec sleep 600"#,
         processes_of(&id, &tag)
     );
     runner.kill();
-    poll_until_named(
-        Duration::from_secs(10),
-        "every process of the agent dies with its runner",
-        || async { processes_of(&id, &tag).is_empty() },
-    )
-    .await;
+    wait_no_process_of(&id, &tag, "every process of the agent dies with its runner").await;
 }
 
 /// The checkout in the sandbox: the clone is handed to the agent's user, who commits
 /// and pushes from inside the sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandboxed_agent_commits_and_pushes_from_its_checkout() {
-    use std::os::unix::fs::MetadataExt as _;
     let rig = Rig::start().await;
-    let bare = rig.path("git/acme/agents.git");
-    std::fs::create_dir_all(&bare).unwrap();
-    super::runner::git(&bare, &["init", "-q", "--bare"]);
-    let seed = rig.path("seed");
-    std::fs::create_dir_all(&seed).unwrap();
-    super::runner::git(&seed, &["init", "-q"]);
-    std::fs::write(seed.join("README"), "hello\n").unwrap();
-    super::runner::git(&seed, &["add", "README"]);
-    super::runner::git(
-        &seed,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.org",
-            "commit",
-            "-qm",
-            "one",
-        ],
-    );
-    let remote = format!("file://{}", bare.display());
-    super::runner::git(&seed, &["push", "-q", &remote, "HEAD:refs/heads/feature-x"]);
-    let sha = super::runner::git(&seed, &["rev-parse", "HEAD"]);
-    let n = rig.fake.open_pr(
-        super::REPO,
-        NewPr::new("agent-bot", "Fix")
-            .head_sha(&sha)
-            .head_ref("feature-x"),
-    );
+    let (bare, sha, n) = super::runner::pr_on_a_git_branch(&rig);
     let script = rig.script(
         "git.sh",
         r#"id -u > "$DIR/uid"
@@ -710,7 +687,7 @@ echo change > change.txt && git add change.txt \
     );
     // The remote is the test's (root's), open to the agents' user, whose push says
     // the folder is safe.
-    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let root = running_as_root();
     let runner = rig.sandboxed_runner(&script);
     let url = format!(
         "file://{}/git/{{owner}}/{{repo}}.git",
@@ -721,7 +698,7 @@ echo change > change.txt && git add change.txt \
         .env("SHEPHERD_AGENT_CLONE_URL", url)
         .start()
         .await;
-    rig.dispatch(super::REPO, n, "ci-fix", 0, HOUR).await;
+    ci_fix(&rig, n).await;
     let results = rig.wait_results(1).await;
     assert_eq!(results[0]["outcome"], "succeeded", "{}", results[0]);
     if root {

@@ -84,6 +84,14 @@ impl Rig {
         }
     }
 
+    /// Starts a rig with the agent script `name` written (see [`Self::script`]);
+    /// returns it and the script's path.
+    pub async fn with_script(name: &str, body: &str) -> (Self, String) {
+        let rig = Self::start().await;
+        let script = rig.script(name, body);
+        (rig, script)
+    }
+
     /// The rig's key layout.
     pub fn keys(&self) -> Keys {
         Keys::new(self.prefix.clone(), 1)
@@ -314,22 +322,23 @@ pub async fn set_active_work(
             .timestamp_millis(),
     });
     let active = serde_json::from_value(active).expect("active work");
+    // The stored record (or a new one) of type `$record`, holding the item as its
+    // active work, one version on.
+    macro_rules! with_active {
+        ($record:ident, $what:literal) => {{
+            let mut r = stored.map_or_else(
+                || $record::new(repo.clone(), number),
+                |d| $record::from_json(&d).expect($what),
+            );
+            r.work.active = Some(active);
+            r.version += 1;
+            r.to_json()
+        }};
+    }
     let data = if issue {
-        let mut r = stored.map_or_else(
-            || IssueRecord::new(repo.clone(), number),
-            |d| IssueRecord::from_json(&d).expect("issue record"),
-        );
-        r.work.active = Some(active);
-        r.version += 1;
-        r.to_json()
+        with_active!(IssueRecord, "issue record")
     } else {
-        let mut r = stored.map_or_else(
-            || PrRecord::new(repo.clone(), number),
-            |d| PrRecord::from_json(&d).expect("PR record"),
-        );
-        r.work.active = Some(active);
-        r.version += 1;
-        r.to_json()
+        with_active!(PrRecord, "PR record")
     };
     let version: u64 = serde_json::from_str::<Value>(&data).unwrap()["version"]
         .as_u64()

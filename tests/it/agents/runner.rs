@@ -456,28 +456,11 @@ async fn a_bad_agent_command_is_a_clear_error_at_start() {
     }
 }
 
-/// Runs git in `dir` for the test's repository setup.
-pub(super) fn git(dir: &std::path::Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run git");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// `SHEPHERD_AGENT_CHECKOUT`: the agent runs in a fresh clone on the PR's head branch
-/// at its head commit, can commit and `git push origin HEAD`, the agent token reaches
-/// git only through the environment (not the clone's config), and the clone is
-/// removed afterwards.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_agent_works_in_a_fresh_checkout_of_the_pr_head_and_can_push() {
-    let rig = Rig::start().await;
+/// A bare repository `git/acme/agents.git` in the rig's folder (where a clone URL
+/// `file://<rig>/git/{owner}/{repo}.git` points for the rig's repository), its branch
+/// `feature-x` one commit, and the fake's PR on that branch: the bare repository's
+/// path, the commit and the PR's number.
+pub(super) fn pr_on_a_git_branch(rig: &Rig) -> (std::path::PathBuf, String, u64) {
     let bare = rig.path("git/acme/agents.git");
     std::fs::create_dir_all(&bare).unwrap();
     git(&bare, &["init", "-q", "--bare"]);
@@ -514,6 +497,32 @@ async fn an_agent_works_in_a_fresh_checkout_of_the_pr_head_and_can_push() {
             .head_sha(&sha)
             .head_ref("feature-x"),
     );
+    (bare, sha, n)
+}
+
+/// Runs git in `dir` for the test's repository setup.
+pub(super) fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `SHEPHERD_AGENT_CHECKOUT`: the agent runs in a fresh clone on the PR's head branch
+/// at its head commit, can commit and `git push origin HEAD`, the agent token reaches
+/// git only through the environment (not the clone's config), and the clone is
+/// removed afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_works_in_a_fresh_checkout_of_the_pr_head_and_can_push() {
+    let rig = Rig::start().await;
+    let (bare, sha, n) = pr_on_a_git_branch(&rig);
     let script = rig.script(
         "git.sh",
         r#"git rev-parse HEAD > "$DIR/head"

@@ -230,6 +230,32 @@ async fn run_until(s: &Scenario, what: &str, cond: impl Fn(&FakeForgejo) -> bool
     }
 }
 
+/// The status page shows `on_page` and the metrics hold the ejection series
+/// `shepherd_merge_queue_ejections_total` followed by `series` (labels, and a count
+/// where the test knows it).
+async fn assert_ejection_shown(s: &Scenario, on_page: &str, series: &str) {
+    let page = s.status_page().await;
+    assert!(page.contains(on_page), "{page}");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics.contains(&format!("shepherd_merge_queue_ejections_total{series}")),
+        "{metrics}"
+    );
+}
+
+/// main moves, CI is held and `prs` are approved in order: waits until #1 is updated
+/// onto the moved tip (its CI on the new head running, held).
+async fn move_main_and_update_the_head_with_ci_held(s: &Scenario, prs: &[u64]) {
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    hold_ci(s);
+    approve_in_order(s, prs).await;
+    run_until(s, "#1 updated onto the moved tip", |f| {
+        updates(f).iter().any(|u| u.0 == 1)
+    })
+    .await;
+}
+
 /// The merges of `main`, in order.
 fn merges(fake: &FakeForgejo) -> Vec<MergeRecord> {
     fake.merges()
@@ -497,13 +523,7 @@ async fn a_tip_that_keeps_moving_sends_the_head_to_the_back() {
         "three updates in its first turn, one in its second: {ups:?}"
     );
     assert_main_stayed_green(&s.fake);
-    let page = s.status_page().await;
-    assert!(page.contains("ejections: base-moving 1"), "{page}");
-    let metrics = s.metrics().await;
-    assert!(
-        metrics.contains("shepherd_merge_queue_ejections_total{reason=\"base-moving\"} 1"),
-        "{metrics}"
-    );
+    assert_ejection_shown(&s, "ejections: base-moving 1", "{reason=\"base-moving\"} 1").await;
     s.fake.assert_calls_match_openapi();
 }
 
@@ -948,14 +968,7 @@ async fn a_head_whose_ci_never_settles_is_ejected_with_ci_timeout() {
     let s = start_with("merge_queue_ci_timeout_secs = 4\n", 500, &[]).await;
     let prs = open_green(&s, 2).await;
     // main moves, so #1 is updated and its CI on the new head runs (held).
-    let push = s.fake.push_to_branch(REPO, "main", "someone");
-    s.send(&push).await;
-    hold_ci(&s);
-    approve_in_order(&s, &prs).await;
-    run_until(&s, "#1 updated onto the moved tip", |f| {
-        updates(f).iter().any(|u| u.0 == 1)
-    })
-    .await;
+    move_main_and_update_the_head_with_ci_held(&s, &prs).await;
     let end = Instant::now() + QUEUE_DEADLINE;
     loop {
         let q = stored_queue(&s).await;
@@ -976,13 +989,7 @@ async fn a_head_whose_ci_never_settles_is_ejected_with_ci_timeout() {
     release_ci(&s, 200);
     run_until(&s, "both merged", |f| merges(f).len() == 2).await;
     assert_main_stayed_green(&s.fake);
-    let page = s.status_page().await;
-    assert!(page.contains("ci-timeout"), "{page}");
-    let metrics = s.metrics().await;
-    assert!(
-        metrics.contains("shepherd_merge_queue_ejections_total{reason=\"ci-timeout\"}"),
-        "{metrics}"
-    );
+    assert_ejection_shown(&s, "ci-timeout", "{reason=\"ci-timeout\"}").await;
     s.fake.assert_calls_match_openapi();
 }
 
@@ -999,14 +1006,7 @@ async fn the_advance_leaves_a_retargeted_head_out_of_the_queue() {
     s.fake.with_model(|m| {
         (m.repo_mut(REPO).branches).insert("dev".into(), dev_tip.clone());
     });
-    let push = s.fake.push_to_branch(REPO, "main", "someone");
-    s.send(&push).await;
-    hold_ci(&s);
-    approve_in_order(&s, &prs).await;
-    run_until(&s, "#1 updated onto the moved tip", |f| {
-        updates(f).iter().any(|u| u.0 == 1)
-    })
-    .await;
+    move_main_and_update_the_head_with_ci_held(&s, &prs).await;
     // #1 now targets `dev`; no webhook says so.
     s.fake.with_model(|m| {
         let r = m.repo_mut(REPO);

@@ -566,6 +566,15 @@ fn status_body(h: &H) -> Option<String> {
     })
 }
 
+/// Every one of `logins` approves head `a` ("lgtm"), in one observation of the reviews.
+fn all_approve(h: &mut H, logins: &[&str]) -> Vec<String> {
+    let list: Vec<_> = logins
+        .iter()
+        .map(|l| (*l, ReviewState::Approved, 'a', "lgtm"))
+        .collect();
+    h.step(reviews_with(&list, 400, h.now))
+}
+
 /// Issue 26 finding 5: the bot's and an agent user's approvals never count, whatever
 /// the PR, and the status comment says so; a person's approval still counts.
 #[test]
@@ -580,14 +589,7 @@ fn bot_and_agent_approvals_never_count() {
     h.later(10);
     h.step(green('a', h.now));
     h.later(10);
-    let fx = h.step(reviews_with(
-        &[
-            ("bob", ReviewState::Approved, 'a', "lgtm"),
-            ("bot", ReviewState::Approved, 'a', "lgtm"),
-        ],
-        400,
-        h.now,
-    ));
+    let fx = all_approve(&mut h, &["bob", "bot"]);
     assert!(!fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
     assert_eq!(h.reason(), "waiting for 1 more approval");
     let body = status_body(&h).expect("status comment");
@@ -607,29 +609,12 @@ fn bot_and_agent_approvals_never_count() {
     assert_eq!(fx, lines(&["observe reviews"]), "never taken on trust");
     assert!(h.r.approval_hints.is_empty());
     h.later(1);
-    let fx = h.step(reviews_with(
-        &[
-            ("bob", ReviewState::Approved, 'a', "lgtm"),
-            ("bot", ReviewState::Approved, 'a', "lgtm"),
-            ("agent-1", ReviewState::Approved, 'a', "lgtm"),
-        ],
-        400,
-        h.now,
-    ));
+    let fx = all_approve(&mut h, &["bob", "bot", "agent-1"]);
     assert!(!fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
     assert_eq!(h.reason(), "waiting for 1 more approval");
     // A second person does merge it.
     h.later(1);
-    let fx = h.step(reviews_with(
-        &[
-            ("bob", ReviewState::Approved, 'a', "lgtm"),
-            ("bot", ReviewState::Approved, 'a', "lgtm"),
-            ("agent-1", ReviewState::Approved, 'a', "lgtm"),
-            ("dave", ReviewState::Approved, 'a', "lgtm"),
-        ],
-        400,
-        h.now,
-    ));
+    let fx = all_approve(&mut h, &["bob", "bot", "agent-1", "dave"]);
     assert!(fx.iter().any(|l| l.starts_with("merge")), "{fx:?}");
     // A bot PR needing 1: the bot approving its own PR does not merge it, even
     // where reviewer agents' approvals count.
