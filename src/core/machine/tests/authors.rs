@@ -406,3 +406,99 @@ fn a_stale_author_permission_is_read_again() {
     );
     assert!(!fx.iter().any(|l| l.starts_with("dispatch")), "{fx:?}");
 }
+
+/// What can happen to a read-only author's PR in the property below.
+#[derive(Debug, Clone)]
+enum Op {
+    /// CI reports on the head: failing or green.
+    Ci(bool),
+    /// A change request by carol on the head.
+    ChangeRequest,
+    /// Two unmergeable reads (a confirmed conflict).
+    Conflict,
+    /// The author pushes a new head.
+    Push,
+    /// Someone without write access (the author or mallory) asks for agents, and the
+    /// permission read answers.
+    AgentsOnByReader(bool),
+    /// A day passes and the stale check fires.
+    Stale,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        any::<bool>().prop_map(Op::Ci),
+        Just(Op::ChangeRequest),
+        Just(Op::Conflict),
+        Just(Op::Push),
+        any::<bool>().prop_map(Op::AgentsOnByReader),
+        Just(Op::Stale),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Whatever happens, a PR by an author without write access gets no agent work
+    /// under `writers` until a writer lets the agents in (and the author's permission
+    /// is read again whenever the last read is too old).
+    #[test]
+    fn a_read_only_authors_pr_never_gets_agent_work(ops in proptest::collection::vec(op(), 1..25)) {
+        let mut h = opened(with(AgentAuthors::Writers), Author::ReadOnly);
+        let mut heads = ['a', 'b', 'c', 'd', 'e', 'f'].into_iter().cycle();
+        let mut head = heads.next().unwrap_or('a');
+        let mut id = 100;
+        for op in ops {
+            h.later(30);
+            let now = h.now;
+            let events: Vec<Event> = match op {
+                Op::Ci(fail) => vec![status(head, &[if fail { FAIL } else { PASS }], now)],
+                Op::ChangeRequest => {
+                    vec![reviews(&[("carol", ReviewState::RequestChanges, head)], now)]
+                }
+                Op::Conflict => (1..=2)
+                    .map(|i| Event::ObservedPr {
+                        pr: PrSnapshot {
+                            mergeable: Some(false),
+                            ..snap(head, now + i)
+                        },
+                    })
+                    .collect(),
+                Op::Push => {
+                    head = heads.next().unwrap_or('a');
+                    vec![pr_event(PrAction::Synchronized, snap(head, now), "alice")]
+                }
+                Op::AgentsOnByReader(author) => {
+                    id += 1;
+                    let who = if author { "alice" } else { "mallory" };
+                    vec![
+                        comment(id, "/shepherd agents on", who),
+                        permission(who, Permission::Read, now + 1),
+                    ]
+                }
+                Op::Stale => {
+                    h.now += 86_400_000;
+                    vec![timer(TimerKind::StaleCheck, h.now)]
+                }
+            };
+            for e in events {
+                let fx = h.step(e);
+                proptest::prop_assert!(
+                    !fx.iter().any(|l| l.starts_with("dispatch")),
+                    "agent work for a read-only author: {fx:?}"
+                );
+                // A permission read of the author answers read-only.
+                if fx.iter().any(|l| l == "observe permission alice") {
+                    let now = h.now;
+                    h.step(permission("alice", Permission::Read, now));
+                }
+                proptest::prop_assert!(
+                    dispatched(&h).is_empty(),
+                    "agent work for a read-only author: {:?}",
+                    h.effects()
+                );
+            }
+        }
+        proptest::prop_assert!(h.r.agents_on.is_none());
+    }
+}
