@@ -502,3 +502,29 @@ proptest::proptest! {
         proptest::prop_assert!(h.r.agents_on.is_none());
     }
 }
+
+#[test]
+fn the_status_waits_for_the_authors_read_so_a_writers_pr_costs_no_extra_edit() {
+    // With status_settle_secs at its default, the "waits for the permission" status is
+    // not written: the read answers first, and the dispatch's status is the one edit.
+    let p = Policy {
+        agent_authors: AgentAuthors::Writers,
+        ..settled_policy()
+    };
+    let mut h = opened(p, Author::Unknown);
+    h.later(5);
+    let fx = h.step(status('a', &[FAIL], h.now));
+    assert!(
+        fx.contains(&"observe permission alice".to_owned()),
+        "{fx:?}"
+    );
+    assert!(!fx.iter().any(|l| l.starts_with("status ")), "{fx:?}");
+    h.later(1);
+    let fx = h.step(permission("alice", Permission::Write, h.now));
+    assert_eq!(fx[0], "dispatch ci-fix tier=0 attempt=1 head=aaa", "{fx:?}");
+    assert_eq!(
+        fx.iter().filter(|l| l.starts_with("status ")).count(),
+        1,
+        "{fx:?}"
+    );
+}
