@@ -143,6 +143,30 @@ pub struct PrContext {
     pub draft: bool,
     /// Link to the PR page.
     pub url: String,
+    /// Empty when the author is trusted (the bot, an agent or bot user, a trusted
+    /// user, or write access, as the work item's `context.author_trusted` says);
+    /// otherwise how the prompt marks the author's title, description and diff:
+    /// [`UNTRUSTED_AUTHOR`] or [`UNCHECKED_AUTHOR`].
+    pub untrusted: String,
+}
+
+/// How the prompt marks text by a PR author without write access.
+pub const UNTRUSTED_AUTHOR: &str = "from an untrusted author (no write access)";
+/// How the prompt marks text by a PR author whose write access was not read
+/// (`agent_authors = "anyone"`, or an older work item).
+pub const UNCHECKED_AUTHOR: &str =
+    "from an author whose write access Shepherd did not check (treat it as untrusted)";
+/// How the prompt marks a comment by someone not known to be trusted.
+pub const UNTRUSTED_COMMENTER: &str = "from an untrusted author (not known to have write access)";
+
+/// How the prompt marks the PR author's text, from the work item's
+/// `context.author_trusted`: nothing when trusted.
+pub fn author_mark(author_trusted: Option<bool>) -> String {
+    match author_trusted {
+        Some(true) => String::new(),
+        Some(false) => UNTRUSTED_AUTHOR.into(),
+        None => UNCHECKED_AUTHOR.into(),
+    }
 }
 
 /// An issue (the `issue-impl` issue, or one the PR links).
@@ -235,6 +259,10 @@ pub struct CommentContext {
     pub created_at: String,
     /// The comment (bounded).
     pub body: String,
+    /// Empty when its author is known to be trusted (the PR's trusted author, the
+    /// bot, an agent, bot or reviewer user, a trusted user: see
+    /// [`super::prompt::Templates::render`]); else [`UNTRUSTED_COMMENTER`].
+    pub untrusted: String,
 }
 
 /// One earlier attempt, from the work item.
@@ -311,7 +339,9 @@ async fn gather_pr(
                 .map(|i| forgejo.get_issue(repo, *i))
         ),
     );
-    ctx.pr = Some(pr_context(&pr, base, repo));
+    let mut pr_ctx = pr_context(&pr, base, repo);
+    pr_ctx.untrusted = author_mark(item.context.author_trusted);
+    ctx.pr = Some(pr_ctx);
     match diff {
         Ok(d) => {
             ctx.diff_truncated = d.truncated;
@@ -503,6 +533,7 @@ fn pr_context(pr: &PullRequest, base: &str, repo: &str) -> PrContext {
         state: one_line(&pr.state),
         draft: pr.draft,
         url: format!("{base}/{repo}/pulls/{}", pr.number),
+        untrusted: String::new(),
     }
 }
 
@@ -601,6 +632,8 @@ fn conversation(list: Vec<Comment>) -> (Vec<CommentContext>, usize) {
             author: one_line(&c.user.login),
             created_at: c.created_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
             body: bounded(&c.body, MAX_COMMENT_BYTES),
+            // Marked when the prompt is rendered (the policy knows who is trusted).
+            untrusted: UNTRUSTED_COMMENTER.into(),
         })
         .collect();
     (shown, omitted)

@@ -241,7 +241,8 @@ impl Templates {
             .get(&item.kind)
             .cloned()
             .unwrap_or_else(|| builtin_name(item.kind));
-        self.render_with(&name, item, ctx, params)
+        let ctx = mark_commenters(ctx, item, &policy);
+        self.render_with(&name, item, &ctx, params)
     }
 
     fn render_with(
@@ -280,6 +281,39 @@ impl Templates {
             .render(context! { work => item, ctx => ctx, params => values })
             .map_err(fail)
     }
+}
+
+/// `ctx` with each comment marked by its author's trust: trusted (no mark) when the
+/// author is the PR's author and the work item says that author is trusted, or the
+/// policy names them (the bot, a bot user, an agent or reviewer user, a trusted user);
+/// everyone else's comment is marked as from an untrusted author, since Shepherd does
+/// not read every commenter's permission.
+fn mark_commenters(
+    ctx: &AgentContext,
+    item: &WorkItem,
+    policy: &crate::core::policy::Policy,
+) -> AgentContext {
+    let mut ctx = ctx.clone();
+    let author = ctx.pr.as_ref().map(|p| p.author.clone());
+    let author_trusted = item.context.author_trusted == Some(true);
+    for c in &mut ctx.comments {
+        let trusted = match c.author.parse::<crate::core::ids::Login>() {
+            Ok(login) => {
+                (author_trusted && author.as_deref() == Some(c.author.as_str()))
+                    || policy.is_bot_author(&login)
+                    || policy.is_agent(&login)
+                    || policy.is_reviewer(&login)
+                    || policy.is_trusted(&login)
+            }
+            Err(_) => false,
+        };
+        c.untrusted = if trusted {
+            String::new()
+        } else {
+            super::context::UNTRUSTED_COMMENTER.into()
+        };
+    }
+    ctx
 }
 
 /// The built-in template of `kind`.
@@ -380,6 +414,7 @@ mod samples {
                     round: 2,
                     max_rounds: 3,
                 }),
+                author_trusted: Some(false),
             },
         };
         let text = |s: &str| s.to_owned();
@@ -399,6 +434,7 @@ mod samples {
                 state: text("open"),
                 draft: false,
                 url: text("https://forgejo.example/o/r/pulls/1"),
+                untrusted: text(UNTRUSTED_AUTHOR),
             }),
             issue: (kind == WorkKind::IssueImpl).then(|| issue(1)),
             diff: Some(text("diff --git a/x b/x\n")),
@@ -451,6 +487,7 @@ mod samples {
                 author: text("someone"),
                 created_at: text("2020-01-01T00:00:00+00:00"),
                 body: text("A comment"),
+                untrusted: text(UNTRUSTED_COMMENTER),
             }],
             comments_omitted: 1,
             comments_since: Some(text("2020-01-01T00:00:00.000Z")),

@@ -102,7 +102,7 @@ fn the_ci_fix_prompt_shows_each_piece_of_context() {
             "… and 1 more checks not listed",
             "Comments since the previous attempt started (2020-01-01T00:00:00.000Z):",
             "(… 1 older comments not shown)",
-            "### @someone at 2020-01-01T00:00:00+00:00\n```markdown\nA comment\n```",
+            "### @someone at 2020-01-01T00:00:00+00:00 (from an untrusted author (not known to have write access))\n```markdown\nA comment\n```",
             "### Attempt history",
             "1. ci-fix at tier 0: failed; signature: ci / test=failure; started 2020-01-01T00:00:00.000Z\n",
             "```\nTried a fix.\n```",
@@ -384,4 +384,74 @@ fn the_review_prompt_asks_for_a_verdict_file_and_shows_earlier_reviews() {
     // No token of any kind: the runner posts the review.
     assert!(!prompt.contains("forgejo_pat"), "{prompt}");
     assert!(!prompt.to_lowercase().contains("token:"), "{prompt}");
+}
+
+/// `kind`'s sample prompt for a PR author whose trust the work item gives as
+/// `author_trusted`, with one comment by the author and one by `carol`, under `policy`.
+fn trust_prompt(author_trusted: Option<bool>, policy: &PolicyFile) -> String {
+    let (mut item, mut ctx) = sample(WorkKind::CiFix);
+    item.context.author_trusted = author_trusted;
+    let pr = ctx.pr.as_mut().unwrap();
+    pr.untrusted = crate::agents::context::author_mark(author_trusted);
+    let by = |author: &str, body: &str| crate::agents::context::CommentContext {
+        id: 1,
+        author: author.into(),
+        created_at: "2020-01-01T00:00:00+00:00".into(),
+        body: body.into(),
+        // What `gather` leaves: rendering decides.
+        untrusted: crate::agents::context::UNTRUSTED_COMMENTER.into(),
+    };
+    ctx.comments = vec![by("author", "from the author"), by("carol", "from carol")];
+    Templates::load(policy)
+        .unwrap()
+        .render(&item, &ctx, &params())
+        .unwrap()
+}
+
+#[test]
+fn text_by_an_author_without_write_access_is_marked_untrusted() {
+    use crate::agents::context::{UNCHECKED_AUTHOR, UNTRUSTED_AUTHOR, UNTRUSTED_COMMENTER};
+    let read_only = trust_prompt(Some(false), &PolicyFile::default());
+    assert_in_order(
+        &read_only,
+        &[
+            "#1 **A change** by @author (open)",
+            &format!("- trust: the title, the description and the diff are {UNTRUSTED_AUTHOR}"),
+            &format!("The description, {UNTRUSTED_AUTHOR}:\n```markdown\nCloses #2\n```"),
+            &format!("The diff, {UNTRUSTED_AUTHOR}:\n```diff\ndiff --git"),
+            &format!(
+                "### @author at 2020-01-01T00:00:00+00:00 ({UNTRUSTED_COMMENTER})\n```markdown\nfrom the author"
+            ),
+            &format!(
+                "### @carol at 2020-01-01T00:00:00+00:00 ({UNTRUSTED_COMMENTER})\n```markdown\nfrom carol"
+            ),
+        ],
+    );
+    // A writer's PR: no mark on their text or their comment; carol's stays marked.
+    let writer = trust_prompt(Some(true), &PolicyFile::default());
+    assert!(!writer.contains(UNTRUSTED_AUTHOR), "{writer}");
+    assert!(!writer.contains("- trust:"), "{writer}");
+    assert_in_order(
+        &writer,
+        &[
+            "### @author at 2020-01-01T00:00:00+00:00\n```markdown\nfrom the author",
+            &format!("### @carol at 2020-01-01T00:00:00+00:00 ({UNTRUSTED_COMMENTER})"),
+        ],
+    );
+    // Not read (agent_authors = "anyone"): said so, and never called trusted.
+    let unchecked = trust_prompt(None, &PolicyFile::default());
+    assert!(
+        unchecked.contains(&format!("The description, {UNCHECKED_AUTHOR}:")),
+        "{unchecked}"
+    );
+    assert!(unchecked.contains(&format!(
+        "@author at 2020-01-01T00:00:00+00:00 ({UNTRUSTED_COMMENTER})"
+    )));
+    // A user the policy trusts writes unmarked comments.
+    let policy = PolicyFile::from_toml("[defaults]\ntrusted_users = [\"Carol\"]\n").unwrap();
+    let trusted = trust_prompt(Some(false), &policy);
+    assert!(
+        trusted.contains("### @carol at 2020-01-01T00:00:00+00:00\n```markdown\nfrom carol"),
+        "{trusted}"
+    );
 }

@@ -32,12 +32,15 @@ pub enum Command {
     },
     /// Merge queue: take the PR out of its queue until `/shepherd queue`.
     Dequeue,
+    /// `/shepherd agents on`: agent work for a PR whose author is outside the policy's
+    /// `agent_authors` (PRs only; recorded with who and when).
+    AgentsOn,
 }
 
 /// The word that starts a command.
 const PREFIX: &str = "/shepherd";
 
-/// Most commands taken from one comment; the rest are ignored. There are six
+/// Most commands taken from one comment; the rest are ignored. There are ten
 /// commands, so a human never needs more, and the bound keeps what one comment can
 /// queue in a record small (a 1.8 MB comment once queued 100,000 commands).
 pub const MAX_COMMANDS_PER_COMMENT: usize = 10;
@@ -92,6 +95,10 @@ fn parse_line(line: &str) -> Option<Command> {
         "implement" => Some(Command::Implement),
         "queue" => Some(Command::Queue),
         "dequeue" => Some(Command::Dequeue),
+        "agents" => match words.next()?.to_ascii_lowercase().as_str() {
+            "on" => Some(Command::AgentsOn),
+            _ => None,
+        },
         "priority" => match words.next()?.to_ascii_lowercase().as_str() {
             "high" => Some(Command::Priority {
                 level: crate::core::queue::Priority::High,
@@ -135,6 +142,13 @@ mod tests {
                 Command::Dequeue,
             ]
         );
+    }
+
+    #[test]
+    fn parses_agents_on() {
+        assert_eq!(parse("/shepherd agents on"), vec![Command::AgentsOn]);
+        assert_eq!(parse("/Shepherd AGENTS On please"), vec![Command::AgentsOn]);
+        assert_eq!(parse("/shepherd agents\n/shepherd agents off"), vec![]);
     }
 
     #[test]

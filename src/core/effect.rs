@@ -321,6 +321,12 @@ pub struct WorkContext {
     /// Who reviews and which round it is (for `review` only; absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewRequest>,
+    /// Whether the PR's author is trusted (the bot, an agent or bot user, a trusted
+    /// user, or write access): `false` marks their title, body and diff as text from
+    /// an untrusted author in the prompt; absent when not known (issue work, or
+    /// `agent_authors = "anyone"` without a permission read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author_trusted: Option<bool>,
 }
 
 /// The `context.review` object of a `review` work item.

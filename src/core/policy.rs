@@ -100,6 +100,29 @@ impl AgentScope {
     }
 }
 
+/// Whose PRs get agent work (`agent_authors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentAuthors {
+    /// Bot PRs only.
+    Bot,
+    /// Bot PRs and PRs whose author has write access (or is a trusted user).
+    Writers,
+    /// Every PR.
+    Anyone,
+}
+
+impl AgentAuthors {
+    /// The setting's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentAuthors::Bot => "bot",
+            AgentAuthors::Writers => "writers",
+            AgentAuthors::Anyone => "anyone",
+        }
+    }
+}
+
 /// Declares [`Policy`] (every setting, with defaults) and [`PolicyOverride`] (every
 /// setting optional) from one list, so the two cannot drift apart.
 macro_rules! policy_settings {
@@ -183,6 +206,11 @@ policy_settings! {
     /// Attempts (work items of every kind) per PR before it holds at `needs-human`
     /// until a user with write access acts (0 = no bound).
     max_attempts_total: u32 = 12;
+    /// Whose PRs get agent work of any kind (ci-fix, review-feedback, merge-conflicts,
+    /// stale-check, review): `bot` (bot PRs only), `writers` (bot PRs and PRs whose
+    /// author has write access, or is in `trusted_users`), or `anyone`. A PR outside
+    /// it gets none until a user with write access comments `/shepherd agents on`.
+    agent_authors: AgentAuthors = AgentAuthors::Writers;
     /// Inactivity before a `stale-check`, in seconds.
     stale_after_secs: u64 = 86_400;
     /// First CI poll delay, in seconds (doubles while pending or missing).

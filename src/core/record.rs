@@ -74,6 +74,26 @@ pub struct PrRecord {
     /// Reviewer agents' rounds on this PR (`review` work).
     #[serde(default, skip_serializing_if = "AgentReview::is_empty")]
     pub agent_review: AgentReview,
+    /// `/shepherd agents on` by a user with write access: agent work for a PR outside
+    /// `agent_authors`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents_on: Option<AgentsOn>,
+    /// The last `/shepherd agents on` refused (its author has no write access).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents_on_refused: Option<AgentsOn>,
+    /// When the PR author's permission was last asked for (`agent_authors`), so a
+    /// step asks once, not at every event while the read is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author_read_ms: Option<i64>,
+}
+
+/// Who gave `/shepherd agents on` (or had it refused), and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentsOn {
+    /// The commenter.
+    pub by: Login,
+    /// When the command ran (unix ms).
+    pub at_ms: i64,
 }
 
 /// An approval announced by a review webhook and not read yet (`approval_hints`).
@@ -604,6 +624,9 @@ impl PrRecord {
             approval_hints: BTreeMap::new(),
             queue: QueueFacts::default(),
             agent_review: AgentReview::default(),
+            agents_on: None,
+            agents_on_refused: None,
+            author_read_ms: None,
         }
     }
 

@@ -51,6 +51,10 @@ pub struct StatusState {
     /// The reviewer agents' latest round and its verdict (absent before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<ReviewStatus>,
+    /// Whether agents work on this PR when its author is outside `agent_authors`:
+    /// "on for this PR …" after `/shepherd agents on`, or why they are off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<String>,
     /// The PR's place in its branch's merge queue (absent when not in one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
@@ -156,6 +160,10 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
             "\n\nApproval by {} (bot/agent) not counted",
             code(&one_line(who))
         ));
+    }
+    if let Some(agents) = &state.agents {
+        // Shepherd's own words and a validated login: its code spans stay.
+        text.push_str(&format!("\n\nAgents: {}", agents.replace('\n', " ")));
     }
     if let Some(review) = &state.review {
         let verdict = review.verdict.map_or("pending", ReviewVerdict::as_str);
@@ -332,6 +340,7 @@ mod tests {
             version: 4,
             unofficial_change_requests: vec!["mallory".into()],
             uncounted_approvals: Vec::new(),
+            agents: None,
             review: Some(ReviewStatus {
                 round: 2,
                 max_rounds: 3,
@@ -375,6 +384,7 @@ mod tests {
             version: 1,
             unofficial_change_requests: (0..20).map(|i| format!("sock{i}")).collect(),
             uncounted_approvals: Vec::new(),
+            agents: None,
             review: None,
             queue: None,
         };

@@ -49,6 +49,10 @@ pub struct Inspection {
     pub review_rounds: Vec<crate::core::record::ReviewRound>,
     /// Paused or needs-human.
     pub hold: Option<Hold>,
+    /// `/shepherd agents on` (policy `agent_authors`): who let the agents in and when,
+    /// and the last refused one; absent when neither happened.
+    #[serde(default)]
+    pub agents: Option<String>,
     /// Effects not yet done by the executors.
     pub pending_effects: Vec<PendingEffect>,
     /// Timers scheduled for this PR.
@@ -166,11 +170,29 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         attempts_dropped: record.work.attempts_dropped,
         review_rounds: record.agent_review.rounds.clone(),
         hold: record.work.hold.clone(),
+        agents: agents_line(&record),
         pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
         timers: timers(&mut conn, ops, shard, &key).await?,
         history,
         record: serde_json::to_value(&record).map_err(anyhow::Error::from)?,
     })
+}
+
+/// The `agents` line of a record: `/shepherd agents on` given and refused.
+fn agents_line(record: &crate::core::record::PrRecord) -> Option<String> {
+    let on = record
+        .agents_on
+        .as_ref()
+        .map(|a| format!("on by @{} at {}", a.by, rfc3339(a.at_ms)));
+    let refused = record.agents_on_refused.as_ref().map(|a| {
+        format!(
+            "refused for @{} at {} (no write access)",
+            a.by,
+            rfc3339(a.at_ms)
+        )
+    });
+    let parts: Vec<String> = on.into_iter().chain(refused).collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// The agent runners' record of work item `id` and the end of its log.
@@ -259,6 +281,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
     );
     if let Some(r) = &s.review {
         out += &format!("review    {}\n", r.line());
+    }
+    if let Some(a) = &i.agents {
+        out += &format!("agents    {a}\n");
     }
     if let Some(q) = &s.merge_queue {
         out += &format!(

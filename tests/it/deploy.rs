@@ -1078,7 +1078,10 @@ fn command_lines(text: &str, subcommands: &[String]) -> Vec<Vec<String>> {
     let mut lines = Vec::new();
     for line in text.lines() {
         for (at, _) in line.match_indices("shepherd ") {
-            if at > 0 && line[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            // `/shepherd …` is a comment command on a PR, not a command line.
+            if at > 0
+                && line[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '/')
+            {
                 continue;
             }
             let rest = &line[at + "shepherd ".len()..];

@@ -28,7 +28,7 @@ pub(crate) struct CommandCtx {
 }
 
 /// What executed commands ask of the record beyond its work state.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct CommandEffects {
     /// Refresh the status comment (`/shepherd status`).
     pub refresh_status: bool,
@@ -38,6 +38,10 @@ pub(crate) struct CommandEffects {
     pub implement: bool,
     /// A merge-queue command (PRs only; the last one of a comment wins).
     pub queue: Option<QueueCommand>,
+    /// `/shepherd agents on` by a user with write access: who (PRs only).
+    pub agents_on: Option<Login>,
+    /// `/shepherd agents on` by a user without write access, refused: who.
+    pub agents_on_refused: Option<Login>,
 }
 
 /// A merge-queue command for the PR record.
@@ -113,7 +117,10 @@ pub(crate) fn on_comment(
                 execute(ws, c, login, now, policy, &mut out);
             }
         }
-        Trust::No => fx.comment(ctx.number, texts::command_refused(login.as_str())),
+        Trust::No => {
+            refused(commands.iter(), login, &mut out);
+            fx.comment(ctx.number, texts::command_refused(login.as_str()));
+        }
         Trust::Unknown => {
             let mine = ws
                 .pending_commands
@@ -216,7 +223,10 @@ pub(crate) fn on_permission(
                 execute(ws, &p.command, login, now, policy, &mut out);
             }
         }
-        Permission::Read => fx.comment(ctx.number, texts::command_refused(login.as_str())),
+        Permission::Read => {
+            refused(mine.iter().map(|p| &p.command), login, &mut out);
+            fx.comment(ctx.number, texts::command_refused(login.as_str()));
+        }
     }
     out
 }
@@ -249,5 +259,17 @@ fn execute(
         Command::Queue => out.queue = Some(QueueCommand::Enter),
         Command::Priority { level } => out.queue = Some(QueueCommand::Priority(*level)),
         Command::Dequeue => out.queue = Some(QueueCommand::Dequeue),
+        Command::AgentsOn => out.agents_on = Some(by.clone()),
+    }
+}
+
+/// Notes a refused `/shepherd agents on` among `commands` (the record keeps who).
+fn refused<'a>(
+    mut commands: impl Iterator<Item = &'a Command>,
+    login: &Login,
+    out: &mut CommandEffects,
+) {
+    if commands.any(|c| *c == Command::AgentsOn) {
+        out.agents_on_refused = Some(login.clone());
     }
 }

@@ -16,7 +16,8 @@ use super::super::event::{
 use super::super::ids::{Login, RepoName, Scope, Sha};
 use super::super::policy::Policy;
 use super::super::record::{
-    ApprovalHint, AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts, ShaCi,
+    AgentsOn, ApprovalHint, AttemptOutcome, ConflictFact, Hold, MergeState, PrRecord, ReviewFacts,
+    ShaCi,
 };
 use super::{Fx, commands, work};
 
@@ -331,6 +332,15 @@ fn after_commands(
     }
     if status.retry && matches!(r.merge, MergeState::Backoff { .. }) {
         r.merge = MergeState::Idle;
+    }
+    // The first grant stands (who let the agents in first); a later one changes nothing.
+    if let Some(by) = status.agents_on
+        && r.agents_on.is_none()
+    {
+        r.agents_on = Some(AgentsOn { by, at_ms: now });
+    }
+    if let Some(by) = status.agents_on_refused {
+        r.agents_on_refused = Some(AgentsOn { by, at_ms: now });
     }
 }
 

@@ -5,8 +5,8 @@
 
 use super::super::effect::{ChangeRequest, FailingCheck, ReviewRequest, WorkContext, WorkKind};
 use super::super::event::{CiContext, CiState, PrSnapshot, PrState, ReviewFact, ReviewState};
-use super::super::ids::{RepoName, Sha};
-use super::super::policy::{MergeMode, Policy};
+use super::super::ids::{Login, RepoName, Sha};
+use super::super::policy::{AgentAuthors, MergeMode, Policy};
 use super::super::record::{ConflictFact, Hold, MergeState, PrRecord};
 use super::review::{self, ReviewWant};
 use super::{Phase, work};
@@ -36,6 +36,11 @@ pub(crate) enum Want {
     ReviewRoundsExhausted {
         /// Why.
         reason: String,
+    },
+    /// Read the PR author's permission before any agent work (`agent_authors`).
+    ReadAuthor {
+        /// The author.
+        login: Login,
     },
     /// Merge this head (mode `auto`).
     Merge {
@@ -383,6 +388,7 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         return want_work(
             r,
             policy,
+            now,
             WorkKind::MergeConflicts,
             "conflict".into(),
             WorkContext::default(),
@@ -403,6 +409,7 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         return want_work(
             r,
             policy,
+            now,
             WorkKind::CiFix,
             ci_signature(&failing),
             context,
@@ -425,6 +432,7 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
         return want_work(
             r,
             policy,
+            now,
             WorkKind::ReviewFeedback,
             ids.join(","),
             context,
@@ -451,6 +459,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             MergeMode::Dispatch => want_work(
                 r,
                 policy,
+                now,
                 WorkKind::ReadyToMerge,
                 format!("ready:{sha}"),
                 WorkContext::default(),
@@ -493,6 +502,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return want_work(
                 r,
                 policy,
+                now,
                 WorkKind::Review,
                 format!("review:{head}"),
                 context,
@@ -519,6 +529,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
         return want_work(
             r,
             policy,
+            now,
             WorkKind::StaleCheck,
             format!("stale:{}", r.last_activity_ms),
             WorkContext::default(),
@@ -549,14 +560,35 @@ fn failing_check(c: &CiContext) -> FailingCheck {
 fn want_work(
     r: &PrRecord,
     policy: &Policy,
+    now: i64,
     kind: WorkKind,
     signature: String,
-    context: WorkContext,
+    mut context: WorkContext,
     why: &str,
 ) -> Plan {
     let phase = phase_of(kind);
     if let Some(n) = work::awaiting_result_of(&r.work, kind, &signature, r.head_sha()) {
         return Plan::idle(phase, format!("{why}; waiting for the push of attempt {n}"));
+    }
+    // Merging a ready PR is not agent work: `agent_authors` does not hold it back.
+    if kind != WorkKind::ReadyToMerge {
+        match agents_gate(r, policy, now) {
+            AgentsGate::Open { author_trusted } => context.author_trusted = author_trusted,
+            AgentsGate::Off(off) => {
+                return Plan::idle(phase, format!("{why}; {}", agents_off_text(&off)));
+            }
+            AgentsGate::Unknown(login) => {
+                return Plan {
+                    phase,
+                    reason: format!(
+                        "{why}; agent work waits for the permission of the PR's author @{login} \
+                         (agent_authors = {})",
+                        policy.agent_authors.as_str()
+                    ),
+                    want: Want::ReadAuthor { login },
+                };
+            }
+        }
     }
     if let Some(reason) = work::over_budget(&r.work, policy) {
         return Plan {
@@ -586,5 +618,69 @@ fn want_work(
             signature,
             context,
         },
+    }
+}
+
+/// Whether the PR's author lets agents work on it (`agent_authors`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AgentsGate {
+    /// Yes. `author_trusted`: the author is the bot, an agent user, a bot user, a
+    /// trusted user or has write access (`None`: not read, under `anyone`).
+    Open {
+        /// Whether the author's text is trusted.
+        author_trusted: Option<bool>,
+    },
+    /// No, and why (without the way out: [`agents_off_text`] adds it).
+    Off(String),
+    /// Not known until the author's permission is read.
+    Unknown(Login),
+}
+
+/// The phrase a PR outside `agent_authors` shows in its reason.
+pub(crate) fn agents_off_text(why: &str) -> String {
+    format!(
+        "agents off for this PR: {why}; a user with write access can comment \
+         `/shepherd agents on`"
+    )
+}
+
+/// Whether the PR author's text is trusted: the bot, an agent user or a bot user
+/// (Some(true)), else what the record knows of their write access (a trusted user
+/// has it; `None`: a permission read is needed). No author: not trusted.
+pub(crate) fn author_trusted(r: &PrRecord, policy: &Policy, now: i64) -> Option<bool> {
+    let author = r.pr.as_ref().and_then(|p| p.author.as_ref());
+    match author {
+        None => Some(false),
+        Some(a) if policy.is_bot_author(a) || policy.is_agent(a) => Some(true),
+        Some(a) => super::commands::writer(&r.work, a, policy, now),
+    }
+}
+
+/// The `agent_authors` gate of the record's PR: open for bot PRs, for `anyone`, after
+/// `/shepherd agents on`, and (under `writers`) for authors with write access.
+pub(crate) fn agents_gate(r: &PrRecord, policy: &Policy, now: i64) -> AgentsGate {
+    let Some(pr) = &r.pr else {
+        return AgentsGate::Off("the PR has not been read yet".into());
+    };
+    let trusted = author_trusted(r, policy, now);
+    if policy.agent_authors == AgentAuthors::Anyone
+        || r.agents_on.is_some()
+        || is_bot_pr(pr, policy)
+    {
+        return AgentsGate::Open {
+            author_trusted: trusted,
+        };
+    }
+    match (policy.agent_authors, trusted, &pr.author) {
+        (AgentAuthors::Bot, _, _) => {
+            AgentsGate::Off("it is not a bot PR (agent_authors = bot)".into())
+        }
+        (_, Some(true), _) => AgentsGate::Open {
+            author_trusted: Some(true),
+        },
+        (_, None, Some(login)) => AgentsGate::Unknown(login.clone()),
+        (_, Some(false) | None, _) => {
+            AgentsGate::Off("its author has no write access (agent_authors = writers)".into())
+        }
     }
 }

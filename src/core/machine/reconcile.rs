@@ -4,7 +4,7 @@
 
 use super::super::effect::{EffectKind, ObserveWhat, Timer, TimerKind};
 use super::super::event::PrState;
-use super::super::ids::Scope;
+use super::super::ids::{Login, Scope};
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, MergeState, PrRecord};
 use super::super::texts::{self, StatusState};
@@ -61,6 +61,7 @@ pub(crate) fn reconcile(
             let (ws, n) = (&mut r.work, r.number);
             work::enter_needs_human_with(ws, reason, &rounds, n, now, policy, fx);
         }
+        Want::ReadAuthor { login } => read_author(r, login, now, fx),
         Want::Merge { sha } => merge(r, sha, now, policy, fx),
     }
     if !matches!(plan.want, Want::Merge { .. }) && matches!(r.merge, MergeState::Verifying { .. }) {
@@ -185,6 +186,14 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
             .into_iter()
             .take(UNOFFICIAL_KEPT)
             .collect(),
+        agents: match (&r.agents_on, plan::agents_gate(r, policy, now)) {
+            (Some(on), _) => Some(format!(
+                "on for this PR (`/shepherd agents on` by `{}`)",
+                on.by
+            )),
+            (None, plan::AgentsGate::Off(why)) => Some(plan::agents_off_text(&why)),
+            (None, plan::AgentsGate::Open { .. } | plan::AgentsGate::Unknown(_)) => None,
+        },
         review: r
             .agent_review
             .rounds
@@ -227,6 +236,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     {
         parts.push(serde_json::json!(["uncounted", state.uncounted_approvals]));
     }
+    // Likewise only when agents are off for the PR, or were let in by a command.
+    if let Some(agents) = &state.agents
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!(["agents", agents]));
+    }
     // Likewise only in the merge queue: the position, headship, parking, priority.
     if let Some(q) = &state.queue
         && let Some(parts) = key.as_array_mut()
@@ -246,7 +261,8 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         r.status_pending_since_ms = None;
         return;
     }
-    if settling(r, p.phase, now, policy, fx) {
+    let reading = matches!(p.want, Want::ReadAuthor { .. });
+    if settling(r, p.phase, reading, now, policy, fx) {
         return;
     }
     let first = !r.status_posted
@@ -262,12 +278,20 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
 }
 
 /// Whether a new status for `phase` waits instead of being written now: a
-/// short-lived one ([`short_lived`]) waits up to `status_settle_secs` from when the
+/// short-lived one ([`short_lived`], or one waiting for the read of the PR author's
+/// permission, answered in a moment) waits up to `status_settle_secs` from when the
 /// first of its kind was decided (a timer writes it then); anything else is written at
 /// once and takes the waiting one's place. Starting the wait schedules that timer.
-fn settling(r: &mut PrRecord, phase: Phase, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
+fn settling(
+    r: &mut PrRecord,
+    phase: Phase,
+    reading_author: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
     let settle_ms = settle_ms(policy);
-    if settle_ms == 0 || !short_lived(r, phase) {
+    if settle_ms == 0 || !(reading_author || short_lived(r, phase)) {
         return false;
     }
     let since = match r.status_pending_since_ms {
@@ -313,4 +337,22 @@ fn short_lived(r: &PrRecord, phase: Phase) -> bool {
 /// `status_settle_secs` in ms.
 pub(crate) fn settle_ms(policy: &Policy) -> i64 {
     i64::try_from(policy.status_settle_secs.saturating_mul(1000)).unwrap_or(i64::MAX)
+}
+
+/// How long a permission read of the PR's author is waited for before it is asked
+/// again (a read that failed for good leaves no answer).
+const AUTHOR_READ_RETRY_MS: i64 = 300_000;
+
+/// Asks for the PR author's permission (`agent_authors`), once per
+/// [`AUTHOR_READ_RETRY_MS`]: the answer is cached like a commenter's, for an hour.
+fn read_author(r: &mut PrRecord, login: &Login, now: i64, fx: &mut Fx) {
+    if r.author_read_ms
+        .is_some_and(|at| now.saturating_sub(at) < AUTHOR_READ_RETRY_MS)
+    {
+        return;
+    }
+    r.author_read_ms = Some(now);
+    fx.push(EffectKind::Observe(ObserveWhat::Permission {
+        login: login.clone(),
+    }));
 }

@@ -174,6 +174,7 @@ impl Scenario {
         cmd.args(args)
             .env("SHEPHERD_REDIS_URL", self.redis.url())
             .env("SHEPHERD_KEY_PREFIX", &self.prefix)
+            .env("SHEPHERD_CONFIG", quiet_policy_file().path())
             .env("SHEPHERD_LOG", "warn");
         for (k, v) in &self.env {
             cmd.env(k, v);
@@ -230,6 +231,21 @@ impl Scenario {
             .map(|(_, f)| (f["kind"].clone(), f["id"].clone()))
             .collect()
     }
+}
+
+/// [`crate::support::QUIET_POLICY`] in a file: the subcommands that fold records
+/// (`replay`, `rebuild`) decide with the policy `shepherd run` runs with here (its
+/// `agent_authors = "anyone"` dispatches work the default would hold for a
+/// permission read).
+fn quiet_policy_file() -> &'static tempfile::NamedTempFile {
+    static FILE: std::sync::LazyLock<tempfile::NamedTempFile> = std::sync::LazyLock::new(|| {
+        use std::io::Write as _;
+        let mut f = tempfile::NamedTempFile::new().expect("policy file");
+        f.write_all(crate::support::QUIET_POLICY.as_bytes())
+            .expect("write the policy");
+        f
+    });
+    &FILE
 }
 
 /// Starts `shepherd run` with `env` (on `prefix` when given).

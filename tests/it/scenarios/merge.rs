@@ -194,6 +194,8 @@ pub(crate) async fn bot_pr_from_red_ci_to_merged(s: &Scenario) -> u64 {
 async fn scenario_2_human_pr_needs_two_approvals_and_no_change_requests() {
     let s = Scenario::start("").await;
     let fake = &s.fake;
+    // alice has write access: her PR gets agent work (agent_authors = "writers").
+    fake.set_permission(REPO, "alice", "write");
     let n = fake.open_pr(
         REPO,
         NewPr::new("alice", "Refactor widgets").body("By hand."),

@@ -2,6 +2,7 @@
 //! the real `shepherd run` binary, a real redis-server and the fake Forgejo. Every
 //! Forgejo write and every dispatch is asserted, including that nothing happened twice.
 
+mod authors;
 mod dispatch;
 mod faults;
 mod hostile;

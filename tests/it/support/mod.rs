@@ -19,10 +19,14 @@ pub const TEST_SECRET: &str = "it-webhook-secret";
 /// Policy for processes whose tests count history entries or effects: the timers the
 /// default policy arms for real (the stale check fires a day after the last activity)
 /// are set explicitly here, far beyond any test's run, so no test depends on the date
-/// or on whether a timer poll happens to run before its assertion.
+/// or on whether a timer poll happens to run before its assertion. Likewise
+/// `agent_authors = "anyone"`: no permission read of a PR's author joins the effects
+/// these tests count (the gate has its own tests: `core::machine::tests::authors`,
+/// `scenarios::authors`).
 pub const QUIET_POLICY: &str = "\
 [defaults]
 stale_after_secs = 31536000
+agent_authors = \"anyone\"
 ";
 
 /// The time fixtures are dated from: the test process's start, less one hour, in

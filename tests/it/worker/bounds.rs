@@ -135,8 +135,10 @@ async fn linked_issue_fan_out_of_100_000_links_is_capped_and_does_not_stall_the_
     assert!(!past, "issue #{} is past the cap", cap + 1);
 }
 
-/// A scenario PR by `alice` whose head fails CI; returns its number.
+/// A scenario PR by `alice` (with write access, so it gets agent work) whose head
+/// fails CI; returns its number.
 async fn open_red_pr(s: &Scenario) -> u64 {
+    s.fake.set_permission(SREPO, "alice", "write");
     let n = s.fake.open_pr(SREPO, NewPr::new("alice", "Add y"));
     let sha = s.fake.head_sha(SREPO, n);
     s.fake

@@ -84,7 +84,10 @@ pub fn fast_poll_policy() -> tempfile::NamedTempFile {
     let mut policy = tempfile::NamedTempFile::new().unwrap();
     write!(
         policy,
-        "[defaults]\nstale_after_secs = 31536000\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\n"
+        // agent_authors = "anyone": the PRs' author (`agent-bot`, not a bot user here)
+        // gets its ci-fix without a permission read; these tests count work, not its
+        // gate (see `scenarios::authors`).
+        "[defaults]\nstale_after_secs = 31536000\nci_poll_initial_secs = 1\nci_poll_max_secs = 2\nagent_authors = \"anyone\"\n"
     )
     .unwrap();
     policy

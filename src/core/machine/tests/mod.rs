@@ -3,6 +3,7 @@
 //! transitions, lifecycle walks and property tests.
 
 mod attempts;
+mod authors;
 mod bounds;
 mod economy;
 mod hostile;
@@ -52,10 +53,15 @@ pub(super) fn sha(c: char) -> Sha {
 /// The default policy with the bot user `bot`, every status written at once
 /// (`status_settle_secs = 0`) so a test sees each phase's status effect; the settling
 /// of short-lived statuses has its own tests ([`settled_policy`]).
+///
+/// `agent_authors = anyone`: these tests are about the work, not about who gets it,
+/// and their PRs are by `alice`, whose permission is never read here; the
+/// `agent_authors` gate has its own tests (`tests/authors.rs`) under its default.
 pub(super) fn policy() -> Policy {
     Policy {
         bot_login: Some(login("bot")),
         status_settle_secs: 0,
+        agent_authors: crate::core::policy::AgentAuthors::Anyone,
         ..Policy::default()
     }
 }
