@@ -320,6 +320,12 @@ pub struct AgentSettings {
     #[arg(long, env = "SHEPHERD_AGENT_SANDBOX_WRITABLE", default_value = "")]
     pub agent_sandbox_writable: String,
 
+    /// Colon-separated paths under `/tmp` (which the sandbox replaces with a private
+    /// tmpfs) that agents must still read: tools installed there (an opencode under
+    /// `/tmp/…/node_modules`). Never a folder of the items.
+    #[arg(long, env = "SHEPHERD_AGENT_SANDBOX_READABLE", default_value = "")]
+    pub agent_sandbox_readable: String,
+
     /// `uid:gid` the sandboxed agents run as when the runner runs as root (never 0; the
     /// agents image's `shepherd-agent` user is 10002:10002). A non-root runner's agents
     /// keep its uid outside their user namespace.
@@ -400,8 +406,28 @@ pub struct AgentsConfig {
     pub sandbox: bool,
     /// Extra writable paths inside the sandbox (`SHEPHERD_AGENT_SANDBOX_WRITABLE`).
     pub sandbox_writable: Vec<PathBuf>,
+    /// Paths under the private `/tmp` still readable inside the sandbox
+    /// (`SHEPHERD_AGENT_SANDBOX_READABLE`).
+    pub sandbox_readable: Vec<PathBuf>,
     /// The uid and gid a root runner's agents run as (`SHEPHERD_AGENT_UID`).
     pub agent_uid: (u32, u32),
+}
+
+#[cfg(test)]
+impl AgentsConfig {
+    /// The defaults of `shepherd agents --agent-command COMMAND`, for unit tests.
+    pub fn for_tests(command: &str) -> Self {
+        #[derive(clap::Parser)]
+        struct A {
+            #[command(flatten)]
+            s: AgentSettings,
+        }
+        <A as clap::Parser>::try_parse_from(["t", "--agent-command", command])
+            .expect("parse")
+            .s
+            .validate()
+            .expect("valid agent settings")
+    }
 }
 
 impl AgentSettings {
@@ -486,12 +512,22 @@ impl AgentSettings {
                 format!("{} is not an absolute path", p.display()),
             ));
         }
+        let sandbox_readable: Vec<PathBuf> = std::env::split_paths(&self.agent_sandbox_readable)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        if let Some(p) = sandbox_readable.iter().find(|p| !p.is_absolute()) {
+            return Err(bad(
+                "SHEPHERD_AGENT_SANDBOX_READABLE",
+                format!("{} is not an absolute path", p.display()),
+            ));
+        }
         let agent_uid = parse_uid_gid(&self.agent_uid).map_err(|e| bad("SHEPHERD_AGENT_UID", e))?;
         Ok(AgentsConfig {
             reviewer_tokens,
             reviewer_tokens_file: self.reviewer_tokens_file.clone(),
             sandbox: self.agent_sandbox == "on",
             sandbox_writable,
+            sandbox_readable,
             agent_uid,
             command,
             max: self.agents_max,

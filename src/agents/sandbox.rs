@@ -63,6 +63,9 @@ pub struct Bwrap {
     work_dir: PathBuf,
     /// Extra writable paths (`SHEPHERD_AGENT_SANDBOX_WRITABLE`).
     writable: Vec<PathBuf>,
+    /// Paths under the private `/tmp` bound back read-only
+    /// (`SHEPHERD_AGENT_SANDBOX_READABLE`).
+    readable: Vec<PathBuf>,
     /// Files hidden inside the sandbox (the runner's secret files).
     hidden: Vec<PathBuf>,
 }
@@ -94,12 +97,14 @@ impl Sandbox {
             })?;
         let work_dir = absolute(&agents.work_dir);
         check_writable(&work_dir, &agents.sandbox_writable)?;
+        check_program_visible(agents, &work_dir)?;
         let run_as = (effective_uid() == 0).then_some(agents.agent_uid);
         Ok(Sandbox::On(Bwrap {
             program,
             run_as,
             work_dir,
             writable: agents.sandbox_writable.clone(),
+            readable: agents.sandbox_readable.clone(),
             // Under another uid the agent reaches only what others may read (and bwrap,
             // running as that uid, could not even mount over the rest).
             hidden: hidden
@@ -210,7 +215,14 @@ impl Bwrap {
         .iter()
         .map(|w| (*w).to_owned())
         .collect();
-        if !self.work_dir.starts_with("/tmp") {
+        for r in &self.readable {
+            out.extend(["--ro-bind-try".into(), s(r), s(r)]);
+        }
+        // The work dir is hidden: by the private /tmp when it is below it, else (or when
+        // a readable path brought it back) by a tmpfs of its own.
+        if !self.work_dir.starts_with("/tmp")
+            || self.readable.iter().any(|r| self.work_dir.starts_with(r))
+        {
             out.extend(["--tmpfs".into(), s(&self.work_dir)]);
         }
         for f in &self.hidden {
@@ -223,6 +235,42 @@ impl Bwrap {
         out.extend(["--chdir".into(), s(cwd), "--".into()]);
         out.extend(argv.iter().cloned());
         out
+    }
+}
+
+/// Refuses an agent program the sandbox would hide: one under `/tmp` (a private tmpfs
+/// inside) or under the work dir, unless a readable or writable path brings it back.
+/// The failure is at start, naming the setting, rather than an `exit:127` per item.
+fn check_program_visible(agents: &AgentsConfig, work_dir: &Path) -> Result<(), String> {
+    let Some(program) = agents.command.first() else {
+        return Ok(());
+    };
+    let Ok(found) = super::launch::resolve_program(program, std::env::var_os("PATH").as_deref())
+    else {
+        return Ok(()); // `agents::run` names a missing program itself.
+    };
+    let mut paths = vec![absolute(&found)];
+    if let Ok(real) = std::fs::canonicalize(&found) {
+        paths.push(real);
+    }
+    let shown = |p: &Path| {
+        agents
+            .sandbox_readable
+            .iter()
+            .chain(&agents.sandbox_writable)
+            .any(|r| p.starts_with(r))
+    };
+    match paths
+        .iter()
+        .find(|p| (p.starts_with("/tmp") || p.starts_with(work_dir)) && !shown(p))
+    {
+        Some(p) => Err(format!(
+            "SHEPHERD_AGENT_COMMAND's program {} is under /tmp or the work dir, which the \
+             sandbox replaces with private, empty folders: install it elsewhere, or name its \
+             folder in SHEPHERD_AGENT_SANDBOX_READABLE",
+            p.display()
+        )),
+        None => Ok(()),
     }
 }
 
@@ -375,8 +423,75 @@ mod tests {
             run_as: Some((AGENT_UID, AGENT_GID)),
             work_dir: "/var/lib/shepherd/work".into(),
             writable: vec!["/cache/npm".into()],
+            readable: Vec::new(),
             hidden: vec!["/etc/shepherd/reviewers".into()],
         }
+    }
+
+    #[test]
+    fn readable_paths_come_back_read_only_and_a_work_dir_below_them_stays_hidden() {
+        let b = Bwrap {
+            work_dir: "/tmp/tools/work".into(),
+            readable: vec!["/tmp/tools".into()],
+            ..bwrap()
+        };
+        let line = b
+            .argv(
+                &["a".into()],
+                Path::new("/tmp/tools/work/shepherd-agent-x"),
+                Path::new("/tmp/tools/work/shepherd-agent-x"),
+            )
+            .join(" ");
+        let pos = |p: &str| {
+            line.find(p)
+                .unwrap_or_else(|| panic!("{p:?} missing: {line}"))
+        };
+        assert!(
+            pos("--tmpfs /tmp ") < pos("--ro-bind-try /tmp/tools /tmp/tools"),
+            "{line}"
+        );
+        assert!(
+            pos("--ro-bind-try /tmp/tools") < pos("--tmpfs /tmp/tools/work"),
+            "{line}"
+        );
+        assert!(
+            pos("--tmpfs /tmp/tools/work") < pos("--bind /tmp/tools/work/shepherd-agent-x"),
+            "{line}"
+        );
+        // A work dir below /tmp and no readable path: the private /tmp hides it.
+        let b = Bwrap {
+            work_dir: "/tmp".into(),
+            readable: vec!["/tmp/tools".into()],
+            ..bwrap()
+        };
+        let line = b
+            .argv(&["a".into()], Path::new("/tmp/x"), Path::new("/tmp/x"))
+            .join(" ");
+        assert!(!line.contains("--tmpfs /tmp/"), "{line}");
+    }
+
+    #[test]
+    fn an_agent_program_the_sandbox_would_hide_is_refused_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap(); // under /tmp
+        let program = dir.path().join("agent");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut agents = crate::config::AgentsConfig::for_tests(&program.display().to_string());
+        agents.work_dir = "/var/lib/shepherd-work".into();
+        if !program.starts_with("/tmp") {
+            return; // TMPDIR elsewhere: nothing under /tmp to hide.
+        }
+        let e = check_program_visible(&agents, Path::new("/var/lib/shepherd-work")).unwrap_err();
+        assert!(e.contains("SHEPHERD_AGENT_SANDBOX_READABLE"), "{e}");
+        agents.sandbox_readable = vec![dir.path().to_owned()];
+        assert!(check_program_visible(&agents, Path::new("/var/lib/shepherd-work")).is_ok());
+        agents.sandbox_readable.clear();
+        agents.sandbox_writable = vec![dir.path().to_owned()];
+        assert!(check_program_visible(&agents, Path::new("/var/lib/shepherd-work")).is_ok());
+        // A program on PATH outside /tmp is visible as it is.
+        let agents = crate::config::AgentsConfig::for_tests("sh");
+        assert!(check_program_visible(&agents, Path::new("/tmp")).is_ok());
     }
 
     #[test]

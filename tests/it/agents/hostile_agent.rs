@@ -640,6 +640,44 @@ async fn the_runner_refuses_to_start_without_its_sandbox() {
         err.contains("the agent sandbox") && err.contains("holds the work dir"),
         "{err}"
     );
+    // An agent program below /tmp would be hidden by the private /tmp: refused at start
+    // (not an `exit:127` per item), until SHEPHERD_AGENT_SANDBOX_READABLE names it.
+    let dir = tempfile::Builder::new()
+        .tempdir_in("/tmp")
+        .expect("a folder under /tmp");
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(&agent, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let start = |readable: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .arg("agents")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("SHEPHERD_AGENT_COMMAND", agent.display().to_string())
+            .env("SHEPHERD_AGENT_SANDBOX_READABLE", readable)
+            .env("SHEPHERD_FORGEJO_URL", "http://127.0.0.1:1")
+            .env("SHEPHERD_FORGEJO_TOKEN", "t")
+            .env("SHEPHERD_REDIS_URL", "redis://127.0.0.1:1")
+            .env("SHEPHERD_LISTEN", "127.0.0.1:0")
+            .kill_on_drop(true)
+            .output()
+    };
+    let out = start("").await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("is under /tmp or the work dir")
+            && err.contains("SHEPHERD_AGENT_SANDBOX_READABLE"),
+        "{err}"
+    );
+    // Named readable, the sandbox's checks pass: the runner goes on to Redis, which is
+    // not there (it ends or keeps trying; either way it got past the sandbox).
+    let named = dir.path().display().to_string();
+    if let Ok(out) = tokio::time::timeout(std::time::Duration::from_secs(10), start(&named)).await {
+        let err = String::from_utf8_lossy(&out.unwrap().stderr).into_owned();
+        assert!(!err.contains("is under /tmp or the work dir"), "{err}");
+        assert!(!err.contains("the agent sandbox"), "{err}");
+    }
 }
 
 /// Finding 2, the runner's death: a runner killed with SIGKILL takes its sandboxed

@@ -25,10 +25,19 @@ fn sandboxed(
 ) -> crate::support::shepherd::Builder {
     super::open_to_agents(project.root());
     super::open_to_agents(marks);
-    runner.env("SHEPHERD_AGENT_SANDBOX", "on").env(
-        "SHEPHERD_AGENT_SANDBOX_WRITABLE",
-        format!("{}:{}", project.root().display(), marks.display()),
-    )
+    runner
+        .env("SHEPHERD_AGENT_SANDBOX", "on")
+        .env(
+            "SHEPHERD_AGENT_SANDBOX_WRITABLE",
+            format!("{}:{}", project.root().display(), marks.display()),
+        )
+        // opencode itself, wherever the checkout is (under /tmp, it would be hidden).
+        .env(
+            "SHEPHERD_AGENT_SANDBOX_READABLE",
+            crate::support::opencode::opencode_root()
+                .display()
+                .to_string(),
+        )
 }
 
 /// opencode takes seconds per run; this bounds a hang, it measures nothing.

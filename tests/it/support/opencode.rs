@@ -22,6 +22,21 @@ pub const OPENCODE_VERSION: &str = "1.18.33";
 /// The provider id of the stub in `opencode.json` (models are `stub/<id>`).
 pub const PROVIDER: &str = "stub";
 
+/// The folder a sandboxed opencode must still read: the install's root (the folder
+/// holding `node_modules`, which the `.bin` link and the platform binary live in), or
+/// the binary's own folder. `SHEPHERD_AGENT_SANDBOX_READABLE` names it, for a checkout
+/// under `/tmp` (the sandbox's `/tmp` is private and empty).
+pub fn opencode_root() -> PathBuf {
+    let bin = opencode_bin();
+    let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
+    bin.ancestors()
+        .find(|d| d.file_name().is_some_and(|n| n == "node_modules"))
+        .and_then(Path::parent)
+        .or_else(|| bin.parent())
+        .expect("the opencode binary has a folder")
+        .to_owned()
+}
+
 /// The agent file the tests use, named as Shepherd's default agent of every kind.
 pub const AGENT: &str = "implementation-worker";
 
