@@ -40,18 +40,6 @@ fn dispatched_attempt(h: &H) -> Option<u32> {
     })
 }
 
-/// A permission read of `who`.
-fn permission(who: &str, p: Permission, at: i64) -> Event {
-    Event::ObservedPermission {
-        repo: repo(),
-        scope: Scope::Pr,
-        number: PR,
-        login: login(who),
-        permission: p,
-        at_ms: at,
-    }
-}
-
 /// A push of head `head` by `who`.
 fn push(h: &mut H, head: char, who: &str) -> Vec<String> {
     h.later(10);

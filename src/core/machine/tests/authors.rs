@@ -36,18 +36,6 @@ fn with(which: AgentAuthors) -> Policy {
     }
 }
 
-/// A permission read of `who`.
-fn permission(who: &str, p: Permission, at: i64) -> Event {
-    Event::ObservedPermission {
-        repo: repo(),
-        scope: Scope::Pr,
-        number: PR,
-        login: login(who),
-        permission: p,
-        at_ms: at,
-    }
-}
-
 /// A record under `p` whose PR by `author` was opened, the author's permission known
 /// as the kind says.
 fn opened(p: Policy, author: Author) -> H {

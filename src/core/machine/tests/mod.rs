@@ -205,6 +205,18 @@ pub(super) fn comment(id: i64, body: &str, sender: &str) -> Event {
     }
 }
 
+/// A permission read of `who`.
+pub(super) fn permission(who: &str, p: crate::core::event::Permission, at: i64) -> Event {
+    Event::ObservedPermission {
+        repo: repo(),
+        scope: Scope::Pr,
+        number: PR,
+        login: login(who),
+        permission: p,
+        at_ms: at,
+    }
+}
+
 /// A review webhook (a hint).
 pub(super) fn review_hint(pr: PrSnapshot, who: &str) -> Event {
     Event::Review {
