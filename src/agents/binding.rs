@@ -257,6 +257,14 @@ async fn load_work(store: &Store, owner: &WorkOwner) -> anyhow::Result<Option<Wo
 mod tests {
     use super::*;
 
+    /// A claim expiry `ms` after the test process's start (RFC 3339, as the work item
+    /// carries it): the same instant for every item a test builds.
+    fn claim_in(ms: i64) -> String {
+        static START_MS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+        let start = *START_MS.get_or_init(crate::agents::job::now_ms);
+        crate::ops::timefmt::rfc3339(start + ms)
+    }
+
     fn item(kind: &str) -> WorkItem {
         let issue = kind == "issue-impl";
         let mut v = serde_json::json!({
@@ -265,7 +273,7 @@ mod tests {
             "head_sha": if issue { serde_json::Value::Null }
                         else { "0123456789abcdef0123456789abcdef01234567".into() },
             "tier": 0, "tier_name": "haiku", "attempt": 2, "priority": 25,
-            "claim_expires_at": "2030-01-01T00:00:00.000Z",
+            "claim_expires_at": claim_in(3_600_000),
             "context": {"failing_checks": [], "change_requests": [], "attempts": []}
         });
         if kind == "review" {
@@ -363,7 +371,7 @@ mod tests {
             (
                 "claim",
                 edit(&record, |v| {
-                    v["claim_expires_at"] = "2031-01-01T00:00:00.000Z".into();
+                    v["claim_expires_at"] = claim_in(7_200_000).into();
                 }),
                 Refusal::Item,
             ),

@@ -441,7 +441,7 @@ mod tests {
             "id": "o:r:pr:4:2", "kind": "review", "repo": "o/r", "number": 4,
             "head_sha": "0123456789abcdef0123456789abcdef01234567", "tier": 0,
             "tier_name": "haiku", "attempt": 1, "priority": 25,
-            "claim_expires_at": "2030-01-01T00:00:00.000Z",
+            "claim_expires_at": crate::ops::timefmt::rfc3339(crate::agents::job::now_ms() + 3_600_000),
             "context": {"failing_checks": [], "change_requests": [], "attempts": []}
         }))
         .unwrap();
