@@ -89,7 +89,8 @@ pub struct Shared {
     pub agents: AgentsConfig,
     /// The allow-listed part of the runner's environment, read once at start.
     pub base_env: Vec<(OsString, OsString)>,
-    /// Secret values masked in agents' output.
+    /// Every form of the secrets masked in agents' output
+    /// ([`outcome::masked_forms`], computed once at start).
     pub secrets: Vec<String>,
     /// Forks the agents.
     pub spawner: Spawner,
@@ -356,7 +357,7 @@ async fn supervise(
                 break Ended::Stopped(reason);
             }
             _ = snapshot.tick() => {
-                let text = outcome::mask(&capture.lock().expect("capture lock").text(), &shared.secrets);
+                let text = outcome::mask_forms(&capture.lock().expect("capture lock").text(), &shared.secrets);
                 save_log(shared, &run.work_id, &text).await;
             }
         }
@@ -383,7 +384,7 @@ async fn conclude(
     let m = &shared.metrics.agents;
     let (output, total) = {
         let mut c = capture.lock().expect("capture lock");
-        (outcome::mask(&c.text(), &shared.secrets), c.total())
+        (outcome::mask_forms(&c.text(), &shared.secrets), c.total())
     };
     run.output_bytes = Some(total);
     let finish = match ended {
@@ -399,7 +400,7 @@ async fn conclude(
     let file = outcome::read_result_file_off_thread(files.result.clone()).await;
     let result = outcome::decide(finish, file, &output);
     let log = match &result.log_note {
-        Some(note) => format!("{output}\n{}", outcome::mask(note, &shared.secrets)),
+        Some(note) => format!("{output}\n{}", outcome::mask_forms(note, &shared.secrets)),
         None => output,
     };
     save_log(shared, &id, &log).await;
@@ -428,8 +429,12 @@ async fn conclude(
         }
         report = super::review::post(reviewer, item, &files.review).await;
     }
-    report.summary = report.summary.map(|s| outcome::mask(&s, &shared.secrets));
-    report.signature = report.signature.map(|s| outcome::mask(&s, &shared.secrets));
+    report.summary = report
+        .summary
+        .map(|s| outcome::mask_forms(&s, &shared.secrets));
+    report.signature = report
+        .signature
+        .map(|s| outcome::mask_forms(&s, &shared.secrets));
     report_result(shared, item, run, &report).await?;
     run.state = RunState::Finished;
     count_finished(m, run);

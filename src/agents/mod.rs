@@ -108,7 +108,7 @@ pub async fn run(
         .context("starting the agent spawning thread")?;
     let shared = Arc::new(job::Shared {
         base_env: base_env(&agents),
-        secrets: secrets(&config, &agents),
+        secrets: outcome::masked_forms(&secrets(&config, &agents)),
         store: store.clone(),
         forgejo,
         policy,

@@ -346,12 +346,29 @@ fn tail(text: &str) -> String {
 /// each of the three alignments it can have inside a longer encoded text). Defence in
 /// depth: the sandbox keeps secrets from agents in the first place.
 pub fn mask(text: &str, secrets: &[String]) -> String {
+    mask_forms(text, &masked_forms(secrets))
+}
+
+/// Every form [`mask`] hides of `secrets` ([`disguises`] of each secret of four bytes
+/// or more), longest first: the runner computes it once at start and masks with
+/// [`mask_forms`].
+pub fn masked_forms(secrets: &[String]) -> Vec<String> {
+    let mut forms: Vec<String> = secrets
+        .iter()
+        .filter(|s| s.len() >= 4)
+        .flat_map(|s| disguises(s))
+        .collect();
+    forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    forms.dedup();
+    forms
+}
+
+/// Replaces every occurrence of each of `forms` (from [`masked_forms`]) with `***`.
+pub fn mask_forms(text: &str, forms: &[String]) -> String {
     let mut out = text.to_owned();
-    for s in secrets.iter().filter(|s| s.len() >= 4) {
-        for form in disguises(s) {
-            if out.contains(form.as_str()) {
-                out = out.replace(form.as_str(), "***");
-            }
+    for form in forms {
+        if out.contains(form.as_str()) {
+            out = out.replace(form.as_str(), "***");
         }
     }
     out
@@ -368,7 +385,8 @@ pub fn disguises(secret: &str) -> Vec<String> {
     for k in 0..3 {
         let mut bytes = vec![0u8; k];
         bytes.extend_from_slice(secret.as_bytes());
-        let encoded = base64(&bytes);
+        let encoded =
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD_NO_PAD, &bytes);
         // The characters that depend on the secret's bytes alone.
         let start = (4 * k).div_ceil(3);
         let end = 8 * (k + secret.len()) / 6;
@@ -381,25 +399,6 @@ pub fn disguises(secret: &str) -> Vec<String> {
     forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
     forms.dedup();
     forms
-}
-
-/// Standard base64 without padding.
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        let chars = chunk.len() + 1;
-        for i in 0..chars {
-            out.push(char::from(ABC[((n >> (18 - 6 * i)) & 63) as usize]));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -493,8 +492,8 @@ mod tests {
     fn disguised_secrets_are_masked() {
         let secret = "tok-3f9a7c2e1b";
         let secrets = [secret.to_owned()];
-        let b64 = |s: &str| base64(s.as_bytes());
-        assert_eq!(base64(b"hello"), "aGVsbG8");
+        let b64 =
+            |s: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD_NO_PAD, s);
         for text in [
             format!("raw {secret} end"),
             format!("rev {} end", secret.chars().rev().collect::<String>()),
