@@ -277,6 +277,8 @@ async fn fail_early(
         outcome: crate::core::event::WorkOutcome::Failed,
         signature: Some(signature.to_owned()),
         summary: Some(why),
+        usage: None,
+        stopped: None,
     };
     report_result(shared, item, run, &report).await?;
     run.state = RunState::Finished;

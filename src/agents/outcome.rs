@@ -259,6 +259,8 @@ pub fn decide(
         outcome: WorkOutcome::Failed,
         signature: Some(signature.to_owned()),
         summary: Some(with_tail(what)),
+        usage: None,
+        stopped: None,
     };
     let plain = |report| AgentResult {
         report,
@@ -287,6 +289,8 @@ pub fn decide(
                     outcome: f.outcome,
                     signature: f.signature,
                     summary,
+                    usage: None,
+                    stopped: None,
                 },
                 tokens: f.tokens,
                 cost: f.cost.filter(|c| c.is_finite() && *c >= 0.0),
@@ -301,6 +305,8 @@ pub fn decide(
             outcome: WorkOutcome::Succeeded,
             signature: None,
             summary: (!tail.is_empty()).then_some(tail),
+            usage: None,
+            stopped: None,
         });
     }
     let signature = exit_signature(status);

@@ -388,6 +388,7 @@ mod samples {
             attempt: 2,
             priority: kind.priority(),
             claim_expires_at: 0,
+            limits: Default::default(),
             context: WorkContext {
                 failing_checks: vec![FailingCheck {
                     context: "ci / test".into(),

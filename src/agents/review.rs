@@ -242,6 +242,8 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
         outcome: WorkOutcome::Failed,
         signature: Some(signature.to_owned()),
         summary: Some(why),
+        usage: None,
+        stopped: None,
     };
     let file = match read_review_file_off_thread(path).await {
         Ok(f) => f,
@@ -262,6 +264,8 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
                 outcome: WorkOutcome::Succeeded,
                 signature: None,
                 summary: Some(summary),
+                usage: None,
+                stopped: None,
             };
         }
         Ok(false) => {}
@@ -298,6 +302,8 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
                     outcome: WorkOutcome::Succeeded,
                     signature: None,
                     summary: Some(summary),
+                    usage: None,
+                    stopped: None,
                 };
             }
             Err(e) if e.is_retryable() && attempt < POST_TRIES => {
@@ -311,6 +317,8 @@ pub async fn post(reviewer: &ForgejoClient, item: &WorkItem, path: &Path) -> Res
                         outcome: WorkOutcome::Succeeded,
                         signature: None,
                         summary: Some(summary),
+                        usage: None,
+                        stopped: None,
                     };
                 }
             }

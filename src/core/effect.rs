@@ -303,6 +303,10 @@ pub struct WorkItem {
     pub claim_expires_at: i64,
     /// What the agent needs to know.
     pub context: WorkContext,
+    /// The limits the runner holds the run to (issue 28: the budget left, runaway
+    /// guards); omitted when none is set.
+    #[serde(default, skip_serializing_if = "super::usage::RunLimits::is_none")]
+    pub limits: super::usage::RunLimits,
 }
 
 /// The `context` object of a work item.

@@ -308,6 +308,12 @@ pub enum Event {
         signature: Option<String>,
         /// A line for the history.
         summary: Option<String>,
+        /// What the run consumed, when the runner or the agent said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<super::usage::Usage>,
+        /// Why the runner stopped the agent, when it did (issue 28).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stopped: Option<super::usage::StopReason>,
     },
     /// An effect's outcome after the executor's checks and retries.
     EffectOutcome {

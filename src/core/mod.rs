@@ -19,3 +19,4 @@ pub mod queue;
 pub mod record;
 pub mod route;
 pub mod texts;
+pub mod usage;

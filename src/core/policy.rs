@@ -241,6 +241,57 @@ policy_settings! {
     /// How long the queue's head may wait for its CI to settle on top of the tip, in
     /// seconds; then it leaves the head (reason `ci-timeout`) for the next PR.
     merge_queue_ci_timeout_secs: u64 = 7200;
+    /// Spend caps (issue 28; 0 = no cap, the default), in US dollars: the most one run
+    /// may cost. Every applicable cap is checked before dispatch and during the run,
+    /// and the tightest remaining one decides (docs/costs.md).
+    budget_run_usd: f64 = 0.0;
+    /// The most one PR's runs may cost in all (its lifetime), in US dollars.
+    budget_pr_usd: f64 = 0.0;
+    /// The most one repository's runs may cost per UTC day, in US dollars.
+    budget_repo_daily_usd: f64 = 0.0;
+    /// The most one repository's runs may cost per UTC month, in US dollars.
+    budget_repo_monthly_usd: f64 = 0.0;
+    /// The most one organisation's (owner's) runs may cost per UTC day, in US dollars.
+    budget_org_daily_usd: f64 = 0.0;
+    /// The most one organisation's runs may cost per UTC month, in US dollars.
+    budget_org_monthly_usd: f64 = 0.0;
+    /// The most the whole instance's runs may cost per UTC day, in US dollars.
+    budget_instance_daily_usd: f64 = 0.0;
+    /// The most the whole instance's runs may cost per UTC month, in US dollars.
+    budget_instance_monthly_usd: f64 = 0.0;
+    /// The most input + output tokens one run may use (0 = no cap).
+    budget_run_tokens: u64 = 0;
+    /// The most input + output tokens one PR's runs may use in all (0 = no cap).
+    budget_pr_tokens: u64 = 0;
+    /// The most input + output tokens per repository per UTC day (0 = no cap).
+    budget_repo_daily_tokens: u64 = 0;
+    /// The most input + output tokens per repository per UTC month (0 = no cap).
+    budget_repo_monthly_tokens: u64 = 0;
+    /// The most input + output tokens per organisation per UTC day (0 = no cap).
+    budget_org_daily_tokens: u64 = 0;
+    /// The most input + output tokens per organisation per UTC month (0 = no cap).
+    budget_org_monthly_tokens: u64 = 0;
+    /// The most input + output tokens for the instance per UTC day (0 = no cap).
+    budget_instance_daily_tokens: u64 = 0;
+    /// The most input + output tokens for the instance per UTC month (0 = no cap).
+    budget_instance_monthly_tokens: u64 = 0;
+    /// Runaway guard: model steps per run before the runner stops the agent
+    /// (outcome `over-steps`; 0 = off).
+    max_steps_per_run: u32 = 0;
+    /// Runaway guard: tool calls per run before the runner stops the agent (outcome
+    /// `over-tool-calls`; 0 = off).
+    max_tool_calls_per_run: u32 = 0;
+    /// Runaway guard: seconds with no output and no usage before the runner stops the
+    /// agent (outcome `idle`; 0 = off).
+    agent_idle_timeout_secs: u64 = 0;
+    /// Runaway guard: the same tool call with the same arguments this many times in a
+    /// row is a loop, and the runner stops the agent (outcome `loop`; 0 = off).
+    max_repeats_per_run: u32 = 0;
+    /// Volume cap: no `issue-impl` work while the bot's open PRs in the repository are
+    /// this many (0 = no cap).
+    max_open_agent_prs: u32 = 0;
+    /// Volume cap: agent runs started per repository per hour (0 = no cap).
+    max_runs_per_hour: u32 = 0;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();

@@ -173,6 +173,8 @@ pub(crate) fn orphan_result() -> Event {
         outcome: WorkOutcome::Failed,
         signature: None,
         summary: None,
+        usage: None,
+        stopped: None,
     }
 }
 
@@ -371,6 +373,8 @@ fn named_cases() -> Vec<Case> {
                 outcome: WorkOutcome::Succeeded,
                 signature: None,
                 summary: None,
+                usage: None,
+                stopped: None,
             },
             stored: Vec::new(),
             want: vec!["issue 3 named"],

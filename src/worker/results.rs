@@ -44,6 +44,12 @@ pub struct ResultReport {
     /// One line for the history (cut to `MAX_SUMMARY_BYTES`, marked, when longer).
     #[serde(default)]
     pub summary: Option<String>,
+    /// What the run consumed (issue 28), when the runner or the agent said.
+    #[serde(default)]
+    pub usage: Option<crate::core::usage::Usage>,
+    /// Why the runner stopped the agent, when it did.
+    #[serde(default)]
+    pub stopped: Option<crate::core::usage::StopReason>,
 }
 
 /// What became of a submitted result.
@@ -90,6 +96,8 @@ pub async fn submit(
             .summary
             .as_deref()
             .map(|s| bounded_text(s, MAX_SUMMARY_BYTES)),
+        usage: report.usage.clone(),
+        stopped: report.stopped,
     };
     let body = serde_json::to_string(&event).map_err(|e| StoreError::Protocol {
         script: "report",

@@ -114,6 +114,7 @@ pub(crate) fn apply(
             outcome,
             signature,
             summary,
+            ..
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Pr, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());

@@ -430,6 +430,7 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             outcome,
             signature,
             summary,
+            ..
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Issue, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());

@@ -20,6 +20,7 @@ use super::super::record::{
     ActiveWork, Attempt, AttemptOutcome, Hold, MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES,
     WORK_ITEM_ATTEMPTS, WorkState, bounded_text,
 };
+use super::super::usage::RunLimits;
 use super::Fx;
 
 /// The tier a dispatch of `kind` for problem `signature` gets.
@@ -137,6 +138,7 @@ pub(crate) fn dispatch(
         priority: spec.kind.priority(),
         claim_expires_at: expires_ms,
         context,
+        limits: guard_limits(policy),
     };
     fx.push(EffectKind::Dispatch(item.clone()));
     fx.push(EffectKind::Schedule(claim_timer(&item)));
@@ -146,6 +148,19 @@ pub(crate) fn dispatch(
         dispatched_ms: now,
         expires_ms,
     });
+}
+
+/// The runaway guards of a new work item, from the policy (0 = off). The budget
+/// figures of [`RunLimits`] are set later, where the ledger is read (issue 28).
+fn guard_limits(policy: &Policy) -> RunLimits {
+    let on32 = |v: u32| (v > 0).then_some(v);
+    RunLimits {
+        max_steps: on32(policy.max_steps_per_run),
+        max_tool_calls: on32(policy.max_tool_calls_per_run),
+        idle_secs: (policy.agent_idle_timeout_secs > 0).then_some(policy.agent_idle_timeout_secs),
+        max_repeats: on32(policy.max_repeats_per_run),
+        ..RunLimits::default()
+    }
 }
 
 /// The timer that ends `item`'s claim at its expiry (an expired claim is a failed

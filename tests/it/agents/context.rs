@@ -58,6 +58,7 @@ pub(super) fn work_item(kind: WorkKind, number: u64, head: Option<&str>) -> Work
         attempt: 2,
         priority: kind.priority(),
         claim_expires_at: (fixture_epoch_secs() + 7_200) * 1000,
+        limits: Default::default(),
         context: WorkContext {
             attempts: vec![AttemptSummary {
                 kind,

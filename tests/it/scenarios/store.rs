@@ -59,6 +59,8 @@ async fn scenario_store_finish_park_dispatch_and_lock() {
         outcome: shepherd::core::event::WorkOutcome::Failed,
         signature: None,
         summary: None,
+        usage: None,
+        stopped: None,
     };
     let internal = [InternalEvent::new("o/r/pr/1@2.0", 0, "o/r", &event, 42)];
     let first = delivered(&store, &[("id", "o/r/pr/1@2.0")]).await;

@@ -58,6 +58,8 @@ async fn every_writer_of_events_entries_writes_one_layout() {
         outcome: WorkOutcome::Succeeded,
         signature: None,
         summary: None,
+        usage: None,
+        stopped: None,
     };
 
     // 1. A due timer, popped by lua/timers.lua.

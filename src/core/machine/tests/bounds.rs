@@ -126,6 +126,8 @@ fn an_oversized_agent_summary_is_cut_before_it_enters_the_record() {
         outcome: WorkOutcome::Failed,
         signature: Some("s".repeat(1_000_000)),
         summary: Some(huge),
+        usage: None,
+        stopped: None,
     });
     let a = h.r.work.attempts.last().unwrap();
     let summary = a.summary.as_deref().unwrap();

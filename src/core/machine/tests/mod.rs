@@ -164,6 +164,8 @@ pub(super) fn result(id: &WorkId, outcome: WorkOutcome) -> Event {
         outcome,
         signature: None,
         summary: Some("did things".into()),
+        usage: None,
+        stopped: None,
     }
 }
 
