@@ -102,6 +102,9 @@ pub enum EffectKind {
         #[serde(default = "yes")]
         may_update: bool,
     },
+    /// Freeze or unfreeze a branch's merge queue (`core::queue::freeze`); the queue's
+    /// head is told its place, so a head a freeze held asks again at once.
+    QueueFreeze(crate::core::queue::freeze::FreezeOp),
     /// Read something from the API; the result comes back as an `Observed*` event.
     Observe(ObserveWhat),
     /// Fire a timer later (same timer id replaces an earlier schedule).
@@ -121,6 +124,7 @@ impl EffectKind {
             EffectKind::Merge { .. } => EffectKindName::Merge,
             EffectKind::Queue(_) => EffectKindName::Queue,
             EffectKind::QueueAdvance { .. } => EffectKindName::QueueAdvance,
+            EffectKind::QueueFreeze(_) => EffectKindName::QueueFreeze,
             EffectKind::Observe(_) => EffectKindName::Observe,
             EffectKind::Schedule(_) => EffectKindName::Schedule,
         }
@@ -149,6 +153,8 @@ pub enum EffectKindName {
     Queue,
     /// `QueueAdvance`.
     QueueAdvance,
+    /// `QueueFreeze`.
+    QueueFreeze,
     /// `Observe`.
     Observe,
     /// `Schedule`.

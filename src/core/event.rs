@@ -131,6 +131,15 @@ pub enum MergeOutcome {
     /// Merge queue: the tip moved between the checks and the merge (a
     /// fast-forward-only merge that could not fast-forward); the head is updated again.
     BaseMoved,
+    /// Merge queue: the branch's queue is frozen (`core::queue::freeze`): nothing was
+    /// updated or merged; ask again in `retry_ms` (or when the queue tells the PR its
+    /// place again, as an unfreeze does).
+    Frozen {
+        /// Why and until when (shown in the status comment).
+        note: String,
+        /// How long to wait, in milliseconds.
+        retry_ms: u64,
+    },
     /// Anything else (protection refused, not allowed, …): a human must look.
     FailedPermanent {
         /// Forgejo's message.

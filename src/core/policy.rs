@@ -241,6 +241,15 @@ policy_settings! {
     /// How long the queue's head may wait for its CI to settle on top of the tip, in
     /// seconds; then it leaves the head (reason `ci-timeout`) for the next PR.
     merge_queue_ci_timeout_secs: u64 = 7200;
+    /// Freeze windows of the merge queue, UTC (`[{ branch, days, from, to, reason }]`,
+    /// `core::queue::freeze`): nothing merges through the branch's queue while one lasts.
+    merge_queue_freeze: Vec<super::queue::freeze::FreezeWindow> = Vec::new();
+    /// A frozen queue keeps testing its head (update onto the tip, CI), so the head
+    /// merges as soon as the freeze ends; off: it waits untested.
+    merge_queue_freeze_test: bool = true;
+    /// Label of a PR that goes to the front of its queue and merges through a freeze
+    /// (empty: none).
+    merge_queue_hotfix_label: String = "hotfix".into();
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();
@@ -374,6 +383,8 @@ impl Policy {
         if self.merge_queue_ci_timeout_secs == 0 {
             return Err(invalid("merge_queue_ci_timeout_secs", "must be at least 1"));
         }
+        super::queue::freeze::validate(&self.merge_queue_freeze)
+            .map_err(|problem| invalid("merge_queue_freeze", &problem))?;
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
         }

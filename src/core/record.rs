@@ -144,6 +144,10 @@ pub struct QueueFacts {
     /// The head's CI did not settle in time: the record parks (`ci-timeout`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ci_timed_out: bool,
+    /// The head was held by a freeze of its queue: why and until when (the status
+    /// comment shows it); cleared when the queue tells the PR its place again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<String>,
 }
 
 /// What a PR asked of its branch's queue.

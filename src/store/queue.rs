@@ -134,3 +134,44 @@ pub async fn apply(
         reply: format!("{key}: lost {CAS_TRIES} times in a row"),
     })
 }
+
+/// Changes the queue of `branch` with `change` (false: it changed nothing, nothing is
+/// written) under compare-and-set, as [`apply`] does for ops; returns the queue after
+/// and whether it changed. Used for what is not a PR's op (a freeze).
+pub async fn change(
+    conn: &mut Conn,
+    keys: &Keys,
+    repo: &str,
+    branch: &str,
+    mut change: impl FnMut(&mut BranchQueue) -> bool,
+) -> Result<(BranchQueue, bool), StoreError> {
+    let key = keys.merge_queue(repo, branch);
+    for _ in 0..CAS_TRIES {
+        let before = load(conn, keys, repo, branch).await?;
+        let mut after = before.clone();
+        if !change(&mut after) {
+            return Ok((before, false));
+        }
+        after.version = before.version + 1;
+        let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let written: i64 = CAS
+            .key(&key)
+            .key(keys.merge_queues(repo))
+            .arg(before.version)
+            .arg(after.version)
+            .arg(data)
+            .arg(branch)
+            .invoke_async(conn)
+            .await?;
+        if written == 1 {
+            return Ok((after, true));
+        }
+    }
+    Err(StoreError::Protocol {
+        script: "merge-queue compare-and-set",
+        reply: format!("{key}: lost {CAS_TRIES} times in a row"),
+    })
+}

@@ -330,6 +330,9 @@ fn after_commands(
     if let Some(c) = status.queue {
         super::queue::on_command(r, c, now, policy, fx);
     }
+    if let Some(op) = status.freeze {
+        super::queue::on_freeze_command(r, op, policy, fx);
+    }
     if status.retry && matches!(r.merge, MergeState::Backoff { .. }) {
         r.merge = MergeState::Idle;
     }
@@ -682,6 +685,12 @@ fn on_outcome(
     fx: &mut Fx,
 ) -> bool {
     let in_flight = matches!(r.merge, MergeState::InFlight { .. });
+    if let EffectOutcome::Merge(m) = outcome
+        && in_flight
+        && !matches!(m, MergeOutcome::Frozen { .. })
+    {
+        r.queue.frozen = None;
+    }
     match outcome {
         EffectOutcome::Merge(MergeOutcome::Merged) => {
             if let Some(pr) = &mut r.pr {
@@ -707,6 +716,13 @@ fn on_outcome(
             true
         }
         EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {
+            let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
+            wait_for_lease(r, now.saturating_add(delay), fx);
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::Frozen { note, retry_ms }) => {
+            // Held by a freeze: asks again at its end (or when the queue says so).
+            r.queue.frozen = Some(note.clone());
             let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
             wait_for_lease(r, now.saturating_add(delay), fx);
             true
@@ -751,6 +767,7 @@ fn on_outcome(
             | EffectKindName::Merge
             | EffectKindName::Queue
             | EffectKindName::QueueAdvance
+            | EffectKindName::QueueFreeze
             | EffectKindName::Observe
             | EffectKindName::Schedule => false,
         },

@@ -192,6 +192,7 @@ fn effect_label(kind: &EffectKind) -> String {
         EffectKind::Merge { head_sha, .. } => format!("merge {head_sha}"),
         EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
         EffectKind::QueueAdvance { head_sha, .. } => format!("advance queue {head_sha}"),
+        EffectKind::QueueFreeze(op) => format!("queue {:?} {}", op.action, op.branch),
         EffectKind::Observe(w) => format!("observe {w:?}"),
         EffectKind::Schedule(t) => format!("timer {}", t.kind.name()),
     }

@@ -14,7 +14,8 @@
 use super::super::event::PrState;
 use super::super::ids::Sha;
 use super::super::policy::Policy;
-use super::super::queue::{Departure, Ejection, Place, QueueAction, QueueOp};
+use super::super::queue::freeze::{FreezeAction, FreezeOp};
+use super::super::queue::{Departure, Ejection, Place, Priority, QueueAction, QueueOp};
 use super::super::record::{ConflictFact, MergeState, PrRecord, QueueMembership};
 use super::plan::{CiView, Plan, Want, ci_view};
 use super::{Fx, Phase};
@@ -78,6 +79,14 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
             Some(_) => "tested on top of the tip",
             None => "head of the queue",
         };
+        if let Some(note) = &r.queue.frozen {
+            // The record asks again when the freeze should end (its back-off timer).
+            return Plan {
+                phase: Phase::Queued,
+                reason: format!("{how} of `{branch}`, but {note}: {sha} merges after it"),
+                want: Want::Merge { sha },
+            };
+        }
         return Plan {
             phase: Phase::Queued,
             reason: format!("{how} of `{branch}`: merging {sha} once it is on the tip"),
@@ -163,6 +172,56 @@ fn out_of_updates(r: &PrRecord, policy: &Policy) -> bool {
     max > 0 && r.queue.updates > max
 }
 
+/// The priority the PR joins with: `hotfix` while it carries the policy's
+/// `merge_queue_hotfix_label`, else its `/shepherd priority`.
+fn priority(r: &PrRecord, policy: &Policy) -> Priority {
+    let label = &policy.merge_queue_hotfix_label;
+    let hotfix = !label.is_empty() && (r.pr.as_ref()).is_some_and(|p| p.labels.contains(label));
+    match hotfix {
+        true => Priority::Hotfix,
+        false => r.queue.priority,
+    }
+}
+
+/// `/shepherd freeze|unfreeze <branch>` by a user with write access: the queue of
+/// that branch is changed by the executor (`QueueFreeze`); the comment says what
+/// follows.
+pub(crate) fn on_freeze_command(r: &PrRecord, op: FreezeOp, policy: &Policy, fx: &mut Fx) {
+    if !policy.merge_queue {
+        fx.comment(
+            r.number,
+            "The merge queue is not enabled for this repository (policy `merge_queue`): \
+             there is no queue to freeze."
+                .to_owned(),
+        );
+        return;
+    }
+    let branch = op.branch.clone();
+    let text = match &op.action {
+        FreezeAction::Freeze { .. } => {
+            let hotfix = match policy.merge_queue_hotfix_label.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; PRs labelled `{}` still merge",
+                    policy.merge_queue_hotfix_label
+                ),
+            };
+            format!(
+                "Freezing the merge queue of `{branch}` (by @{}): nothing merges until \
+                 `/shepherd unfreeze {branch}`{hotfix}.",
+                op.by
+            )
+        }
+        FreezeAction::Unfreeze => format!(
+            "Unfreezing the merge queue of `{branch}` (by @{}); a freeze window of the \
+             policy still holds while it lasts.",
+            op.by
+        ),
+    };
+    fx.push(EffectKind::QueueFreeze(op));
+    fx.comment(r.number, text);
+}
+
 /// The PR's target branch.
 fn base_branch(r: &PrRecord) -> String {
     r.pr.as_ref()
@@ -213,7 +272,7 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
         if out_of_updates(r, policy) {
             return Wish::Requeue(Ejection::BaseMoving);
         }
-        let same = member.is_some_and(|m| m.parked.is_none() && m.priority == r.queue.priority);
+        let same = member.is_some_and(|m| m.parked.is_none() && m.priority == priority(r, policy));
         return match same {
             true => Wish::Keep,
             false => Wish::Join(pr.base_ref.clone()),
@@ -311,12 +370,12 @@ fn sync_membership(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) 
     let (branch, action) = match wish {
         Wish::Keep => return,
         Wish::Join(to) => {
+            let priority = priority(r, policy);
             r.queue.membership = Some(QueueMembership {
                 branch: to.clone(),
                 parked: None,
-                priority: r.queue.priority,
+                priority,
             });
-            let priority = r.queue.priority;
             (to, QueueAction::Join { priority })
         }
         Wish::Park(reason) => {
@@ -357,6 +416,7 @@ fn park(r: &mut PrRecord, reason: Ejection) {
     r.queue.updates = 0;
     r.queue.ci_timed_out = false;
     r.queue.ci_wait = None;
+    r.queue.frozen = None;
 }
 
 /// The queue says where the PR stands. Notices can arrive out of order and be
@@ -371,6 +431,10 @@ pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
         || known.is_some_and(|p| p.version > place.version || p == place)
     {
         return false;
+    }
+    if r.queue.frozen.take().is_some() && matches!(r.merge, MergeState::Backoff { .. }) {
+        // The queue spoke (an unfreeze tells the head): ask again now.
+        r.merge = MergeState::Idle;
     }
     if !place.head && r.queue.place.as_ref().is_some_and(|p| p.head) {
         // No longer the head (the queue dropped it): stop advancing.

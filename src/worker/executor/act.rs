@@ -151,6 +151,7 @@ impl Executor {
                 self.merge(effect, request).await
             }
             EffectKind::Queue(op) => self.queue_op(effect, op).await,
+            EffectKind::QueueFreeze(op) => self.queue_freeze(effect, op).await,
             EffectKind::QueueAdvance {
                 head_sha,
                 branch,

@@ -34,6 +34,7 @@ use crate::store::{queue, streams};
 use super::Executor;
 use super::act::Failure;
 use super::merge::{Keeper, MergeAsk, busy, outcome_event, settled};
+use super::queue_freeze::FreezeHolds;
 
 /// How long a PR that is not the head waits before its record may ask again (ms).
 const NOT_HEAD_RETRY_MS: u64 = 1_000;
@@ -75,9 +76,13 @@ impl Executor {
             waiting = applied.queue.order().len(),
             "merge queue op applied"
         );
-        self.ctx
-            .metrics
-            .queue_op(effect.repo.as_str(), op, &applied.queue, applied.changed);
+        self.ctx.metrics.queue_op(
+            effect.repo.as_str(),
+            op,
+            &applied.queue,
+            applied.changed,
+            now,
+        );
         let merged = matches!(
             op.action,
             crate::core::queue::QueueAction::Leave {
@@ -136,11 +141,12 @@ impl Executor {
             events.push(outcome_event(effect, wait));
             return Ok(events);
         }
+        let holds = self.freeze_holds(effect, &q);
         let keeper = match self.take_merge_lease(effect, ask.branch).await? {
             Ok(keeper) => keeper,
             Err(busy) => return Ok(vec![busy]),
         };
-        let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
+        let result = self.advance_locked(effect, &ask, &pr, &keeper, holds).await;
         self.release_merge_lease(effect, ask.branch, keeper).await;
         result
     }
@@ -152,6 +158,7 @@ impl Executor {
         ask: &AdvanceAsk<'_>,
         pr: &PullRequest,
         keeper: &Keeper,
+        holds: FreezeHolds,
     ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let reads = self.forgejo.with_cause(Cause::MergeCheck);
@@ -166,6 +173,9 @@ impl Executor {
         };
         let action = head_action(&reading);
         tracing::info!(?action, "merge queue head");
+        if let Some(frozen) = holds.holds(&action, ask.branch) {
+            return Ok(vec![outcome_event(effect, frozen)]);
+        }
         match action {
             HeadAction::Merged => Ok(vec![outcome_event(effect, MergeOutcome::Merged)]),
             HeadAction::HeadMoved => Ok(vec![outcome_event(effect, MergeOutcome::HeadMoved)]),
@@ -279,7 +289,7 @@ fn parse_sha(s: &str) -> Result<Sha, Failure> {
 }
 
 /// The event telling PR `number` its place in the queue, as an outcome of `effect`.
-fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
+pub(super) fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
     Event::EffectOutcome {
         repo: effect.repo.clone(),
         scope: Scope::Pr,
