@@ -246,6 +246,7 @@ fn merge_queues(h: &mut String, o: &Overview) {
                 false => format!(", ejections: {}", ejections.join(", ")),
             }
         );
+        queue_analytics(h, q);
         if q.entries.is_empty() {
             h.push_str("<p class=\"muted\">Empty.</p>");
             continue;
@@ -269,6 +270,30 @@ fn merge_queues(h: &mut String, o: &Overview) {
         }
         h.push_str("</table>");
     }
+}
+
+/// A queue's freeze (why, until when) and its analytics: time in queue over the last
+/// 24 h and 7 d.
+fn queue_analytics(h: &mut String, q: &crate::ops::status::BranchQueueSummary) {
+    if let Some(frozen) = &q.frozen {
+        let _ = write!(h, "<p class=\"frozen\">Frozen: {}.</p>", esc(frozen));
+    }
+    let secs = |ms: u64| duration(i64::try_from(ms).unwrap_or(i64::MAX));
+    h.push_str(
+        "<table class=\"queue-analytics\"><tr><th>Time in queue</th><th>Merged</th>\
+         <th>p50</th><th>p90</th><th>max</th></tr>",
+    );
+    for (window, w) in [("last 24 h", &q.waits_day), ("last 7 days", &q.waits_week)] {
+        let _ = write!(
+            h,
+            "<tr><td>{window}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            w.count,
+            secs(w.p50_ms),
+            secs(w.p90_ms),
+            secs(w.max_ms)
+        );
+    }
+    h.push_str("</table>");
 }
 
 /// Active work items with tier and claim expiry.
@@ -433,13 +458,19 @@ mod tests {
             reason: Ejection::CiFailed,
         };
         q.apply(&op(8, 2, park), 4_000);
-        let summary = crate::ops::status::BranchQueueSummary {
-            repo: "o/r".into(),
+        // Four merges: 10 s, 20 s, 30 s and 40 s in queue.
+        for wait in [10_000, 20_000, 30_000, 40_000] {
+            q.stats.record_merge(60_000, wait);
+        }
+        let freeze = crate::core::queue::freeze::FreezeOp {
             branch: "main".into(),
-            entries: crate::ops::status::queue_spots(&q),
-            merged: 4,
-            ejections: vec![("ci-failed".into(), 1)],
+            by: "alice".into(),
+            action: crate::core::queue::freeze::FreezeAction::Freeze {
+                reason: "release <2.0>".into(),
+            },
         };
+        q.apply_freeze(&freeze, 5_000);
+        let summary = crate::ops::status::queue_summary("o/r", &q, &[], 63_000);
         let order: Vec<(u64, &str)> = (summary.entries.iter())
             .map(|(n, s)| (*n, s.state.as_str()))
             .collect();
@@ -455,6 +486,14 @@ mod tests {
         };
         let html = render(&o);
         assert!(html.contains("id=\"merge-queues\""), "{html}");
+        assert!(
+            html.contains("Frozen: the merge queue of `main` is frozen (by @alice: release &lt;2.0&gt;) until `/shepherd unfreeze main`."),
+            "{html}"
+        );
+        assert!(
+            html.contains("<tr><td>last 24 h</td><td>4</td><td>20s</td><td>40s</td><td>40s</td></tr>"),
+            "{html}"
+        );
         assert!(
             html.contains("o/r · main (2 in line, 4 merged, ejections: ci-failed 1)"),
             "{html}"
