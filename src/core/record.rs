@@ -145,9 +145,10 @@ pub struct QueueFacts {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ci_timed_out: bool,
     /// The head was held by a freeze of its queue: why and until when (the status
-    /// comment shows it); cleared when the queue tells the PR its place again.
+    /// comment shows it), and when to ask again (unix ms; 0: now, as after a notice of
+    /// the queue). Cleared by the next outcome of an advance that is not `Frozen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frozen: Option<String>,
+    pub frozen: Option<(String, i64)>,
 }
 
 /// What a PR asked of its branch's queue.

@@ -491,7 +491,9 @@ mod tests {
             "{html}"
         );
         assert!(
-            html.contains("<tr><td>last 24 h</td><td>4</td><td>20s</td><td>40s</td><td>40s</td></tr>"),
+            html.contains(
+                "<tr><td>last 24 h</td><td>4</td><td>20s</td><td>40s</td><td>40s</td></tr>"
+            ),
             "{html}"
         );
         assert!(

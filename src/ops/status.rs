@@ -176,7 +176,12 @@ pub async fn repo_queues(ops: &Ops, repo: &RepoName) -> Result<Vec<BranchQueueSu
     let now = now_ms();
     for branch in store_queue::branches(&mut conn, &ops.keys, repo.as_str()).await? {
         let q = store_queue::load(&mut conn, &ops.keys, repo.as_str(), &branch).await?;
-        out.push(queue_summary(repo.as_str(), &q, &policy.merge_queue_freeze, now));
+        out.push(queue_summary(
+            repo.as_str(),
+            &q,
+            &policy.merge_queue_freeze,
+            now,
+        ));
     }
     Ok(out)
 }

@@ -653,9 +653,10 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
                 back_off_merge(r, now.saturating_add(LOST_MERGE_BACKOFF_MS), fx);
                 true
             }
+            // A head held by a freeze asks again (`queue::ready_plan`).
+            MergeState::Idle => r.queue.frozen.is_some(),
             MergeState::Backoff { .. }
             | MergeState::Verifying { .. }
-            | MergeState::Idle
             | MergeState::InFlight { .. } => false,
         },
         TimerKind::StaleCheck => r.is_open(),
@@ -721,10 +722,13 @@ fn on_outcome(
             true
         }
         EffectOutcome::Merge(MergeOutcome::Frozen { note, retry_ms }) => {
-            // Held by a freeze: asks again at its end (or when the queue says so).
-            r.queue.frozen = Some(note.clone());
-            let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
-            wait_for_lease(r, now.saturating_add(delay), fx);
+            // Held by a freeze: asks again at its end (or when the queue tells it its
+            // place again, as an unfreeze does). Not a merge blocker: the PR stays
+            // queued at the head.
+            r.merge = MergeState::Idle;
+            let at = now.saturating_add(i64::try_from(*retry_ms).unwrap_or(i64::MAX));
+            r.queue.frozen = Some((note.clone(), at));
+            schedule_merge_retry(at, fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {

@@ -450,7 +450,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return Plan::idle(Phase::AwaitingCi, "head commit unknown");
         };
         return match policy.merge_mode {
-            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy),
+            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy, now),
             MergeMode::Auto => Plan {
                 phase: Phase::ReadyToMerge,
                 reason: format!("every merge condition holds for {sha}"),

@@ -44,7 +44,7 @@ pub(crate) fn is_head(r: &PrRecord) -> bool {
 }
 
 /// Every §2.4 condition holds and the queue is on: queued, or (the head) advancing.
-pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
+pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy, now: i64) -> Plan {
     let branch = base_branch(r);
     if r.queue.dequeued {
         return Plan {
@@ -79,12 +79,18 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
             Some(_) => "tested on top of the tip",
             None => "head of the queue",
         };
-        if let Some(note) = &r.queue.frozen {
-            // The record asks again when the freeze should end (its back-off timer).
+        if let Some((note, at)) = &r.queue.frozen {
+            // Asks again when the freeze should end (the merge-retry timer) or when the
+            // queue spoke; the reason stays the same meanwhile.
+            let reason = format!("{how} of `{branch}`, but {note}: {sha} merges after it");
+            let want = match now >= *at {
+                true => Want::Merge { sha },
+                false => Want::Nothing,
+            };
             return Plan {
                 phase: Phase::Queued,
-                reason: format!("{how} of `{branch}`, but {note}: {sha} merges after it"),
-                want: Want::Merge { sha },
+                reason,
+                want,
             };
         }
         return Plan {
@@ -432,9 +438,9 @@ pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
     {
         return false;
     }
-    if r.queue.frozen.take().is_some() && matches!(r.merge, MergeState::Backoff { .. }) {
+    if let Some((_, at)) = &mut r.queue.frozen {
         // The queue spoke (an unfreeze tells the head): ask again now.
-        r.merge = MergeState::Idle;
+        *at = 0;
     }
     if !place.head && r.queue.place.as_ref().is_some_and(|p| p.head) {
         // No longer the head (the queue dropped it): stop advancing.
