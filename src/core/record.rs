@@ -144,6 +144,23 @@ pub struct QueueFacts {
     /// The head's CI did not settle in time: the record parks (`ci-timeout`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ci_timed_out: bool,
+    /// The batched queue ejected this head (issue 29): work for it until a new head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_failure: Option<BatchFailure>,
+}
+
+/// Why the batched merge queue ejected a PR's head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchFailure {
+    /// The head it was batched with.
+    pub head: Sha,
+    /// `ci-failed` (after bisection) or `conflict` (while the batch was built).
+    pub reason: crate::core::queue::Ejection,
+    /// The failing checks (for `ci-failed`).
+    #[serde(default)]
+    pub failing: Vec<String>,
+    /// What it was tested with ("failed on top of …").
+    pub note: String,
 }
 
 /// What a PR asked of its branch's queue.

@@ -95,6 +95,10 @@ pub struct Batch {
     pub failing: Vec<String>,
     /// When it was formed (unix ms).
     pub started_ms: i64,
+    /// The PR batch branch → target that lands it (set once created, so a restart
+    /// reads whether the fast-forward happened instead of doing it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_pr: Option<u64>,
 }
 
 impl Batch {
@@ -236,6 +240,7 @@ impl BranchQueue {
             bisecting,
             failing: Vec::new(),
             started_ms: now_ms,
+            landing_pr: None,
         });
     }
 
@@ -277,6 +282,13 @@ impl BranchQueue {
     pub fn batch_landing(&mut self) {
         if let Some(b) = &mut self.batch {
             b.stage = BatchStage::Landing;
+        }
+    }
+
+    /// The landing PR `number` exists.
+    pub fn batch_landing_pr(&mut self, number: u64) {
+        if let Some(b) = &mut self.batch {
+            b.landing_pr = Some(number);
         }
     }
 

@@ -54,6 +54,8 @@ pub(super) struct AdvanceAsk<'a> {
     pub may_update: bool,
     /// When the effect was queued.
     pub queued_ms: u64,
+    /// The batch settings (issue 29): `Some` advances the branch's batch instead.
+    pub batch: Option<crate::core::effect::BatchSettings>,
 }
 
 impl Executor {
@@ -140,7 +142,10 @@ impl Executor {
             Ok(keeper) => keeper,
             Err(busy) => return Ok(vec![busy]),
         };
-        let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
+        let result = match &ask.batch {
+            Some(settings) => self.batch_advance(effect, &ask, settings, &keeper).await,
+            None => self.advance_locked(effect, &ask, &pr, &keeper).await,
+        };
         self.release_merge_lease(effect, ask.branch, keeper).await;
         result
     }
@@ -273,13 +278,13 @@ impl Executor {
 }
 
 /// A sha Forgejo sent; a malformed one is a permanent failure of the effect.
-fn parse_sha(s: &str) -> Result<Sha, Failure> {
+pub(super) fn parse_sha(s: &str) -> Result<Sha, Failure> {
     s.parse()
         .map_err(|_| Failure::Permanent(format!("Forgejo sent {s:?} as a commit sha")))
 }
 
 /// The event telling PR `number` its place in the queue, as an outcome of `effect`.
-fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
+pub(super) fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
     Event::EffectOutcome {
         repo: effect.repo.clone(),
         scope: Scope::Pr,
