@@ -101,6 +101,10 @@ pub enum EffectKind {
         /// and the PR goes to the back of the queue.
         #[serde(default = "yes")]
         may_update: bool,
+        /// The batch settings (issue 29): `merge_queue_batch_size` > 1 advances a batch
+        /// led by this PR instead of the PR alone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<BatchSettings>,
     },
     /// Freeze or unfreeze a branch's merge queue (`core::queue::freeze`); the queue's
     /// head is told its place, so a head a freeze held asks again at once.
@@ -159,6 +163,17 @@ pub enum EffectKindName {
     Observe,
     /// `Schedule`.
     Schedule,
+}
+
+/// The batch settings a `QueueAdvance` carries (policy `merge_queue_batch_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchSettings {
+    /// `merge_queue_batch_size` (> 1).
+    pub size: u32,
+    /// `merge_queue_batch_wait_secs`.
+    pub wait_secs: u64,
+    /// `merge_queue_flaky_retries`.
+    pub flaky_retries: u32,
 }
 
 /// What to read from the API.

@@ -156,6 +156,9 @@ pub enum EffectOutcome {
     /// The PR's place in its branch's merge queue changed (after a `Queue` op of any
     /// PR of that branch).
     Queue(crate::core::queue::Place),
+    /// The batched merge queue ejected the PR (issue 29): its head conflicted while the
+    /// batch was built, or it failed CI alone after a bisection.
+    QueueEjected(crate::core::record::BatchFailure),
     /// Any other effect failed after the retry budget.
     Failed {
         /// Which kind of effect.

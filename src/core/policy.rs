@@ -250,6 +250,16 @@ policy_settings! {
     /// Label of a PR that goes to the front of its queue and merges through a freeze
     /// (empty: none).
     merge_queue_hotfix_label: String = "hotfix".into();
+    /// PRs tested together on a temporary branch `shepherd/batch/<branch>/<id>` (issue
+    /// 29); 1 = the serial queue (each head updated onto the tip and merged alone).
+    merge_queue_batch_size: u32 = 1;
+    /// How long a partial batch (fewer than `merge_queue_batch_size` PRs waiting) waits
+    /// for more PRs before it is tested, in seconds, counted from the oldest PR's entry.
+    merge_queue_batch_wait_secs: u64 = 0;
+    /// Re-tests of a red batch (or single PR) whose failing checks all passed on the
+    /// target's tip, before anyone is ejected (a check the tip does not know is never
+    /// retried).
+    merge_queue_flaky_retries: u32 = 1;
     /// Users allowed to use `/shepherd` commands without a permission lookup
     /// (others need write access to the repository).
     trusted_users: Vec<String> = Vec::new();
@@ -385,6 +395,9 @@ impl Policy {
         }
         super::queue::freeze::validate(&self.merge_queue_freeze)
             .map_err(|problem| invalid("merge_queue_freeze", &problem))?;
+        if self.merge_queue_batch_size == 0 {
+            return Err(invalid("merge_queue_batch_size", "must be at least 1"));
+        }
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
         }
@@ -750,6 +763,35 @@ mod tests {
             let err = PolicyFile::from_toml(&format!("[defaults]\n{text}\n")).unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn issue_29_batch_settings() {
+        let d = PolicyFile::default().defaults;
+        assert_eq!(
+            (
+                d.merge_queue_batch_size,
+                d.merge_queue_batch_wait_secs,
+                d.merge_queue_flaky_retries
+            ),
+            (1, 0, 1)
+        );
+        let file = PolicyFile::from_toml(
+            "[defaults]\nmerge_queue_batch_size = 8\nmerge_queue_batch_wait_secs = 30\n\
+             merge_queue_flaky_retries = 0\n",
+        )
+        .unwrap();
+        let p = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(
+            (
+                p.merge_queue_batch_size,
+                p.merge_queue_batch_wait_secs,
+                p.merge_queue_flaky_retries
+            ),
+            (8, 30, 0)
+        );
+        let err = PolicyFile::from_toml("[defaults]\nmerge_queue_batch_size = 0\n").unwrap_err();
+        assert!(err.to_string().contains("merge_queue_batch_size"), "{err}");
     }
 
     #[test]

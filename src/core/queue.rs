@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ids::Sha;
 
+pub mod batch;
 pub mod freeze;
 pub mod stats;
 
@@ -174,6 +175,25 @@ pub struct QueueStats {
     /// days), for the percentiles of the last 24 h and 7 d ([`stats`]).
     #[serde(default, skip_serializing_if = "std::collections::VecDeque::is_empty")]
     pub recent_waits: std::collections::VecDeque<stats::WaitSample>,
+    /// Batches built and sent to CI (issue 29), re-tests and bisection halves included.
+    #[serde(default)]
+    pub batches_tested: u64,
+    /// Batches that were green on their first test (no re-test, not a bisection half).
+    #[serde(default)]
+    pub batches_first_pass_green: u64,
+    /// CI runs the batched queue asked for (one per batch tip tested).
+    #[serde(default)]
+    pub ci_runs: u64,
+    /// Re-tests of a red batch whose failing checks all passed on the target's tip.
+    #[serde(default)]
+    pub flaky_retries: u64,
+    /// Red results that turned out flaky (a re-test passed, or a bisection ended with
+    /// every part green): PRs kept instead of ejected.
+    #[serde(default)]
+    pub flaky_saved: u64,
+    /// Suspected-flaky check contexts → how often they failed and then passed.
+    #[serde(default)]
+    pub flaky_checks: BTreeMap<String, u64>,
 }
 
 /// How many departed PRs a queue remembers the last op version of (so a late,
@@ -203,6 +223,20 @@ pub struct BranchQueue {
     /// Frozen by hand (`/shepherd freeze`): nothing merges until unfrozen ([`freeze`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freeze: Option<freeze::ManualFreeze>,
+    /// The batch under test (issue 29; `merge_queue_batch_size` > 1), led by `head`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<batch::Batch>,
+    /// A red batch being bisected: which PRs are still suspected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bisect: Option<batch::Bisection>,
+    /// The next batch id (names its temporary branch).
+    #[serde(default)]
+    pub next_batch: u64,
+    /// Temporary branches of batches that ended, still to delete (written before the
+    /// batch is dropped, so a crash between the two leaves a name to delete, never a
+    /// forgotten branch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_branches: Vec<String>,
 }
 
 /// Where one PR stands in its queue, as its record is told.

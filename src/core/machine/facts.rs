@@ -701,6 +701,7 @@ fn on_outcome(
             true
         }
         EffectOutcome::Queue(place) => super::queue::on_place(r, place),
+        EffectOutcome::QueueEjected(failure) => super::queue::on_ejected(r, failure),
         // A late or duplicated outcome of a merge that is no longer in flight.
         EffectOutcome::Merge(m) if !in_flight && *m != MergeOutcome::Merged => false,
         EffectOutcome::Merge(MergeOutcome::Conflict) => {

@@ -395,6 +395,9 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
             "conflicts with the base branch",
         );
     }
+    if let Some(plan) = batch_failure_plan(r, policy, now) {
+        return plan;
+    }
     if let CiView::Failing(failing) = ci_view(r, policy) {
         let note = super::queue::ci_note(r);
         let mut why = format!("CI failing: {}", names_of(&failing));
@@ -553,6 +556,39 @@ fn failing_check(c: &CiContext) -> FailingCheck {
         description: c.description.clone(),
         target_url: c.target_url.clone(),
     }
+}
+
+/// The batched merge queue ejected the head (issue 29): `merge-conflicts` work for a
+/// conflict while building the batch, `ci-fix` for a failure a bisection pinned on it
+/// (its own CI is green: the note says what it failed on top of).
+fn batch_failure_plan(r: &PrRecord, policy: &Policy, now: i64) -> Option<Plan> {
+    let f = super::queue::batch_failure(r)?;
+    let (kind, why) = match f.reason {
+        crate::core::queue::Ejection::Conflict => (
+            WorkKind::MergeConflicts,
+            format!("conflicts in the merge queue's batch ({})", f.note),
+        ),
+        _ => (
+            WorkKind::CiFix,
+            format!("CI failing in the merge queue ({})", f.note),
+        ),
+    };
+    let context = WorkContext {
+        failing_checks: f
+            .failing
+            .iter()
+            .map(|c| FailingCheck {
+                context: c.clone(),
+                state: super::super::event::CiState::Failure,
+                description: String::new(),
+                target_url: String::new(),
+            })
+            .collect(),
+        note: Some(f.note.clone()),
+        ..WorkContext::default()
+    };
+    let signature = format!("batch:{}:{}", f.reason.as_str(), f.head);
+    Some(want_work(r, policy, now, kind, signature, context, &why))
 }
 
 /// Wants work of `kind` for `signature`, unless the previous attempt's push is still

@@ -16,7 +16,7 @@ use super::super::ids::Sha;
 use super::super::policy::Policy;
 use super::super::queue::freeze::{FreezeAction, FreezeOp};
 use super::super::queue::{Departure, Ejection, Place, Priority, QueueAction, QueueOp};
-use super::super::record::{ConflictFact, MergeState, PrRecord, QueueMembership};
+use super::super::record::{BatchFailure, ConflictFact, MergeState, PrRecord, QueueMembership};
 use super::plan::{CiView, Plan, Want, ci_view};
 use super::{Fx, Phase};
 use crate::core::effect::{EffectKind, Timer, TimerKind};
@@ -473,6 +473,24 @@ pub(crate) fn on_new_head(r: &mut PrRecord) {
             r.queue.updated_onto = None;
         }
     }
+}
+
+/// The batched queue ejected the PR's head (issue 29): the record keeps why, for that
+/// head only (a new head is a new candidate).
+pub(crate) fn on_ejected(r: &mut PrRecord, f: &BatchFailure) -> bool {
+    if r.head_sha() != Some(&f.head) || r.queue.batch_failure.as_ref() == Some(f) {
+        return false;
+    }
+    r.queue.batch_failure = Some(f.clone());
+    true
+}
+
+/// The batched queue's ejection of the current head, if any.
+pub(crate) fn batch_failure(r: &PrRecord) -> Option<&BatchFailure> {
+    r.queue
+        .batch_failure
+        .as_ref()
+        .filter(|f| r.head_sha() == Some(&f.head))
 }
 
 /// `/shepherd queue|priority|dequeue`.

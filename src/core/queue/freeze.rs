@@ -165,22 +165,23 @@ pub fn frozen(q: &BranchQueue, windows: &[FreezeWindow], now_ms: i64) -> Option<
     })
 }
 
-/// What the freeze asks of the head the executor is about to move.
+/// What the freeze asks of the PRs the executor is about to move: the head, or the
+/// PRs of a batch.
 ///
-/// `merging`: the head is tested on the tip and would be merged now; otherwise it
-/// would be updated onto the tip (tested). A hotfix passes; a frozen queue holds
-/// merges, and holds testing too when `merge_queue_freeze_test` is off. `None`: go.
+/// `merging`: they are tested on the tip and would be merged (landed) now; otherwise
+/// they would be updated onto the tip or batched (tested). Hotfixes pass (every one of
+/// `numbers` must be one); a frozen queue holds merges, and holds testing too when
+/// `merge_queue_freeze_test` is off. `None`: go.
 pub fn gate(
     q: &BranchQueue,
-    number: u64,
+    numbers: &[u64],
     policy: &Policy,
     now_ms: i64,
     merging: bool,
 ) -> Option<Frozen> {
-    let hotfix = q
-        .entries
-        .iter()
-        .any(|e| e.number == number && e.priority == Priority::Hotfix);
+    let is_hotfix =
+        |n: &u64| (q.entries.iter()).any(|e| e.number == *n && e.priority == Priority::Hotfix);
+    let hotfix = !numbers.is_empty() && numbers.iter().all(is_hotfix);
     if hotfix || (!merging && policy.merge_queue_freeze_test) {
         return None;
     }

@@ -159,6 +159,7 @@ impl Executor {
                 style,
                 delete_branch,
                 may_update,
+                batch,
             } => {
                 let ask = super::queue::AdvanceAsk {
                     head_sha,
@@ -168,6 +169,7 @@ impl Executor {
                     delete_branch: *delete_branch,
                     may_update: *may_update,
                     queued_ms,
+                    batch: *batch,
                 };
                 self.queue_advance(effect, ask).await
             }

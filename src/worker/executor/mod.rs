@@ -22,6 +22,7 @@
 //! reach the machine as failed agent attempts; only a spent budget is reported.
 
 mod act;
+mod batch;
 mod merge;
 mod observe;
 mod queue;

@@ -55,6 +55,8 @@ pub(super) struct AdvanceAsk<'a> {
     pub may_update: bool,
     /// When the effect was queued.
     pub queued_ms: u64,
+    /// The batch settings (issue 29): `Some` advances the branch's batch instead.
+    pub batch: Option<crate::core::effect::BatchSettings>,
 }
 
 impl Executor {
@@ -146,7 +148,10 @@ impl Executor {
             Ok(keeper) => keeper,
             Err(busy) => return Ok(vec![busy]),
         };
-        let result = self.advance_locked(effect, &ask, &pr, &keeper, holds).await;
+        let result = match &ask.batch {
+            Some(settings) => self.batch_advance(effect, &ask, settings, &keeper).await,
+            None => self.advance_locked(effect, &ask, &pr, &keeper, holds).await,
+        };
         self.release_merge_lease(effect, ask.branch, keeper).await;
         result
     }
@@ -283,7 +288,7 @@ impl Executor {
 }
 
 /// A sha Forgejo sent; a malformed one is a permanent failure of the effect.
-fn parse_sha(s: &str) -> Result<Sha, Failure> {
+pub(super) fn parse_sha(s: &str) -> Result<Sha, Failure> {
     s.parse()
         .map_err(|_| Failure::Permanent(format!("Forgejo sent {s:?} as a commit sha")))
 }

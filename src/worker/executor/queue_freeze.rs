@@ -10,6 +10,7 @@
 
 use crate::core::effect::Effect;
 use crate::core::event::{Event, MergeOutcome};
+use crate::core::queue::batch::BatchStage;
 use crate::core::queue::freeze::{self, FreezeOp, Frozen};
 use crate::core::queue::{BranchQueue, HeadAction};
 use crate::store::{queue, streams};
@@ -57,10 +58,41 @@ impl Executor {
         let frozen = freeze::frozen(q, &policy.merge_queue_freeze, now_ms).is_some();
         (self.ctx.metrics).queue_frozen(effect.repo.as_str(), &q.branch, frozen);
         FreezeHolds {
-            update: freeze::gate(q, effect.number, &policy, now_ms, false),
-            merge: freeze::gate(q, effect.number, &policy, now_ms, true),
+            update: freeze::gate(q, &[effect.number], &policy, now_ms, false),
+            merge: freeze::gate(q, &[effect.number], &policy, now_ms, true),
             now_ms,
         }
+    }
+
+    /// Whether a freeze holds the batched queue `q` (the effect's PR its head): no
+    /// batch is formed (with `merge_queue_freeze_test` off) and no green batch lands
+    /// unless every PR in it is a hotfix. Cleaning up old batch branches and a landing
+    /// already begun are never held.
+    pub(super) fn batch_frozen(&self, effect: &Effect, q: &BranchQueue) -> Option<MergeOutcome> {
+        if !q.stale_branches.is_empty() {
+            return None;
+        }
+        let (numbers, merging) = match &q.batch {
+            None => (vec![effect.number], false),
+            Some(b) if b.stage != BatchStage::Landing => (b.numbers(), false),
+            Some(b) if b.landing_pr.is_none() => (b.numbers(), true),
+            Some(_) => return None,
+        };
+        let policy = self.ctx.policy.for_repo(&effect.repo);
+        let now_ms = i64::try_from(streams::now_ms()).unwrap_or(i64::MAX);
+        let frozen = freeze::frozen(q, &policy.merge_queue_freeze, now_ms).is_some();
+        (self.ctx.metrics).queue_frozen(effect.repo.as_str(), &q.branch, frozen);
+        let held = freeze::gate(q, &numbers, &policy, now_ms, merging)?;
+        tracing::info!(
+            ?numbers,
+            merging,
+            ?held,
+            "the merge queue is frozen; holding its batch"
+        );
+        Some(MergeOutcome::Frozen {
+            note: held.describe(&q.branch),
+            retry_ms: freeze::retry_ms(&held, now_ms),
+        })
     }
 
     /// Sets or ends the manual freeze of a branch's queue and tells its head.

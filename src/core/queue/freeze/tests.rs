@@ -123,16 +123,24 @@ fn the_gate_holds_merges_lets_testing_on_and_lets_a_hotfix_through() {
     let mut policy = PolicyFile::default().defaults;
     policy.merge_queue_freeze = vec![window("main", &[], "00:00", "24:00")];
     let now = MONDAY + HOUR;
-    assert!(gate(&q, 1, &policy, now, true).is_some(), "no merge");
-    assert_eq!(gate(&q, 1, &policy, now, false), None, "testing goes on");
-    assert_eq!(gate(&q, 2, &policy, now, true), None, "the hotfix merges");
+    assert!(gate(&q, &[1], &policy, now, true).is_some(), "no merge");
+    assert_eq!(gate(&q, &[1], &policy, now, false), None, "testing goes on");
+    assert_eq!(
+        gate(&q, &[2], &policy, now, true),
+        None,
+        "the hotfix merges"
+    );
+    assert!(
+        gate(&q, &[2, 1], &policy, now, true).is_some(),
+        "not with a normal PR"
+    );
     policy.merge_queue_freeze_test = false;
     assert!(
-        gate(&q, 1, &policy, now, false).is_some(),
+        gate(&q, &[1], &policy, now, false).is_some(),
         "no testing either"
     );
     policy.merge_queue_freeze.clear();
-    assert_eq!(gate(&q, 1, &policy, now, true), None, "not frozen");
+    assert_eq!(gate(&q, &[1], &policy, now, true), None, "not frozen");
 }
 
 #[test]
