@@ -8,14 +8,14 @@
 //! - `POST /repos/{o}/{r}/pulls` `{head, base, title, body}`: a helper PR (a queued PR's
 //!   branch into the batch branch, or the batch branch into the target); 409 when an
 //!   open PR for the same head and base exists, found then with `GET …/pulls`;
-//! - `GET /repos/{o}/{r}/pulls/{base}/{head}`: the landing PR of a batch, if any;
 //! - `POST …/pulls/{n}/merge` with `Do: manually-merged` and `MergeCommitID`: a queued
 //!   PR marked merged by the landed batch tip. Forgejo (`services/pull/merge.go`
 //!   `MergedManually`, v15) checks only that the repository allows manual merges, that
 //!   the id is a full-length sha of an existing commit and that the commit is on the
 //!   PR's base branch (`IsCommitInBranch`); it then sends the usual `pull_request`
-//!   closed webhook with `merged: true`. The API refuses a merged PR with 405 first
-//!   (`CheckPullMergeable`, "PR already merged"), which a resumed landing reads as done.
+//!   closed webhook with `merged: true`. The API refuses a merged PR with 405 and an
+//!   empty message first (`CheckPullMergeable`), so a resumed landing reads each PR
+//!   before marking it.
 
 use reqwest::Method;
 use serde_json::json;
@@ -39,9 +39,7 @@ pub enum BranchCreated {
 pub enum ManualMerge {
     /// 200: marked merged now.
     Marked,
-    /// 405 "already merged": a resumed landing, or someone merged it.
-    AlreadyMerged,
-    /// Anything else Forgejo refused (404 closed, 405 not allowed, 422 wrong commit).
+    /// Forgejo refused (404 closed, 405 merged or not allowed, 409 wrong commit).
     Refused {
         /// The status.
         code: u16,
@@ -116,33 +114,6 @@ impl ForgejoClient {
         }
     }
 
-    /// `GET …/pulls/{base}/{head}`: the newest PR from `head` into `base` (any state).
-    /// `base` must be one path segment (Forgejo's route takes the rest as `head`).
-    #[instrument(skip_all, fields(repo = %repo, head = %head, base = %base))]
-    pub async fn pull_by_base_head(
-        &self,
-        repo: &str,
-        base: &str,
-        head: &str,
-    ) -> Result<Option<PullRequest>, ForgejoError> {
-        if base.contains('/') {
-            return Err(ForgejoError::Invalid(format!(
-                "{base:?}: a base with a slash cannot be looked up by base and head"
-            )));
-        }
-        let path = format!(
-            "{}/pulls/{}/{}",
-            repo_path(repo)?,
-            branch_path(base)?,
-            branch_path(head)?
-        );
-        match self.get_json::<PullRequest>(&path, &[]).await {
-            Ok(pr) => Ok(Some(pr)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// `POST …/pulls/{n}/merge` `{Do: manually-merged, MergeCommitID}`.
     #[instrument(skip_all, fields(repo = %repo, pr = number, commit = %commit))]
     pub async fn mark_manually_merged(
@@ -155,11 +126,6 @@ impl ForgejoClient {
         let body = json!({"Do": "manually-merged", "MergeCommitID": commit});
         match self.send(Method::POST, &path, &[], Some(&body)).await {
             Ok(_) => Ok(ManualMerge::Marked),
-            Err(ForgejoError::Status { code, message, .. })
-                if code == 405 && message.to_lowercase().contains("already merged") =>
-            {
-                Ok(ManualMerge::AlreadyMerged)
-            }
             Err(ForgejoError::Status { code, message, .. })
                 if matches!(code, 404 | 405 | 409 | 422) =>
             {

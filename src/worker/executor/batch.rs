@@ -93,23 +93,32 @@ impl Executor {
             let mut conn = self.ctx.store.conn();
             let keys = self.ctx.store.keys();
             let q = queue::load(&mut conn, keys, effect.repo.as_str(), ask.branch).await?;
-            if q.head != Some(effect.number) {
-                // Ejected or landed on the way: the new head's record carries on.
-                events.push(outcome_event(effect, again(POLL_MIN_MS)));
-                return Ok(events);
-            }
             if !keeper.fence().await? {
                 events.push(outcome_event(effect, busy(std::time::Duration::ZERO)));
                 return Ok(events);
             }
+<<<<<<< HEAD
             if let Some(frozen) = self.batch_frozen(effect, &q) {
                 events.push(outcome_event(effect, frozen));
+=======
+            if !q.stale_branches.is_empty() {
+                self.delete_stale(effect, &q, &mut events).await?;
+                continue;
+            }
+            if q.head != Some(effect.number) {
+                // Landed, ejected or overtaken on the way: the new head's record
+                // carries on.
+                let landed = q.departed.contains_key(&effect.number)
+                    && !q.entries.iter().any(|e| e.number == effect.number);
+                let outcome = match landed {
+                    true => MergeOutcome::Merged,
+                    false => again(POLL_MIN_MS),
+                };
+                events.push(outcome_event(effect, outcome));
+>>>>>>> h/qbatch
                 return Ok(events);
             }
             let step = match q.batch.clone() {
-                _ if !q.stale_branches.is_empty() => {
-                    self.delete_stale(effect, &q, &mut events).await?
-                }
                 None => self.form(effect, &q, &cfg, &mut events).await?,
                 Some(b) => match b.stage {
                     BatchStage::Building => self.build(effect, &q, &b, &mut events).await?,
@@ -149,7 +158,7 @@ impl Executor {
         effect: &Effect,
         q: &BranchQueue,
         events: &mut Vec<Event>,
-    ) -> Result<Step, Failure> {
+    ) -> Result<(), Failure> {
         let writes = self.forgejo.with_cause(Cause::Effect);
         for name in &q.stale_branches {
             let deleted = writes.delete_branch(effect.repo.as_str(), name).await?;
@@ -158,7 +167,7 @@ impl Executor {
             self.write(effect, &q.branch, events, move |q| q.branch_deleted(&name))
                 .await?;
         }
-        Ok(Step::Next)
+        Ok(())
     }
 
     /// Forms the next batch from fresh reads of its PRs.
@@ -507,9 +516,16 @@ impl Executor {
         }
         let writes = self.forgejo.with_cause(Cause::Effect);
         for p in &b.prs {
+            // Marked before a crash: Forgejo would refuse it (405) now.
+            if reads.get_pull(repo, p.number).await?.merged {
+                continue;
+            }
             let answer = writes
                 .mark_manually_merged(repo, p.number, batch_tip.as_str())
                 .await?;
+            if let forgejo::ManualMerge::Refused { code, message } = &answer {
+                tracing::warn!(pr = p.number, code, %message, "not marked merged; its changes landed");
+            }
             tracing::info!(pr = p.number, ?answer, "batched PR marked merged");
         }
         let now = now_ms();
@@ -519,10 +535,7 @@ impl Executor {
             }
         })
         .await?;
-        match b.prs.iter().any(|p| p.number == effect.number) {
-            true => Ok(Step::Done(MergeOutcome::Merged)),
-            false => Ok(Step::Next),
-        }
+        Ok(Step::Next)
     }
 
     /// The fast-forward of the target to the tested tip: true when it happened.

@@ -10,6 +10,7 @@ mod economy;
 mod economy_bench;
 mod entry_layout;
 mod merge_queue;
+mod merge_queue_batch;
 mod merge_queue_freeze;
 mod results;
 mod run;

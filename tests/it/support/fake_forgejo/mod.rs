@@ -18,6 +18,7 @@
 //! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
 
 mod api_log;
+pub mod batch;
 pub mod faults;
 mod merge;
 pub mod model;
