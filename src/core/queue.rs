@@ -178,6 +178,10 @@ pub struct QueueStats {
     /// Batches built and sent to CI (issue 29), re-tests and bisection halves included.
     #[serde(default)]
     pub batches_tested: u64,
+    /// Batches tested for the first time (not a re-test, not a bisection half): the
+    /// denominator of the first-pass success.
+    #[serde(default)]
+    pub batches_first_tested: u64,
     /// Batches that were green on their first test (no re-test, not a bisection half).
     #[serde(default)]
     pub batches_first_pass_green: u64,

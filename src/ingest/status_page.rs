@@ -294,6 +294,37 @@ fn queue_analytics(h: &mut String, q: &crate::ops::status::BranchQueueSummary) {
         );
     }
     h.push_str("</table>");
+    let mut batch = Vec::new();
+    if let Some((green, tested)) = q.first_pass {
+        let pct = green as f64 * 100.0 / tested.max(1) as f64;
+        batch.push(format!("first-pass success {green}/{tested} ({pct:.0}%)"));
+    }
+    if let Some(runs) = q.ci_runs_per_merge {
+        batch.push(format!("CI runs per merged PR {runs:.2}"));
+    }
+    if q.flaky.0 > 0 {
+        batch.push(format!(
+            "flaky re-tests {} (saved {})",
+            q.flaky.0, q.flaky.1
+        ));
+    }
+    if !batch.is_empty() {
+        let _ = write!(
+            h,
+            "<p class=\"queue-batches\">Batches: {}.</p>",
+            batch.join(", ")
+        );
+    }
+    if !q.flaky_checks.is_empty() {
+        let checks: Vec<String> = (q.flaky_checks.iter())
+            .map(|(c, n)| format!("<li>{} ({n})</li>", esc(c)))
+            .collect();
+        let _ = write!(
+            h,
+            "<p>Suspected flaky checks (failed, then passed on a re-test):</p><ul class=\"flaky-checks\">{}</ul>",
+            checks.concat()
+        );
+    }
 }
 
 /// Active work items with tier and claim expiry.
@@ -470,6 +501,12 @@ mod tests {
             },
         };
         q.apply_freeze(&freeze, 5_000);
+        q.stats.batches_first_tested = 4;
+        q.stats.batches_first_pass_green = 3;
+        q.stats.ci_runs = 6;
+        q.stats.flaky_retries = 1;
+        q.stats.flaky_saved = 1;
+        q.stats.flaky_checks.insert("ci / <e2e>".into(), 1);
         let summary = crate::ops::status::queue_summary("o/r", &q, &[], 63_000);
         let order: Vec<(u64, &str)> = (summary.entries.iter())
             .map(|(n, s)| (*n, s.state.as_str()))
@@ -496,6 +533,11 @@ mod tests {
             ),
             "{html}"
         );
+        assert!(
+            html.contains("Batches: first-pass success 3/4 (75%), CI runs per merged PR 1.50, flaky re-tests 1 (saved 1)."),
+            "{html}"
+        );
+        assert!(html.contains("<li>ci / &lt;e2e&gt; (1)</li>"), "{html}");
         assert!(
             html.contains("o/r · main (2 in line, 4 merged, ejections: ci-failed 1)"),
             "{html}"

@@ -116,6 +116,19 @@ pub struct BranchQueueSummary {
     /// Time in queue of the PRs merged in the last 7 days.
     #[serde(default)]
     pub waits_week: WaitSummary,
+    /// Batches green on their first test, and batches tested for the first time.
+    #[serde(default)]
+    pub first_pass: Option<(u64, u64)>,
+    /// CI runs of the batched queue per merged PR.
+    #[serde(default)]
+    pub ci_runs_per_merge: Option<f64>,
+    /// Re-tests of red results whose failing checks passed on the tip, and those that
+    /// turned out flaky (nobody ejected).
+    #[serde(default)]
+    pub flaky: (u64, u64),
+    /// Suspected-flaky checks and how often each failed and then passed.
+    #[serde(default)]
+    pub flaky_checks: Vec<(String, u64)>,
 }
 
 /// The spots of every PR in `q`, in queue order (head, waiting, parked).
@@ -165,6 +178,12 @@ pub fn queue_summary(
         frozen: crate::core::queue::freeze::frozen(q, windows, now).map(|f| f.describe(&q.branch)),
         waits_day: q.stats.waits(now, crate::core::queue::stats::DAY_MS),
         waits_week: q.stats.waits(now, crate::core::queue::stats::WEEK_MS),
+        first_pass: q.stats.first_pass(),
+        ci_runs_per_merge: q.stats.ci_runs_per_merge(),
+        flaky: (q.stats.flaky_retries, q.stats.flaky_saved),
+        flaky_checks: (q.stats.flaky_checks.iter())
+            .map(|(c, n)| (c.clone(), *n))
+            .collect(),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The merge queues' analytics on `/metrics` (issue 29, docs/operations.md §6): per
-//! branch, the time in queue over the last 24 h and 7 d, ejections by reason, and
-//! whether the queue is frozen. The percentiles are computed from the samples stored
-//! with the queue (`core::queue::stats`), so every process shows the same figures
-//! (aggregate with `max`, not `sum`); the ejection counter counts what this process
+//! branch, the time in queue over the last 24 h and 7 d, ejections by reason, the
+//! batched queue's totals (batches, first-pass green, CI runs, flaky re-tests and
+//! the checks they saved), and whether the queue is frozen. The percentiles are computed from the samples stored
+//! with the queue (`core::queue::stats`) and the totals are the stored ones, so every
+//! process shows the same figures (aggregate with `max`, not `sum`); the ejection counter counts what this process
 //! applied, like the other counters.
 
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts};
@@ -22,6 +23,12 @@ pub struct QueueAnalytics {
     /// 1 while a branch's queue is frozen (by hand, or a window seen at the last
     /// advance of its head), else 0.
     pub frozen: IntGaugeVec,
+    /// The batched queue's stored totals per branch (`figure`: `batches_tested`,
+    /// `batches_first_tested`, `batches_first_pass_green`, `ci_runs`, `flaky_retries`,
+    /// `flaky_saved`), as of the last op.
+    pub batches: IntGaugeVec,
+    /// Suspected-flaky checks per branch: failed, then passed on a re-test.
+    pub flaky_checks: IntGaugeVec,
 }
 
 impl QueueAnalytics {
@@ -44,6 +51,22 @@ impl QueueAnalytics {
                 &["repo", "branch", "reason"],
             )
             .expect("valid metric"),
+            batches: IntGaugeVec::new(
+                Opts::new(
+                    "merge_queue_batch_figures",
+                    "The batched merge queue's stored totals by branch and figure",
+                ),
+                &["repo", "branch", "figure"],
+            )
+            .expect("valid metric"),
+            flaky_checks: IntGaugeVec::new(
+                Opts::new(
+                    "merge_queue_flaky_checks",
+                    "Checks that failed and then passed on a re-test, by branch and context",
+                ),
+                &["repo", "branch", "context"],
+            )
+            .expect("valid metric"),
             frozen: IntGaugeVec::new(
                 Opts::new("merge_queue_frozen", "1 while a branch's merge queue is frozen"),
                 &["repo", "branch"],
@@ -58,6 +81,8 @@ impl QueueAnalytics {
             Box::new(self.time_in_queue.clone()),
             Box::new(self.ejections.clone()),
             Box::new(self.frozen.clone()),
+            Box::new(self.batches.clone()),
+            Box::new(self.flaky_checks.clone()),
         ]
     }
 
@@ -78,6 +103,24 @@ impl QueueAnalytics {
             (self.ejections)
                 .with_label_values(&[repo, branch, reason.as_str()])
                 .inc();
+        }
+        let s = &queue.stats;
+        for (figure, n) in [
+            ("batches_tested", s.batches_tested),
+            ("batches_first_tested", s.batches_first_tested),
+            ("batches_first_pass_green", s.batches_first_pass_green),
+            ("ci_runs", s.ci_runs),
+            ("flaky_retries", s.flaky_retries),
+            ("flaky_saved", s.flaky_saved),
+        ] {
+            (self.batches)
+                .with_label_values(&[repo, branch, figure])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        for (context, n) in &s.flaky_checks {
+            (self.flaky_checks)
+                .with_label_values(&[repo, branch, context])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
         for (window, ms) in [("24h", DAY_MS), ("7d", WEEK_MS)] {
             let w = queue.stats.waits(now_ms, ms);

@@ -273,6 +273,9 @@ impl BranchQueue {
             b.tip = Some(tip);
             b.stage = BatchStage::Testing;
             self.stats.batches_tested += 1;
+            if b.retries == 0 && !b.bisecting {
+                self.stats.batches_first_tested += 1;
+            }
             self.stats.ci_runs += 1;
         }
     }
@@ -427,12 +430,8 @@ impl BranchQueue {
             return;
         };
         let e = self.entries.remove(i);
-        self.stats.merged += 1;
         let waited = now_ms.saturating_sub(e.entered_ms).max(0);
-        self.stats.merged_wait_ms = self
-            .stats
-            .merged_wait_ms
-            .saturating_add(u64::try_from(waited).unwrap_or(0));
+        (self.stats).record_merge(now_ms, u64::try_from(waited).unwrap_or(0));
         self.remember_departure(number, e.op_version);
     }
 }

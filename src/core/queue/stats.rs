@@ -72,6 +72,20 @@ impl QueueStats {
     }
 }
 
+impl QueueStats {
+    /// Batches green on their first test, of those tested for the first time (`None`
+    /// before the first batch: the serial queue has none).
+    pub fn first_pass(&self) -> Option<(u64, u64)> {
+        (self.batches_first_tested > 0)
+            .then_some((self.batches_first_pass_green, self.batches_first_tested))
+    }
+
+    /// CI runs of the batched queue per PR merged (`None` before both exist).
+    pub fn ci_runs_per_merge(&self) -> Option<f64> {
+        (self.ci_runs > 0 && self.merged > 0).then(|| self.ci_runs as f64 / self.merged as f64)
+    }
+}
+
 /// The `pct` percentile of sorted `v` by nearest rank (0 when empty).
 fn nearest_rank(v: &[u64], pct: usize) -> u64 {
     if v.is_empty() {

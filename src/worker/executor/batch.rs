@@ -97,10 +97,6 @@ impl Executor {
                 events.push(outcome_event(effect, busy(std::time::Duration::ZERO)));
                 return Ok(events);
             }
-<<<<<<< HEAD
-            if let Some(frozen) = self.batch_frozen(effect, &q) {
-                events.push(outcome_event(effect, frozen));
-=======
             if !q.stale_branches.is_empty() {
                 self.delete_stale(effect, &q, &mut events).await?;
                 continue;
@@ -115,7 +111,10 @@ impl Executor {
                     false => again(POLL_MIN_MS),
                 };
                 events.push(outcome_event(effect, outcome));
->>>>>>> h/qbatch
+                return Ok(events);
+            }
+            if let Some(frozen) = self.batch_frozen(effect, &q) {
+                events.push(outcome_event(effect, frozen));
                 return Ok(events);
             }
             let step = match q.batch.clone() {
