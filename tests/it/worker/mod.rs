@@ -11,6 +11,7 @@ mod economy_bench;
 mod entry_layout;
 mod merge_queue;
 mod merge_queue_batch;
+mod merge_queue_bench;
 mod merge_queue_freeze;
 mod results;
 mod run;

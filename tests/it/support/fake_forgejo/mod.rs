@@ -30,6 +30,7 @@ mod reviews;
 mod routes;
 mod routes_context;
 mod routes_repo;
+pub mod sim_failures;
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
