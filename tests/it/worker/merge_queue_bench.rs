@@ -10,6 +10,8 @@
 
 use std::time::{Duration, Instant};
 
+use shepherd::core::queue::Ejection;
+
 use crate::support::fake_forgejo::FakeForgejo;
 use crate::support::fake_forgejo::queue::SimCi;
 use crate::support::fake_forgejo::sim_failures::{Flaky, Rng, draw_breaks};
@@ -154,7 +156,12 @@ async fn one_run(set: &Settings, k: usize, p: f64, f: f64) -> Figures {
         let merged: Vec<u64> = (prs.iter().copied())
             .filter(|&n| merged_at(&s.fake, n).is_some())
             .collect();
-        let parked: Vec<u64> = (q.parked().iter()).map(|e| e.number).collect();
+        // Ejected for good in this run: CI failed or a conflict (a `not-ready` park is
+        // a record waiting a moment; it joins again).
+        let parked: Vec<u64> = (q.parked().iter())
+            .filter(|e| matches!(e.parked, Some(Ejection::CiFailed | Ejection::Conflict)))
+            .map(|e| e.number)
+            .collect();
         if q.order().is_empty() && merged.len() + parked.len() == prs.len() {
             break (merged, parked);
         }
