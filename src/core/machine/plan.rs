@@ -306,6 +306,9 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         lease_wait,
     } = r.merge
         && now_ms < not_before_ms
+        // The queue's head waits in its queue (`queue::ready_plan`), not parked: a
+        // batch under test asks again after a back-off while its CI runs.
+        && !super::queue::is_head(r)
     {
         out.push(if lease_wait {
             "waiting for the target branch's merge lease (another merge is in progress)".into()
@@ -453,7 +456,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return Plan::idle(Phase::AwaitingCi, "head commit unknown");
         };
         return match policy.merge_mode {
-            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy),
+            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy, now),
             MergeMode::Auto => Plan {
                 phase: Phase::ReadyToMerge,
                 reason: format!("every merge condition holds for {sha}"),

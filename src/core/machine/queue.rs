@@ -43,7 +43,7 @@ pub(crate) fn is_head(r: &PrRecord) -> bool {
 }
 
 /// Every §2.4 condition holds and the queue is on: queued, or (the head) advancing.
-pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
+pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy, now: i64) -> Plan {
     let branch = base_branch(r);
     if r.queue.dequeued {
         return Plan {
@@ -74,6 +74,21 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
         };
     }
     if is_head(r) {
+        if let MergeState::Backoff { not_before_ms, .. } = r.merge
+            && now < not_before_ms
+        {
+            // The advance asked to be tried again later (the lease was busy, or the
+            // batch it leads is under test): the head keeps its place meanwhile.
+            let what = match policy.merge_queue_batch_size > 1 {
+                true => "testing a batch",
+                false => "waiting for the merge lease",
+            };
+            return Plan {
+                phase: Phase::Queued,
+                reason: format!("head of the merge queue of `{branch}`: {what}"),
+                want: Want::Nothing,
+            };
+        }
         let how = match r.queue.updated_onto {
             Some(_) => "tested on top of the tip",
             None => "head of the queue",
