@@ -306,6 +306,9 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         lease_wait,
     } = r.merge
         && now_ms < not_before_ms
+        // The queue's head waits in its queue (`queue::ready_plan`), not parked: a
+        // batch under test asks again after a back-off while its CI runs.
+        && !super::queue::is_head(r)
     {
         out.push(if lease_wait {
             "waiting for the target branch's merge lease (another merge is in progress)".into()

@@ -75,6 +75,21 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy, now: i64) -> P
         };
     }
     if is_head(r) {
+        if let MergeState::Backoff { not_before_ms, .. } = r.merge
+            && now < not_before_ms
+        {
+            // The advance asked to be tried again later (the lease was busy, or the
+            // batch it leads is under test): the head keeps its place meanwhile.
+            let what = match policy.merge_queue_batch_size > 1 {
+                true => "testing a batch",
+                false => "waiting for the merge lease",
+            };
+            return Plan {
+                phase: Phase::Queued,
+                reason: format!("head of the merge queue of `{branch}`: {what}"),
+                want: Want::Nothing,
+            };
+        }
         let how = match r.queue.updated_onto {
             Some(_) => "tested on top of the tip",
             None => "head of the queue",

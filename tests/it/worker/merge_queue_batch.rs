@@ -6,12 +6,13 @@
 
 use std::collections::BTreeSet;
 
+use crate::support::fake_forgejo::faults::Fault;
 use crate::support::fake_forgejo::{FakeForgejo, MergeRecord};
 use crate::support::scenario::Scenario;
 
 use super::merge_queue::{
-    REPO, approve_in_order, ci_state, merges, open_green, pump, run_until, start_with,
-    stored_queue, work_for,
+    CI, REPO, approve_in_order, ci_state, hold_ci, merges, open_green, pump, release_ci, run_until,
+    start_with, stored_queue, work_for,
 };
 
 /// Batches of `size`, a partial batch waiting long enough for the test's approvals.
@@ -216,10 +217,158 @@ async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
         .find(|e| e.number == 3)
         .expect("#3 keeps its ticket");
     assert_eq!(e3.parked, Some(shepherd::core::queue::Ejection::CiFailed));
-    assert_eq!(q.stats.flaky_saved, 0);
-    assert_eq!(q.stats.batches_first_pass_green, 0);
-    // Red batch, green half, red #3 alone, green #4.
-    assert_eq!(q.stats.ci_runs, 4, "{:?}", q.stats);
+    // Only the last batch (#4, formed after the bisection) was green at its first test.
+    assert_eq!(q.stats.batches_first_pass_green, 1);
+    // Red batch, green half, #3 alone red, re-tested once (its failing check passed on
+    // the tip, so it might have been a flake) and red again, then #4 green.
+    assert_eq!(
+        (q.stats.ci_runs, q.stats.flaky_retries, q.stats.flaky_saved),
+        (5, 1, 0),
+        "{:?}",
+        q.stats
+    );
     wait_no_batch_branch(&s).await;
     s.fake.assert_calls_match_openapi();
+}
+
+/// A batch whose only failing check passed on `main`'s tip is re-tested once on a new
+/// branch (a suspected flake); the re-test passes, so both PRs land, nobody is ejected
+/// and no `ci-fix` work is dispatched; the check is counted as suspected flaky.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
+    let s = start_with(&batch_policy(2), 300, &[]).await;
+    // `main`'s tip knows the check (it passed there).
+    let tip = s.fake.branch_tip(REPO, "main");
+    s.fake.set_status(REPO, &tip, CI, "success", "Successful");
+    let prs = open_green(&s, 2).await;
+    // The first run on a commit holding exactly #1 and #2 fails once.
+    s.fake.with_model(|m| {
+        let ci = m.repo_mut(REPO).ci.as_mut().expect("a simulated CI");
+        ci.flake_once.push(BTreeSet::from([1, 2]));
+    });
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "both PRs marked merged", |f| marked(f).len() == 2).await;
+    assert_main_stayed_green(&s.fake);
+    let finished = s
+        .fake
+        .with_model(|m| m.repos[REPO].ci.as_ref().map(|c| c.finished.clone()))
+        .unwrap_or_default();
+    assert!(
+        finished.iter().any(|(_, green)| !green),
+        "a red run happened"
+    );
+    // The branch goes after the landing is written to the queue.
+    wait_no_batch_branch(&s).await;
+    let q = stored_queue(&s).await;
+    assert_eq!(
+        (
+            q.stats.flaky_retries,
+            q.stats.flaky_saved,
+            q.stats.batches_tested
+        ),
+        (1, 1, 2),
+        "{:?}",
+        q.stats
+    );
+    assert_eq!(q.stats.flaky_checks.get(CI), Some(&1));
+    assert!(q.stats.ejections.is_empty(), "{:?}", q.stats.ejections);
+    for n in prs {
+        assert!(
+            work_for(&s, "ci-fix", n).await.is_empty(),
+            "no ci-fix for #{n}"
+        );
+    }
+
+    s.fake.assert_calls_match_openapi();
+}
+
+/// Restarts `shepherd run` (SIGKILL) once `reached` holds for the batch of three PRs,
+/// with `fault` injected until then, and lets the queue finish: every PR is marked
+/// merged exactly once by one landing of a tested tip, and no batch branch is left.
+async fn restart_during_a_batch(
+    fault: Option<Fault>,
+    hold: bool,
+    what: &str,
+    reached: impl Fn(&FakeForgejo) -> bool,
+) {
+    let mut s = start_with(&batch_policy(3), 300, &[]).await;
+    let prs = open_green(&s, 3).await;
+    if hold {
+        hold_ci(&s);
+    }
+    if let Some(f) = fault {
+        s.fake.inject(f);
+    }
+    approve_in_order(&s, &prs).await;
+    run_until(&s, what, reached).await;
+    s.restart().await;
+    s.fake.clear_faults();
+    release_ci(&s, 300);
+    run_until(&s, "three PRs marked merged", |f| marked(f).len() >= 3).await;
+    wait_no_batch_branch(&s).await;
+    let lands = landings(&s.fake);
+    assert_eq!(lands.len(), 1, "one landing: {lands:?}");
+    let mut order: Vec<u64> = marked(&s.fake).iter().map(|m| m.number).collect();
+    order.sort_unstable();
+    assert_eq!(order, vec![1, 2, 3], "each PR marked merged once");
+    assert_eq!(
+        content(&s.fake, &lands[0].tip_after),
+        BTreeSet::from([1, 2, 3])
+    );
+    assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
+
+/// A stall of every call to `path` (the process dies while it hangs).
+fn stall(method: &str, path: &str) -> Fault {
+    Fault::on(method, path).stall(std::time::Duration::from_secs(3_600))
+}
+
+/// Restart right after the batch branch was made (its first helper PR hangs).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_after_the_batch_branch_is_made_loses_nothing() {
+    let path = format!("/repos/{REPO}/pulls");
+    restart_during_a_batch(Some(stall("POST", &path)), false, "the branch made", |f| {
+        !batch_branches(f).is_empty() && !f.calls("POST", &path).is_empty()
+    })
+    .await;
+}
+
+/// Restart mid-build: once one PR is merged into the batch branch (CI held, so the
+/// batch cannot get further than its build and test).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_mid_build_loses_nothing() {
+    restart_during_a_batch(None, true, "one PR merged into the batch branch", |f| {
+        merges(f)
+            .iter()
+            .any(|m| base_of(f, m.number).starts_with("shepherd/batch/"))
+    })
+    .await;
+}
+
+/// Restart while CI runs on the batch tip (held).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_during_the_batch_ci_loses_nothing() {
+    restart_during_a_batch(None, true, "CI running on the built batch", |f| {
+        let built = merges(f)
+            .iter()
+            .filter(|m| base_of(f, m.number).starts_with("shepherd/batch/"))
+            .count();
+        built == 3
+    })
+    .await;
+}
+
+/// Restart between the fast-forward of `main` and the PRs being marked merged (the
+/// first `manually-merged` call hangs).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_between_the_fast_forward_and_the_merged_marks_loses_nothing() {
+    let path = format!("/repos/{REPO}/pulls/1/merge");
+    restart_during_a_batch(
+        Some(stall("POST", &path)),
+        false,
+        "main fast-forwarded",
+        |f| !landings(f).is_empty() && !f.calls("POST", &path).is_empty(),
+    )
+    .await;
 }
