@@ -18,8 +18,10 @@
 # real `shepherd run` on a real redis-server and the fake Forgejo with a simulated CI
 # (tests/it/support/fake_forgejo/sim_failures.rs draws the failures, seeded: every k
 # of a mix meets the same breakages). For each mix and k, N green PRs are approved at
-# once; printed: merged PRs per hour, CI runs per merged PR, time in queue p50/p90
+# once; printed: merged PRs per hour, time in queue p50/p90
 # (approval to merge), batch first-pass success (k = 1: the share of green CI runs),
+# CI runs on the commits the queue tested per merged PR (all_ci_runs_per_merged: every
+# run the CI started, the batch branch's intermediate merges included),
 # PRs ejected for a flaky failure alone, each with the model's prediction
 # (docs/benchmarks.md "Next step") in brackets, and the ratios against k = 1.
 set -euo pipefail

@@ -109,11 +109,11 @@ fn parse_line(line: &str) -> Option<Command> {
         "queue" => Some(Command::Queue),
         "dequeue" => Some(Command::Dequeue),
         "freeze" => Some(Command::Freeze {
-            branch: words.next()?.to_owned(),
+            branch: branch_word(words.next()?)?,
             reason: words.collect::<Vec<_>>().join(" "),
         }),
         "unfreeze" => Some(Command::Unfreeze {
-            branch: words.next()?.to_owned(),
+            branch: branch_word(words.next()?)?,
         }),
         "agents" => match words.next()?.to_ascii_lowercase().as_str() {
             "on" => Some(Command::AgentsOn),
@@ -130,6 +130,13 @@ fn parse_line(line: &str) -> Option<Command> {
         },
         _ => None,
     }
+}
+
+/// A branch name as a command names it: at most 255 bytes (a bound on what one
+/// comment can make a key of), no backtick (it is quoted in comments); else the
+/// command is ignored.
+fn branch_word(word: &str) -> Option<String> {
+    (word.len() <= 255 && !word.contains('`')).then(|| word.to_owned())
 }
 
 #[cfg(test)]
@@ -166,7 +173,7 @@ mod tests {
 
     #[test]
     fn parses_freeze_and_unfreeze_with_branch_and_reason() {
-        let body = "/shepherd freeze main release 2.0  is   cut\n/shepherd freeze\n/Shepherd UNFREEZE release/2.x\n/shepherd unfreeze\n/shepherd freeze dev";
+        let body = "/shepherd freeze main release 2.0  is   cut\n/shepherd freeze\n/Shepherd UNFREEZE release/2.x\n/shepherd unfreeze\n/shepherd freeze dev\n/shepherd freeze `main`";
         assert_eq!(
             parse(body),
             vec![

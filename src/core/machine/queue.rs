@@ -550,7 +550,7 @@ fn report(r: &PrRecord, policy: &Policy, now: i64) -> String {
     };
     format!(
         "Merge queue: {place}, priority {}.\n\nPhase `{}`: {}",
-        r.queue.priority.as_str(),
+        priority(r, policy).as_str(),
         p.phase.as_str(),
         p.reason
     )
