@@ -379,6 +379,29 @@ impl BranchQueue {
         with
     }
 
+    /// PR `number` of the batch was closed, pushed to or parked since it was batched:
+    /// what was tested is no longer what it asks to merge. The batch is dropped (never
+    /// landed) and the next one is built without it.
+    pub fn batch_drop(&mut self, number: u64) {
+        if let Some(bi) = &mut self.bisect {
+            bi.suspects.retain(|n| *n != number);
+            bi.tested_with.retain(|n| *n != number);
+        }
+        self.end_batch();
+    }
+
+    /// The PRs of the batch no longer waiting in the queue (parked or gone).
+    pub fn batch_left(&self) -> Vec<u64> {
+        let Some(b) = &self.batch else {
+            return Vec::new();
+        };
+        let active: Vec<u64> = self.order().iter().map(|e| e.number).collect();
+        b.numbers()
+            .into_iter()
+            .filter(|n| !active.contains(n))
+            .collect()
+    }
+
     /// The target moved under the batch: it is dropped (its branch deleted) and the
     /// next advance builds a new one on the new tip.
     pub fn batch_rebuild(&mut self) {
