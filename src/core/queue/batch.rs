@@ -99,6 +99,10 @@ pub struct Batch {
     /// reads whether the fast-forward happened instead of doing it again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub landing_pr: Option<u64>,
+    /// Each PR → its helper PR into the batch branch (recorded once created, so a
+    /// restart reads whether it was merged instead of opening another).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub helpers: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Batch {
@@ -241,6 +245,7 @@ impl BranchQueue {
             failing: Vec::new(),
             started_ms: now_ms,
             landing_pr: None,
+            helpers: std::collections::BTreeMap::new(),
         });
     }
 
@@ -282,6 +287,13 @@ impl BranchQueue {
     pub fn batch_landing(&mut self) {
         if let Some(b) = &mut self.batch {
             b.stage = BatchStage::Landing;
+        }
+    }
+
+    /// PR `number`'s helper PR into the batch branch is `helper`.
+    pub fn batch_helper(&mut self, number: u64, helper: u64) {
+        if let Some(b) = &mut self.batch {
+            b.helpers.insert(number, helper);
         }
     }
 

@@ -241,9 +241,25 @@ impl Executor {
             "Shepherd merge queue batch {} of `{}`: #{}",
             b.id, q.branch, p.number
         );
-        let helper = writes
-            .create_helper_pull(repo, &p.head_ref, &name, &title)
-            .await?;
+        let helper = match b.helpers.get(&p.number) {
+            Some(h) => {
+                let reads = self.forgejo.with_cause(Cause::MergeCheck);
+                reads.get_pull(repo, *h).await?
+            }
+            None => {
+                let helper = writes
+                    .create_helper_pull(repo, &p.head_ref, &name, &title)
+                    .await?;
+                let (n, h, id) = (p.number, helper.number, b.id);
+                self.write(effect, &q.branch, events, move |q| {
+                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                        q.batch_helper(n, h);
+                    }
+                })
+                .await?;
+                helper
+            }
+        };
         let merged = helper.merged || self.merge_helper(repo, helper.number, &p.head).await?;
         let (number, id) = (p.number, b.id);
         if merged {
