@@ -99,6 +99,10 @@ pub struct Batch {
     /// reads whether the fast-forward happened instead of doing it again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub landing_pr: Option<u64>,
+    /// Each PR → its helper PR into the batch branch (recorded once created, so a
+    /// restart reads whether it was merged instead of opening another).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub helpers: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Batch {
@@ -241,6 +245,7 @@ impl BranchQueue {
             failing: Vec::new(),
             started_ms: now_ms,
             landing_pr: None,
+            helpers: std::collections::BTreeMap::new(),
         });
     }
 
@@ -285,6 +290,13 @@ impl BranchQueue {
     pub fn batch_landing(&mut self) {
         if let Some(b) = &mut self.batch {
             b.stage = BatchStage::Landing;
+        }
+    }
+
+    /// PR `number`'s helper PR into the batch branch is `helper`.
+    pub fn batch_helper(&mut self, number: u64, helper: u64) {
+        if let Some(b) = &mut self.batch {
+            b.helpers.insert(number, helper);
         }
     }
 
@@ -380,6 +392,29 @@ impl BranchQueue {
         self.park_by_queue(number, Ejection::CiFailed);
         self.end_batch();
         with
+    }
+
+    /// PR `number` of the batch was closed, pushed to or parked since it was batched:
+    /// what was tested is no longer what it asks to merge. The batch is dropped (never
+    /// landed) and the next one is built without it.
+    pub fn batch_drop(&mut self, number: u64) {
+        if let Some(bi) = &mut self.bisect {
+            bi.suspects.retain(|n| *n != number);
+            bi.tested_with.retain(|n| *n != number);
+        }
+        self.end_batch();
+    }
+
+    /// The PRs of the batch no longer waiting in the queue (parked or gone).
+    pub fn batch_left(&self) -> Vec<u64> {
+        let Some(b) = &self.batch else {
+            return Vec::new();
+        };
+        let active: Vec<u64> = self.order().iter().map(|e| e.number).collect();
+        b.numbers()
+            .into_iter()
+            .filter(|n| !active.contains(n))
+            .collect()
     }
 
     /// The target moved under the batch: it is dropped (its branch deleted) and the

@@ -248,6 +248,11 @@ enum Step {
     Ci { flaky: bool },
     /// Someone pushes to the target (the tip moves).
     BaseMoves,
+    /// A PR of the batch (by index) is closed: it leaves the queue.
+    Close(usize),
+    /// A PR of the batch (by index) gets a new head: its record parks it until its
+    /// CI passes again, then it joins again.
+    Push(usize),
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
@@ -255,6 +260,8 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         prop_oneof![
             6 => any::<bool>().prop_map(|f| Step::Ci { flaky: f }),
             1 => Just(Step::BaseMoves),
+            1 => (0usize..6).prop_map(Step::Close),
+            1 => (0usize..6).prop_map(Step::Push),
         ],
         1..120,
     )
@@ -278,7 +285,11 @@ proptest! {
         let mut tip = 1u64;
         let (mut landed, mut ejected) = (BTreeSet::new(), BTreeSet::new());
         let mut flaky_seen = false;
+        let mut closed = BTreeSet::new();
+        let mut stale = BTreeSet::new();
+        let mut version = 10;
         for step in steps {
+            version += 1;
             if q.batch.is_none() {
                 match next_batch(&q, &c, 0) {
                     NextBatch::Form(numbers) => {
@@ -291,8 +302,25 @@ proptest! {
             }
             let b = q.batch.clone().unwrap();
             let broken = b.prs.iter().any(|p| bad.contains(&p.number));
+            let op = |number, version, action| QueueOp { branch: "main".into(), number, version, action };
             let ci = match step {
                 Step::BaseMoves => { tip += 1; BatchCi::Pending }
+                Step::Close(i) => {
+                    let number = b.prs[i % b.prs.len()].number;
+                    closed.insert(number);
+                    q.apply(&op(number, version, QueueAction::Leave { reason: super::super::Departure::Closed }), 0);
+                    BatchCi::Pending
+                }
+                Step::Push(i) if !closed.contains(&b.prs[i % b.prs.len()].number) => {
+                    let number = b.prs[i % b.prs.len()].number;
+                    q.apply(&op(number, version, QueueAction::Park { reason: Ejection::NotReady }), 0);
+                    q.apply(&op(number, version + 1, QueueAction::Join { priority: Priority::Normal }), 0);
+                    version += 1;
+                    // What was tested is no longer its head.
+                    stale.insert(number);
+                    BatchCi::Pending
+                }
+                Step::Push(_) => BatchCi::Pending,
                 Step::Ci { flaky } => {
                     let flaky = flaky && flaky_on;
                     flaky_seen |= flaky;
@@ -304,7 +332,18 @@ proptest! {
             };
             match decide(&b, &c, &ci, &sha(tip)) {
                 BatchDecision::Wait => {}
+                BatchDecision::Land if !q.batch_left().is_empty() => {
+                    let gone = q.batch_left()[0];
+                    q.batch_drop(gone);
+                }
+                BatchDecision::Land if b.numbers().iter().any(|x| stale.contains(x)) => {
+                    let pushed = *b.numbers().iter().find(|x| stale.contains(x)).unwrap();
+                    stale.remove(&pushed);
+                    q.batch_drop(pushed);
+                }
                 BatchDecision::Land => {
+                    prop_assert!(b.numbers().iter().all(|x| !closed.contains(x)), "a closed PR landed");
+                    prop_assert!(b.numbers().iter().all(|x| !stale.contains(x)), "an untested head landed");
                     prop_assert_eq!(&b.base, &sha(tip));
                     prop_assert_eq!(&ci, &BatchCi::Green);
                     prop_assert!(!broken, "a broken batch landed: {:?}", b.numbers());
@@ -327,9 +366,10 @@ proptest! {
         prop_assert!(landed.is_disjoint(&ejected));
         let queued: BTreeSet<u64> = q.entries.iter().map(|e| e.number).collect();
         for x in 1..=n {
+            let places = [landed.contains(&x), queued.contains(&x), closed.contains(&x)];
             prop_assert!(
-                landed.contains(&x) ^ queued.contains(&x),
-                "#{} lost or twice: landed {:?} queued {:?}", x, landed, queued
+                places.iter().filter(|p| **p).count() == 1,
+                "#{} lost or twice: landed {:?} queued {:?} closed {:?}", x, landed, queued, closed
             );
         }
         prop_assert_eq!(q.stats.merged, landed.len() as u64);

@@ -245,9 +245,25 @@ impl Executor {
             "Shepherd merge queue batch {} of `{}`: #{}",
             b.id, q.branch, p.number
         );
-        let helper = writes
-            .create_helper_pull(repo, &p.head_ref, &name, &title)
-            .await?;
+        let helper = match b.helpers.get(&p.number) {
+            Some(h) => {
+                let reads = self.forgejo.with_cause(Cause::MergeCheck);
+                reads.get_pull(repo, *h).await?
+            }
+            None => {
+                let helper = writes
+                    .create_helper_pull(repo, &p.head_ref, &name, &title)
+                    .await?;
+                let (n, h, id) = (p.number, helper.number, b.id);
+                self.write(effect, &q.branch, events, move |q| {
+                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                        q.batch_helper(n, h);
+                    }
+                })
+                .await?;
+                helper
+            }
+        };
         let merged = helper.merged || self.merge_helper(repo, helper.number, &p.head).await?;
         let (number, id) = (p.number, b.id);
         if merged {
@@ -355,14 +371,25 @@ impl Executor {
                 let waited = now_ms().saturating_sub(b.started_ms);
                 return Ok(Step::Done(again(waited / 4)));
             }
-            BatchDecision::Land => {
-                self.write(effect, &q.branch, events, move |q| {
-                    if ours(q) {
-                        q.batch_landing();
-                    }
-                })
-                .await?
-            }
+            BatchDecision::Land => match self.changed_member(repo, q, b).await? {
+                Some(number) => {
+                    tracing::info!(pr = number, "a batched PR changed since it was tested");
+                    self.write(effect, &q.branch, events, move |q| {
+                        if ours(q) {
+                            q.batch_drop(number);
+                        }
+                    })
+                    .await?
+                }
+                None => {
+                    self.write(effect, &q.branch, events, move |q| {
+                        if ours(q) {
+                            q.batch_landing();
+                        }
+                    })
+                    .await?
+                }
+            },
             BatchDecision::Rebuild => {
                 self.write(effect, &q.branch, events, move |q| {
                     if ours(q) {
@@ -427,6 +454,28 @@ impl Executor {
             }
         };
         Ok(Step::Next)
+    }
+
+    /// A PR of the batch that is no longer what was tested: parked or gone from the
+    /// queue, closed, merged otherwise, or pushed to (its head is not the pinned one).
+    async fn changed_member(
+        &self,
+        repo: &str,
+        q: &BranchQueue,
+        b: &Batch,
+    ) -> Result<Option<u64>, Failure> {
+        if let Some(n) = q.batch_left().first() {
+            return Ok(Some(*n));
+        }
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        for p in &b.prs {
+            let pr = reads.get_pull(repo, p.number).await?;
+            let same = pr.head.sha.eq_ignore_ascii_case(p.head.as_str());
+            if !pr.is_open() || pr.merged || !same || pr.base.ref_name != q.branch {
+                return Ok(Some(p.number));
+            }
+        }
+        Ok(None)
     }
 
     /// The CI of `batch_tip`; on red, with the checks that passed on the target's tip.
