@@ -10,6 +10,9 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::config::LogFormat;
 
+mod queue_analytics;
+pub use queue_analytics::QueueAnalytics;
+
 /// Installs the global tracing subscriber. Safe to call more than once (later calls
 /// are ignored), so tests and `run` can share it.
 pub fn init_logging(format: LogFormat, filter: &str) {
@@ -76,6 +79,8 @@ pub struct Metrics {
     pub agents: AgentMetrics,
     /// The merge queue's families (issue 16).
     pub merge_queue: QueueMetrics,
+    /// The merge queues' analytics per branch (issue 29).
+    pub queue_analytics: QueueAnalytics,
     /// Reviewer agents' rounds (`review` work), counted by the workers.
     pub reviews: ReviewMetrics,
 }
@@ -389,6 +394,7 @@ impl Metrics {
         .expect("valid metric");
         let agents = AgentMetrics::new();
         let merge_queue = QueueMetrics::new();
+        let queue_analytics = QueueAnalytics::new();
         let reviews = ReviewMetrics::new();
         for c in [
             Box::new(deliveries.clone()) as Box<dyn prometheus::core::Collector>,
@@ -408,6 +414,7 @@ impl Metrics {
         .into_iter()
         .chain(agents.collectors())
         .chain(merge_queue.collectors())
+        .chain(queue_analytics.collectors())
         .chain(reviews.collectors())
         {
             registry
@@ -431,19 +438,22 @@ impl Metrics {
             ci_poll_reads,
             agents,
             merge_queue,
+            queue_analytics,
             reviews,
         }
     }
 
-    /// Counts a merge-queue op applied to `queue` (the queue after it).
+    /// Counts a merge-queue op applied to `queue` (the queue after it) at `now_ms`.
     pub fn queue_op(
         &self,
         repo: &str,
         op: &crate::core::queue::QueueOp,
         queue: &crate::core::queue::BranchQueue,
         changed: bool,
+        now_ms: i64,
     ) {
         use crate::core::queue::{Departure, QueueAction};
+        (self.queue_analytics).op_applied(repo, op, queue, changed, now_ms);
         let m = &self.merge_queue;
         let labels = [repo, op.branch.as_str()];
         m.length
@@ -483,9 +493,17 @@ impl Metrics {
             | MergeOutcome::TryAgain
             | MergeOutcome::LockBusy { .. }
             | MergeOutcome::BaseMoved
+            | MergeOutcome::Frozen { .. }
             | MergeOutcome::FailedPermanent { .. } => "other",
         };
         self.merge_queue.updates.with_label_values(&[label]).inc();
+    }
+
+    /// Whether a branch's queue is frozen (seen at a freeze command or a head's advance).
+    pub fn queue_frozen(&self, repo: &str, branch: &str, frozen: bool) {
+        (self.queue_analytics.frozen)
+            .with_label_values(&[repo, branch])
+            .set(i64::from(frozen));
     }
 
     /// Observes the time in queue of a PR merged through it.

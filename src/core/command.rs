@@ -32,6 +32,19 @@ pub enum Command {
     },
     /// Merge queue: take the PR out of its queue until `/shepherd queue`.
     Dequeue,
+    /// Merge queue: freeze the queue of `branch` (nothing merges but hotfixes) until
+    /// `/shepherd unfreeze <branch>` (`core::queue::freeze`).
+    Freeze {
+        /// Target branch.
+        branch: String,
+        /// The rest of the line (may be empty).
+        reason: String,
+    },
+    /// Merge queue: end the freeze of `branch` set by hand.
+    Unfreeze {
+        /// Target branch.
+        branch: String,
+    },
     /// `/shepherd agents on`: agent work for a PR whose author is outside the policy's
     /// `agent_authors` (PRs only; recorded with who and when).
     AgentsOn,
@@ -40,7 +53,7 @@ pub enum Command {
 /// The word that starts a command.
 const PREFIX: &str = "/shepherd";
 
-/// Most commands taken from one comment; the rest are ignored. There are ten
+/// Most commands taken from one comment; the rest are ignored. There are twelve
 /// commands, so a human never needs more, and the bound keeps what one comment can
 /// queue in a record small (a 1.8 MB comment once queued 100,000 commands).
 pub const MAX_COMMANDS_PER_COMMENT: usize = 10;
@@ -95,6 +108,13 @@ fn parse_line(line: &str) -> Option<Command> {
         "implement" => Some(Command::Implement),
         "queue" => Some(Command::Queue),
         "dequeue" => Some(Command::Dequeue),
+        "freeze" => Some(Command::Freeze {
+            branch: branch_word(words.next()?)?,
+            reason: words.collect::<Vec<_>>().join(" "),
+        }),
+        "unfreeze" => Some(Command::Unfreeze {
+            branch: branch_word(words.next()?)?,
+        }),
         "agents" => match words.next()?.to_ascii_lowercase().as_str() {
             "on" => Some(Command::AgentsOn),
             _ => None,
@@ -110,6 +130,13 @@ fn parse_line(line: &str) -> Option<Command> {
         },
         _ => None,
     }
+}
+
+/// A branch name as a command names it: at most 255 bytes (a bound on what one
+/// comment can make a key of), no backtick (it is quoted in comments); else the
+/// command is ignored.
+fn branch_word(word: &str) -> Option<String> {
+    (word.len() <= 255 && !word.contains('`')).then(|| word.to_owned())
 }
 
 #[cfg(test)]
@@ -140,6 +167,27 @@ mod tests {
                     level: Priority::Normal
                 },
                 Command::Dequeue,
+            ]
+        );
+    }
+
+    #[test]
+    fn parses_freeze_and_unfreeze_with_branch_and_reason() {
+        let body = "/shepherd freeze main release 2.0  is   cut\n/shepherd freeze\n/Shepherd UNFREEZE release/2.x\n/shepherd unfreeze\n/shepherd freeze dev\n/shepherd freeze `main`";
+        assert_eq!(
+            parse(body),
+            vec![
+                Command::Freeze {
+                    branch: "main".into(),
+                    reason: "release 2.0 is cut".into()
+                },
+                Command::Unfreeze {
+                    branch: "release/2.x".into()
+                },
+                Command::Freeze {
+                    branch: "dev".into(),
+                    reason: String::new()
+                },
             ]
         );
     }

@@ -101,7 +101,14 @@ pub enum EffectKind {
         /// and the PR goes to the back of the queue.
         #[serde(default = "yes")]
         may_update: bool,
+        /// The batch settings (issue 29): `merge_queue_batch_size` > 1 advances a batch
+        /// led by this PR instead of the PR alone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<BatchSettings>,
     },
+    /// Freeze or unfreeze a branch's merge queue (`core::queue::freeze`); the queue's
+    /// head is told its place, so a head a freeze held asks again at once.
+    QueueFreeze(crate::core::queue::freeze::FreezeOp),
     /// Read something from the API; the result comes back as an `Observed*` event.
     Observe(ObserveWhat),
     /// Fire a timer later (same timer id replaces an earlier schedule).
@@ -121,6 +128,7 @@ impl EffectKind {
             EffectKind::Merge { .. } => EffectKindName::Merge,
             EffectKind::Queue(_) => EffectKindName::Queue,
             EffectKind::QueueAdvance { .. } => EffectKindName::QueueAdvance,
+            EffectKind::QueueFreeze(_) => EffectKindName::QueueFreeze,
             EffectKind::Observe(_) => EffectKindName::Observe,
             EffectKind::Schedule(_) => EffectKindName::Schedule,
         }
@@ -149,10 +157,23 @@ pub enum EffectKindName {
     Queue,
     /// `QueueAdvance`.
     QueueAdvance,
+    /// `QueueFreeze`.
+    QueueFreeze,
     /// `Observe`.
     Observe,
     /// `Schedule`.
     Schedule,
+}
+
+/// The batch settings a `QueueAdvance` carries (policy `merge_queue_batch_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchSettings {
+    /// `merge_queue_batch_size` (> 1).
+    pub size: u32,
+    /// `merge_queue_batch_wait_secs`.
+    pub wait_secs: u64,
+    /// `merge_queue_flaky_retries`.
+    pub flaky_retries: u32,
 }
 
 /// What to read from the API.

@@ -131,6 +131,15 @@ pub enum MergeOutcome {
     /// Merge queue: the tip moved between the checks and the merge (a
     /// fast-forward-only merge that could not fast-forward); the head is updated again.
     BaseMoved,
+    /// Merge queue: the branch's queue is frozen (`core::queue::freeze`): nothing was
+    /// updated or merged; ask again in `retry_ms` (or when the queue tells the PR its
+    /// place again, as an unfreeze does).
+    Frozen {
+        /// Why and until when (shown in the status comment).
+        note: String,
+        /// How long to wait, in milliseconds.
+        retry_ms: u64,
+    },
     /// Anything else (protection refused, not allowed, …): a human must look.
     FailedPermanent {
         /// Forgejo's message.
@@ -147,6 +156,9 @@ pub enum EffectOutcome {
     /// The PR's place in its branch's merge queue changed (after a `Queue` op of any
     /// PR of that branch).
     Queue(crate::core::queue::Place),
+    /// The batched merge queue ejected the PR (issue 29): its head conflicted while the
+    /// batch was built, or it failed CI alone after a bisection.
+    QueueEjected(crate::core::record::BatchFailure),
     /// Any other effect failed after the retry budget.
     Failed {
         /// Which kind of effect.

@@ -241,6 +241,25 @@ policy_settings! {
     /// How long the queue's head may wait for its CI to settle on top of the tip, in
     /// seconds; then it leaves the head (reason `ci-timeout`) for the next PR.
     merge_queue_ci_timeout_secs: u64 = 7200;
+    /// Freeze windows of the merge queue, UTC (`[{ branch, days, from, to, reason }]`,
+    /// `core::queue::freeze`): nothing merges through the branch's queue while one lasts.
+    merge_queue_freeze: Vec<super::queue::freeze::FreezeWindow> = Vec::new();
+    /// A frozen queue keeps testing its head (update onto the tip, CI), so the head
+    /// merges as soon as the freeze ends; off: it waits untested.
+    merge_queue_freeze_test: bool = true;
+    /// Label of a PR that goes to the front of its queue and merges through a freeze
+    /// (empty: none).
+    merge_queue_hotfix_label: String = "hotfix".into();
+    /// PRs tested together on a temporary branch `shepherd/batch/<branch>/<id>` (issue
+    /// 29); 1 = the serial queue (each head updated onto the tip and merged alone).
+    merge_queue_batch_size: u32 = 1;
+    /// How long a partial batch (fewer than `merge_queue_batch_size` PRs waiting) waits
+    /// for more PRs before it is tested, in seconds, counted from the oldest PR's entry.
+    merge_queue_batch_wait_secs: u64 = 0;
+    /// Re-tests of a red batch (or single PR) whose failing checks all passed on the
+    /// target's tip, before anyone is ejected (a check the tip does not know is never
+    /// retried).
+    merge_queue_flaky_retries: u32 = 1;
     /// Spend caps (issue 28; 0 = no cap, the default), in US dollars: the most one run
     /// may cost. Every applicable cap is checked before dispatch and during the run,
     /// and the tightest remaining one decides (docs/costs.md).
@@ -424,6 +443,11 @@ impl Policy {
         }
         if self.merge_queue_ci_timeout_secs == 0 {
             return Err(invalid("merge_queue_ci_timeout_secs", "must be at least 1"));
+        }
+        super::queue::freeze::validate(&self.merge_queue_freeze)
+            .map_err(|problem| invalid("merge_queue_freeze", &problem))?;
+        if self.merge_queue_batch_size == 0 {
+            return Err(invalid("merge_queue_batch_size", "must be at least 1"));
         }
         if self.claim_ttl_secs == 0 {
             return Err(invalid("claim_ttl_secs", "must be at least 1"));
@@ -790,6 +814,35 @@ mod tests {
             let err = PolicyFile::from_toml(&format!("[defaults]\n{text}\n")).unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn issue_29_batch_settings() {
+        let d = PolicyFile::default().defaults;
+        assert_eq!(
+            (
+                d.merge_queue_batch_size,
+                d.merge_queue_batch_wait_secs,
+                d.merge_queue_flaky_retries
+            ),
+            (1, 0, 1)
+        );
+        let file = PolicyFile::from_toml(
+            "[defaults]\nmerge_queue_batch_size = 8\nmerge_queue_batch_wait_secs = 30\n\
+             merge_queue_flaky_retries = 0\n",
+        )
+        .unwrap();
+        let p = file.for_repo(&"x/y".parse().unwrap());
+        assert_eq!(
+            (
+                p.merge_queue_batch_size,
+                p.merge_queue_batch_wait_secs,
+                p.merge_queue_flaky_retries
+            ),
+            (8, 30, 0)
+        );
+        let err = PolicyFile::from_toml("[defaults]\nmerge_queue_batch_size = 0\n").unwrap_err();
+        assert!(err.to_string().contains("merge_queue_batch_size"), "{err}");
     }
 
     #[test]

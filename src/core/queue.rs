@@ -23,12 +23,20 @@ use serde::{Deserialize, Serialize};
 
 use super::ids::Sha;
 
+pub mod batch;
+pub mod freeze;
+pub mod stats;
+
 /// Position class in the queue (`/shepherd priority high|normal`).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Priority {
+    /// A PR with the policy's `merge_queue_hotfix_label`: before every other entry,
+    /// it takes the head from a PR that is not a hotfix, and merges through a freeze
+    /// (`freeze`).
+    Hotfix,
     /// Before every `normal` entry (still behind the head under test).
     High,
     /// In order of entry.
@@ -40,6 +48,7 @@ impl Priority {
     /// The name.
     pub fn as_str(self) -> &'static str {
         match self {
+            Priority::Hotfix => "hotfix",
             Priority::High => "high",
             Priority::Normal => "normal",
         }
@@ -162,6 +171,33 @@ pub struct QueueStats {
     pub merged_wait_ms: u64,
     /// Ejections by reason.
     pub ejections: BTreeMap<Ejection, u64>,
+    /// The time in queue of the latest merges (bounded: [`stats::WAITS_KEPT`], 7
+    /// days), for the percentiles of the last 24 h and 7 d ([`stats`]).
+    #[serde(default, skip_serializing_if = "std::collections::VecDeque::is_empty")]
+    pub recent_waits: std::collections::VecDeque<stats::WaitSample>,
+    /// Batches built and sent to CI (issue 29), re-tests and bisection halves included.
+    #[serde(default)]
+    pub batches_tested: u64,
+    /// Batches tested for the first time (not a re-test, not a bisection half): the
+    /// denominator of the first-pass success.
+    #[serde(default)]
+    pub batches_first_tested: u64,
+    /// Batches that were green on their first test (no re-test, not a bisection half).
+    #[serde(default)]
+    pub batches_first_pass_green: u64,
+    /// CI runs the batched queue asked for (one per batch tip tested).
+    #[serde(default)]
+    pub ci_runs: u64,
+    /// Re-tests of a red batch whose failing checks all passed on the target's tip.
+    #[serde(default)]
+    pub flaky_retries: u64,
+    /// Red results that turned out flaky (a re-test passed, or a bisection ended with
+    /// every part green): PRs kept instead of ejected.
+    #[serde(default)]
+    pub flaky_saved: u64,
+    /// Suspected-flaky check contexts → how often they failed and then passed.
+    #[serde(default)]
+    pub flaky_checks: BTreeMap<String, u64>,
 }
 
 /// How many departed PRs a queue remembers the last op version of (so a late,
@@ -188,6 +224,23 @@ pub struct BranchQueue {
     /// Counters.
     #[serde(default)]
     pub stats: QueueStats,
+    /// Frozen by hand (`/shepherd freeze`): nothing merges until unfrozen ([`freeze`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<freeze::ManualFreeze>,
+    /// The batch under test (issue 29; `merge_queue_batch_size` > 1), led by `head`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<batch::Batch>,
+    /// A red batch being bisected: which PRs are still suspected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bisect: Option<batch::Bisection>,
+    /// The next batch id (names its temporary branch).
+    #[serde(default)]
+    pub next_batch: u64,
+    /// Temporary branches of batches that ended, still to delete (written before the
+    /// batch is dropped, so a crash between the two leaves a name to delete, never a
+    /// forgotten branch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_branches: Vec<String>,
 }
 
 /// Where one PR stands in its queue, as its record is told.
@@ -282,12 +335,9 @@ impl BranchQueue {
             (QueueAction::Leave { reason }, Some(i)) => {
                 let e = self.entries.remove(i);
                 if *reason == Departure::Merged {
-                    self.stats.merged += 1;
                     let waited = now_ms.saturating_sub(e.entered_ms).max(0);
-                    self.stats.merged_wait_ms = self
-                        .stats
-                        .merged_wait_ms
-                        .saturating_add(u64::try_from(waited).unwrap_or(0));
+                    self.stats
+                        .record_merge(now_ms, u64::try_from(waited).unwrap_or(0));
                 }
                 self.remember_departure(op.number, op.version);
             }
@@ -328,14 +378,19 @@ impl BranchQueue {
         parked
     }
 
-    /// Keeps the head while it is an active entry; otherwise the first active entry by
-    /// priority and ticket becomes the head (none when the queue has no active entry).
+    /// Keeps the head while it is an active entry (and not a non-hotfix PR with a
+    /// hotfix waiting: a hotfix must not wait behind a head a freeze holds); otherwise
+    /// the first active entry by priority and ticket becomes the head (none when the
+    /// queue has no active entry).
     pub fn promote(&mut self) {
-        let head_active = self.head.is_some_and(|h| {
-            self.entries
-                .iter()
-                .any(|e| e.number == h && e.parked.is_none())
-        });
+        let active = |n: u64, hotfix: bool| {
+            (self.entries.iter()).any(|e| {
+                e.number == n && e.parked.is_none() && (!hotfix || e.priority == Priority::Hotfix)
+            })
+        };
+        let hotfix_waiting =
+            (self.entries.iter()).any(|e| e.parked.is_none() && e.priority == Priority::Hotfix);
+        let head_active = self.head.is_some_and(|h| active(h, hotfix_waiting));
         if head_active {
             return;
         }

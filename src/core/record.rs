@@ -144,6 +144,28 @@ pub struct QueueFacts {
     /// The head's CI did not settle in time: the record parks (`ci-timeout`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ci_timed_out: bool,
+    /// The head was held by a freeze of its queue: why and until when (the status
+    /// comment shows it), and when to ask again (unix ms; 0: now, as after a notice of
+    /// the queue). Cleared by the next outcome of an advance that is not `Frozen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<(String, i64)>,
+    /// The batched queue ejected this head (issue 29): work for it until a new head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_failure: Option<BatchFailure>,
+}
+
+/// Why the batched merge queue ejected a PR's head.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchFailure {
+    /// The head it was batched with.
+    pub head: Sha,
+    /// `ci-failed` (after bisection) or `conflict` (while the batch was built).
+    pub reason: crate::core::queue::Ejection,
+    /// The failing checks (for `ci-failed`).
+    #[serde(default)]
+    pub failing: Vec<String>,
+    /// What it was tested with ("failed on top of …").
+    pub note: String,
 }
 
 /// What a PR asked of its branch's queue.

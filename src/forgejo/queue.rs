@@ -66,7 +66,7 @@ pub struct RepoSettings {
 
 /// A branch name as a path: each `/`-separated part percent-encoded (Forgejo's route
 /// takes the rest of the path as the branch, slashes included).
-fn branch_path(branch: &str) -> Result<String, ForgejoError> {
+pub(super) fn branch_path(branch: &str) -> Result<String, ForgejoError> {
     if branch.is_empty() || branch.split('/').any(str::is_empty) {
         return Err(ForgejoError::Invalid(format!(
             "{branch:?} is not a branch name"

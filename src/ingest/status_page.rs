@@ -246,6 +246,7 @@ fn merge_queues(h: &mut String, o: &Overview) {
                 false => format!(", ejections: {}", ejections.join(", ")),
             }
         );
+        queue_analytics(h, q);
         if q.entries.is_empty() {
             h.push_str("<p class=\"muted\">Empty.</p>");
             continue;
@@ -268,6 +269,61 @@ fn merge_queues(h: &mut String, o: &Overview) {
             );
         }
         h.push_str("</table>");
+    }
+}
+
+/// A queue's freeze (why, until when) and its analytics: time in queue over the last
+/// 24 h and 7 d.
+fn queue_analytics(h: &mut String, q: &crate::ops::status::BranchQueueSummary) {
+    if let Some(frozen) = &q.frozen {
+        let _ = write!(h, "<p class=\"frozen\">Frozen: {}.</p>", esc(frozen));
+    }
+    let secs = |ms: u64| duration(i64::try_from(ms).unwrap_or(i64::MAX));
+    h.push_str(
+        "<table class=\"queue-analytics\"><tr><th>Time in queue</th><th>Merged</th>\
+         <th>p50</th><th>p90</th><th>max</th></tr>",
+    );
+    for (window, w) in [("last 24 h", &q.waits_day), ("last 7 days", &q.waits_week)] {
+        let _ = write!(
+            h,
+            "<tr><td>{window}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            w.count,
+            secs(w.p50_ms),
+            secs(w.p90_ms),
+            secs(w.max_ms)
+        );
+    }
+    h.push_str("</table>");
+    let mut batch = Vec::new();
+    if let Some((green, tested)) = q.first_pass {
+        let pct = green as f64 * 100.0 / tested.max(1) as f64;
+        batch.push(format!("first-pass success {green}/{tested} ({pct:.0}%)"));
+    }
+    if let Some(runs) = q.ci_runs_per_merge {
+        batch.push(format!("CI runs per merged PR {runs:.2}"));
+    }
+    if q.flaky.0 > 0 {
+        batch.push(format!(
+            "flaky re-tests {} (saved {})",
+            q.flaky.0, q.flaky.1
+        ));
+    }
+    if !batch.is_empty() {
+        let _ = write!(
+            h,
+            "<p class=\"queue-batches\">Batches: {}.</p>",
+            batch.join(", ")
+        );
+    }
+    if !q.flaky_checks.is_empty() {
+        let checks: Vec<String> = (q.flaky_checks.iter())
+            .map(|(c, n)| format!("<li>{} ({n})</li>", esc(c)))
+            .collect();
+        let _ = write!(
+            h,
+            "<p>Suspected flaky checks (failed, then passed on a re-test):</p><ul class=\"flaky-checks\">{}</ul>",
+            checks.concat()
+        );
     }
 }
 
@@ -433,13 +489,25 @@ mod tests {
             reason: Ejection::CiFailed,
         };
         q.apply(&op(8, 2, park), 4_000);
-        let summary = crate::ops::status::BranchQueueSummary {
-            repo: "o/r".into(),
+        // Four merges: 10 s, 20 s, 30 s and 40 s in queue.
+        for wait in [10_000, 20_000, 30_000, 40_000] {
+            q.stats.record_merge(60_000, wait);
+        }
+        let freeze = crate::core::queue::freeze::FreezeOp {
             branch: "main".into(),
-            entries: crate::ops::status::queue_spots(&q),
-            merged: 4,
-            ejections: vec![("ci-failed".into(), 1)],
+            by: "alice".into(),
+            action: crate::core::queue::freeze::FreezeAction::Freeze {
+                reason: "release <2.0>".into(),
+            },
         };
+        q.apply_freeze(&freeze, 5_000);
+        q.stats.batches_first_tested = 4;
+        q.stats.batches_first_pass_green = 3;
+        q.stats.ci_runs = 6;
+        q.stats.flaky_retries = 1;
+        q.stats.flaky_saved = 1;
+        q.stats.flaky_checks.insert("ci / <e2e>".into(), 1);
+        let summary = crate::ops::status::queue_summary("o/r", &q, &[], 63_000);
         let order: Vec<(u64, &str)> = (summary.entries.iter())
             .map(|(n, s)| (*n, s.state.as_str()))
             .collect();
@@ -455,6 +523,21 @@ mod tests {
         };
         let html = render(&o);
         assert!(html.contains("id=\"merge-queues\""), "{html}");
+        assert!(
+            html.contains("Frozen: the merge queue of `main` is frozen (by @alice: release &lt;2.0&gt;) until `/shepherd unfreeze main`."),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<tr><td>last 24 h</td><td>4</td><td>20s</td><td>40s</td><td>40s</td></tr>"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("Batches: first-pass success 3/4 (75%), CI runs per merged PR 1.50, flaky re-tests 1 (saved 1)."),
+            "{html}"
+        );
+        assert!(html.contains("<li>ci / &lt;e2e&gt; (1)</li>"), "{html}");
         assert!(
             html.contains("o/r · main (2 in line, 4 merged, ejections: ci-failed 1)"),
             "{html}"

@@ -12,6 +12,7 @@ use super::timefmt::now_ms;
 use super::{Ops, OpsError};
 use crate::core::ids::RepoName;
 use crate::core::machine::{Phase, decide};
+use crate::core::queue::stats::WaitSummary;
 use crate::core::record::{Hold, PrRecord};
 use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::{self, history_fields};
@@ -106,6 +107,28 @@ pub struct BranchQueueSummary {
     pub merged: u64,
     /// Ejections so far, by reason.
     pub ejections: Vec<(String, u64)>,
+    /// Frozen now: why and until when (`core::queue::freeze`).
+    #[serde(default)]
+    pub frozen: Option<String>,
+    /// Time in queue of the PRs merged in the last 24 h.
+    #[serde(default)]
+    pub waits_day: WaitSummary,
+    /// Time in queue of the PRs merged in the last 7 days.
+    #[serde(default)]
+    pub waits_week: WaitSummary,
+    /// Batches green on their first test, and batches tested for the first time.
+    #[serde(default)]
+    pub first_pass: Option<(u64, u64)>,
+    /// CI runs of the batched queue per merged PR.
+    #[serde(default)]
+    pub ci_runs_per_merge: Option<f64>,
+    /// Re-tests of red results whose failing checks passed on the tip, and those that
+    /// turned out flaky (nobody ejected).
+    #[serde(default)]
+    pub flaky: (u64, u64),
+    /// Suspected-flaky checks and how often each failed and then passed.
+    #[serde(default)]
+    pub flaky_checks: Vec<(String, u64)>,
 }
 
 /// The spots of every PR in `q`, in queue order (head, waiting, parked).
@@ -137,21 +160,47 @@ pub fn queue_spots(q: &crate::core::queue::BranchQueue) -> Vec<(u64, QueueSpot)>
         .collect()
 }
 
+/// The summary of queue `q` of `repo` at `now` (freeze windows from `windows`).
+pub fn queue_summary(
+    repo: &str,
+    q: &crate::core::queue::BranchQueue,
+    windows: &[crate::core::queue::freeze::FreezeWindow],
+    now: i64,
+) -> BranchQueueSummary {
+    BranchQueueSummary {
+        repo: repo.to_owned(),
+        branch: q.branch.clone(),
+        entries: queue_spots(q),
+        merged: q.stats.merged,
+        ejections: (q.stats.ejections.iter())
+            .map(|(e, n)| (e.as_str().to_owned(), *n))
+            .collect(),
+        frozen: crate::core::queue::freeze::frozen(q, windows, now).map(|f| f.describe(&q.branch)),
+        waits_day: q.stats.waits(now, crate::core::queue::stats::DAY_MS),
+        waits_week: q.stats.waits(now, crate::core::queue::stats::WEEK_MS),
+        first_pass: q.stats.first_pass(),
+        ci_runs_per_merge: q.stats.ci_runs_per_merge(),
+        flaky: (q.stats.flaky_retries, q.stats.flaky_saved),
+        flaky_checks: (q.stats.flaky_checks.iter())
+            .map(|(c, n)| (c.clone(), *n))
+            .collect(),
+    }
+}
+
 /// The merge queues of `repo`, one per target branch that has one.
 pub async fn repo_queues(ops: &Ops, repo: &RepoName) -> Result<Vec<BranchQueueSummary>, OpsError> {
     let mut conn = ops.conn();
     let mut out = Vec::new();
+    let policy = ops.policy.for_repo(repo);
+    let now = now_ms();
     for branch in store_queue::branches(&mut conn, &ops.keys, repo.as_str()).await? {
         let q = store_queue::load(&mut conn, &ops.keys, repo.as_str(), &branch).await?;
-        out.push(BranchQueueSummary {
-            repo: repo.to_string(),
-            branch,
-            entries: queue_spots(&q),
-            merged: q.stats.merged,
-            ejections: (q.stats.ejections.iter())
-                .map(|(e, n)| (e.as_str().to_owned(), *n))
-                .collect(),
-        });
+        out.push(queue_summary(
+            repo.as_str(),
+            &q,
+            &policy.merge_queue_freeze,
+            now,
+        ));
     }
     Ok(out)
 }

@@ -72,6 +72,58 @@ pub struct Applied {
     pub entry_before: Option<Entry>,
 }
 
+/// Changes the queue of `branch` with `f` under compare-and-set (the batched queue's
+/// steps, issue 29); `f` may run more than once, on fresh loads.
+pub async fn update(
+    conn: &mut Conn,
+    keys: &Keys,
+    repo: &str,
+    branch: &str,
+    f: impl Fn(&mut BranchQueue),
+) -> Result<Applied, StoreError> {
+    let key = keys.merge_queue(repo, branch);
+    for _ in 0..CAS_TRIES {
+        let before = load(conn, keys, repo, branch).await?;
+        let mut after = before.clone();
+        f(&mut after);
+        if after == before {
+            return Ok(Applied {
+                queue: before,
+                notices: Vec::new(),
+                changed: false,
+                entry_before: None,
+            });
+        }
+        after.version = before.version + 1;
+        let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let written: i64 = CAS
+            .key(&key)
+            .key(keys.merge_queues(repo))
+            .arg(before.version)
+            .arg(after.version)
+            .arg(data)
+            .arg(branch)
+            .invoke_async(conn)
+            .await?;
+        if written == 1 {
+            let notices = changed_places(&before, &after);
+            return Ok(Applied {
+                queue: after,
+                notices,
+                changed: true,
+                entry_before: None,
+            });
+        }
+    }
+    Err(StoreError::Protocol {
+        script: "merge-queue compare-and-set",
+        reply: format!("{key}: lost {CAS_TRIES} times in a row"),
+    })
+}
+
 /// Applies `op` at `now_ms` under compare-and-set. An op that changes nothing (a
 /// duplicate: its effect ran before and died before it was marked done) tells its own
 /// PR and the head their current places again, so no notice is lost to a crash.
@@ -129,6 +181,47 @@ pub async fn apply(
         }
     }
     // Other writers won the race every time: the entry stays pending and is retried.
+    Err(StoreError::Protocol {
+        script: "merge-queue compare-and-set",
+        reply: format!("{key}: lost {CAS_TRIES} times in a row"),
+    })
+}
+
+/// Changes the queue of `branch` with `change` (false: it changed nothing, nothing is
+/// written) under compare-and-set, as [`apply`] does for ops; returns the queue after
+/// and whether it changed. Used for what is not a PR's op (a freeze).
+pub async fn change(
+    conn: &mut Conn,
+    keys: &Keys,
+    repo: &str,
+    branch: &str,
+    mut change: impl FnMut(&mut BranchQueue) -> bool,
+) -> Result<(BranchQueue, bool), StoreError> {
+    let key = keys.merge_queue(repo, branch);
+    for _ in 0..CAS_TRIES {
+        let before = load(conn, keys, repo, branch).await?;
+        let mut after = before.clone();
+        if !change(&mut after) {
+            return Ok((before, false));
+        }
+        after.version = before.version + 1;
+        let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let written: i64 = CAS
+            .key(&key)
+            .key(keys.merge_queues(repo))
+            .arg(before.version)
+            .arg(after.version)
+            .arg(data)
+            .arg(branch)
+            .invoke_async(conn)
+            .await?;
+        if written == 1 {
+            return Ok((after, true));
+        }
+    }
     Err(StoreError::Protocol {
         script: "merge-queue compare-and-set",
         reply: format!("{key}: lost {CAS_TRIES} times in a row"),

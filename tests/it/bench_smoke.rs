@@ -261,10 +261,9 @@ fn bench_smoke_merge_queue() {
         &out,
         &[
             "-- run 1",
-            "BENCH merge_queue queue=off base_moved=false n=1 ci_ms=200 ",
-            "BENCH merge_queue queue=off base_moved=false n=2 ci_ms=200 ",
-            "BENCH merge_queue queue=on base_moved=false n=1 ci_ms=200 ",
-            "BENCH merge_queue queue=on base_moved=false n=2 ci_ms=200 ",
+            "BENCH merge_queue k=1 p=0.1 f=0 n=3 ci_ms=200 ",
+            "BENCH merge_queue k=2 p=0.1 f=0 n=3 ci_ms=200 ",
+            "BENCH merge_queue ratio p=0.1 f=0 k=2 vs k=1: prs_per_hour x",
             "load after: ",
         ],
     );

@@ -11,6 +11,7 @@ use super::super::effect::{EffectKind, ObserveWhat};
 use super::super::event::Permission;
 use super::super::ids::Login;
 use super::super::policy::Policy;
+use super::super::queue::freeze::{FreezeAction, FreezeOp};
 use super::super::record::{
     HANDLED_COMMENTS_KEPT, Hold, MAX_PENDING_COMMANDS, MAX_PENDING_PER_LOGIN, PendingCommand,
     PermissionFact, WorkState,
@@ -38,6 +39,9 @@ pub(crate) struct CommandEffects {
     pub implement: bool,
     /// A merge-queue command (PRs only; the last one of a comment wins).
     pub queue: Option<QueueCommand>,
+    /// `/shepherd freeze|unfreeze` by a user with write access (PRs only; the last one
+    /// of a comment wins).
+    pub freeze: Option<crate::core::queue::freeze::FreezeOp>,
     /// `/shepherd agents on` by a user with write access: who (PRs only).
     pub agents_on: Option<Login>,
     /// `/shepherd agents on` by a user without write access, refused: who.
@@ -260,6 +264,22 @@ fn execute(
         Command::Priority { level } => out.queue = Some(QueueCommand::Priority(*level)),
         Command::Dequeue => out.queue = Some(QueueCommand::Dequeue),
         Command::AgentsOn => out.agents_on = Some(by.clone()),
+        Command::Freeze { branch, reason } => {
+            out.freeze = Some(FreezeOp {
+                branch: branch.clone(),
+                by: by.to_string(),
+                action: FreezeAction::Freeze {
+                    reason: reason.clone(),
+                },
+            });
+        }
+        Command::Unfreeze { branch } => {
+            out.freeze = Some(FreezeOp {
+                branch: branch.clone(),
+                by: by.to_string(),
+                action: FreezeAction::Unfreeze,
+            });
+        }
     }
 }
 

@@ -331,6 +331,9 @@ fn after_commands(
     if let Some(c) = status.queue {
         super::queue::on_command(r, c, now, policy, fx);
     }
+    if let Some(op) = status.freeze {
+        super::queue::on_freeze_command(r, op, policy, fx);
+    }
     if status.retry && matches!(r.merge, MergeState::Backoff { .. }) {
         r.merge = MergeState::Idle;
     }
@@ -651,9 +654,10 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
                 back_off_merge(r, now.saturating_add(LOST_MERGE_BACKOFF_MS), fx);
                 true
             }
+            // A head held by a freeze asks again (`queue::ready_plan`).
+            MergeState::Idle => r.queue.frozen.is_some(),
             MergeState::Backoff { .. }
             | MergeState::Verifying { .. }
-            | MergeState::Idle
             | MergeState::InFlight { .. } => false,
         },
         TimerKind::StaleCheck => r.is_open(),
@@ -683,6 +687,12 @@ fn on_outcome(
     fx: &mut Fx,
 ) -> bool {
     let in_flight = matches!(r.merge, MergeState::InFlight { .. });
+    if let EffectOutcome::Merge(m) = outcome
+        && in_flight
+        && !matches!(m, MergeOutcome::Frozen { .. })
+    {
+        r.queue.frozen = None;
+    }
     match outcome {
         EffectOutcome::Merge(MergeOutcome::Merged) => {
             if let Some(pr) = &mut r.pr {
@@ -692,6 +702,7 @@ fn on_outcome(
             true
         }
         EffectOutcome::Queue(place) => super::queue::on_place(r, place),
+        EffectOutcome::QueueEjected(failure) => super::queue::on_ejected(r, failure),
         // A late or duplicated outcome of a merge that is no longer in flight.
         EffectOutcome::Merge(m) if !in_flight && *m != MergeOutcome::Merged => false,
         EffectOutcome::Merge(MergeOutcome::Conflict) => {
@@ -710,6 +721,16 @@ fn on_outcome(
         EffectOutcome::Merge(MergeOutcome::LockBusy { retry_ms }) => {
             let delay = i64::try_from(*retry_ms).unwrap_or(i64::MAX);
             wait_for_lease(r, now.saturating_add(delay), fx);
+            true
+        }
+        EffectOutcome::Merge(MergeOutcome::Frozen { note, retry_ms }) => {
+            // Held by a freeze: asks again at its end (or when the queue tells it its
+            // place again, as an unfreeze does). Not a merge blocker: the PR stays
+            // queued at the head.
+            r.merge = MergeState::Idle;
+            let at = now.saturating_add(i64::try_from(*retry_ms).unwrap_or(i64::MAX));
+            r.queue.frozen = Some((note.clone(), at));
+            schedule_merge_retry(at, fx);
             true
         }
         EffectOutcome::Merge(MergeOutcome::TryAgain) => {
@@ -752,6 +773,7 @@ fn on_outcome(
             | EffectKindName::Merge
             | EffectKindName::Queue
             | EffectKindName::QueueAdvance
+            | EffectKindName::QueueFreeze
             | EffectKindName::Observe
             | EffectKindName::Schedule => false,
         },

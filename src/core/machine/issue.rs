@@ -449,7 +449,8 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
                 } => r.work.active.as_ref().is_some_and(|a| &a.item.id == id),
                 EffectOutcome::Failed { work_id: None, .. }
                 | EffectOutcome::Merge(_)
-                | EffectOutcome::Queue(_) => false,
+                | EffectOutcome::Queue(_)
+                | EffectOutcome::QueueEjected(_) => false,
             };
             if !is_this(r, repo, *scope, *number) || !failed_dispatch {
                 return false;

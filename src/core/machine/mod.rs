@@ -141,7 +141,13 @@ pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> T
     // agent's push ends its claim without a cancel.
     let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
     let relevant = facts::apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
-    if !relevant {
+    // PRs into or out of the merge queue's temporary batch branches are the queue's
+    // own (issue 29): never reviewed, merged or commented on as PRs.
+    let batch_pr = r.pr.as_ref().is_some_and(|p| {
+        super::queue::batch::is_batch_branch(&p.base_ref)
+            || super::queue::batch::is_batch_branch(&p.head_ref)
+    });
+    if !relevant || batch_pr {
         return noop(record, event);
     }
     review::note_verdicts(&mut r, policy);
@@ -192,6 +198,7 @@ fn effect_label(kind: &EffectKind) -> String {
         EffectKind::Merge { head_sha, .. } => format!("merge {head_sha}"),
         EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
         EffectKind::QueueAdvance { head_sha, .. } => format!("advance queue {head_sha}"),
+        EffectKind::QueueFreeze(op) => format!("queue {:?} {}", op.action, op.branch),
         EffectKind::Observe(w) => format!("observe {w:?}"),
         EffectKind::Schedule(t) => format!("timer {}", t.kind.name()),
     }

@@ -306,6 +306,9 @@ pub fn merge_blockers(r: &PrRecord, policy: &Policy, now_ms: i64) -> Vec<String>
         lease_wait,
     } = r.merge
         && now_ms < not_before_ms
+        // The queue's head waits in its queue (`queue::ready_plan`), not parked: a
+        // batch under test asks again after a back-off while its CI runs.
+        && !super::queue::is_head(r)
     {
         out.push(if lease_wait {
             "waiting for the target branch's merge lease (another merge is in progress)".into()
@@ -395,6 +398,9 @@ fn problems(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) -> Plan {
             "conflicts with the base branch",
         );
     }
+    if let Some(plan) = batch_failure_plan(r, policy, now) {
+        return plan;
+    }
     if let CiView::Failing(failing) = ci_view(r, policy) {
         let note = super::queue::ci_note(r);
         let mut why = format!("CI failing: {}", names_of(&failing));
@@ -450,7 +456,7 @@ fn ready_or_waiting(r: &PrRecord, pr: &PrSnapshot, policy: &Policy, now: i64) ->
             return Plan::idle(Phase::AwaitingCi, "head commit unknown");
         };
         return match policy.merge_mode {
-            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy),
+            MergeMode::Auto if policy.merge_queue => super::queue::ready_plan(r, sha, policy, now),
             MergeMode::Auto => Plan {
                 phase: Phase::ReadyToMerge,
                 reason: format!("every merge condition holds for {sha}"),
@@ -553,6 +559,39 @@ fn failing_check(c: &CiContext) -> FailingCheck {
         description: c.description.clone(),
         target_url: c.target_url.clone(),
     }
+}
+
+/// The batched merge queue ejected the head (issue 29): `merge-conflicts` work for a
+/// conflict while building the batch, `ci-fix` for a failure a bisection pinned on it
+/// (its own CI is green: the note says what it failed on top of).
+fn batch_failure_plan(r: &PrRecord, policy: &Policy, now: i64) -> Option<Plan> {
+    let f = super::queue::batch_failure(r)?;
+    let (kind, why) = match f.reason {
+        crate::core::queue::Ejection::Conflict => (
+            WorkKind::MergeConflicts,
+            format!("conflicts in the merge queue's batch ({})", f.note),
+        ),
+        _ => (
+            WorkKind::CiFix,
+            format!("CI failing in the merge queue ({})", f.note),
+        ),
+    };
+    let context = WorkContext {
+        failing_checks: f
+            .failing
+            .iter()
+            .map(|c| FailingCheck {
+                context: c.clone(),
+                state: super::super::event::CiState::Failure,
+                description: String::new(),
+                target_url: String::new(),
+            })
+            .collect(),
+        note: Some(f.note.clone()),
+        ..WorkContext::default()
+    };
+    let signature = format!("batch:{}:{}", f.reason.as_str(), f.head);
+    Some(want_work(r, policy, now, kind, signature, context, &why))
 }
 
 /// Wants work of `kind` for `signature`, unless the previous attempt's push is still

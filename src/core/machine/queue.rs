@@ -14,8 +14,9 @@
 use super::super::event::PrState;
 use super::super::ids::Sha;
 use super::super::policy::Policy;
-use super::super::queue::{Departure, Ejection, Place, QueueAction, QueueOp};
-use super::super::record::{ConflictFact, MergeState, PrRecord, QueueMembership};
+use super::super::queue::freeze::{FreezeAction, FreezeOp};
+use super::super::queue::{Departure, Ejection, Place, Priority, QueueAction, QueueOp};
+use super::super::record::{BatchFailure, ConflictFact, MergeState, PrRecord, QueueMembership};
 use super::plan::{CiView, Plan, Want, ci_view};
 use super::{Fx, Phase};
 use crate::core::effect::{EffectKind, Timer, TimerKind};
@@ -43,7 +44,7 @@ pub(crate) fn is_head(r: &PrRecord) -> bool {
 }
 
 /// Every §2.4 condition holds and the queue is on: queued, or (the head) advancing.
-pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
+pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy, now: i64) -> Plan {
     let branch = base_branch(r);
     if r.queue.dequeued {
         return Plan {
@@ -74,10 +75,39 @@ pub(crate) fn ready_plan(r: &PrRecord, sha: Sha, policy: &Policy) -> Plan {
         };
     }
     if is_head(r) {
+        if let MergeState::Backoff { not_before_ms, .. } = r.merge
+            && now < not_before_ms
+        {
+            // The advance asked to be tried again later (the lease was busy, or the
+            // batch it leads is under test): the head keeps its place meanwhile.
+            let what = match policy.merge_queue_batch_size > 1 {
+                true => "testing a batch",
+                false => "waiting for the merge lease",
+            };
+            return Plan {
+                phase: Phase::Queued,
+                reason: format!("head of the merge queue of `{branch}`: {what}"),
+                want: Want::Nothing,
+            };
+        }
         let how = match r.queue.updated_onto {
             Some(_) => "tested on top of the tip",
             None => "head of the queue",
         };
+        if let Some((note, at)) = &r.queue.frozen {
+            // Asks again when the freeze should end (the merge-retry timer) or when the
+            // queue spoke; the reason stays the same meanwhile.
+            let reason = format!("{how} of `{branch}`, but {note}: {sha} merges after it");
+            let want = match now >= *at {
+                true => Want::Merge { sha },
+                false => Want::Nothing,
+            };
+            return Plan {
+                phase: Phase::Queued,
+                reason,
+                want,
+            };
+        }
         return Plan {
             phase: Phase::Queued,
             reason: format!("{how} of `{branch}`: merging {sha} once it is on the tip"),
@@ -163,6 +193,56 @@ fn out_of_updates(r: &PrRecord, policy: &Policy) -> bool {
     max > 0 && r.queue.updates > max
 }
 
+/// The priority the PR joins with: `hotfix` while it carries the policy's
+/// `merge_queue_hotfix_label`, else its `/shepherd priority`.
+fn priority(r: &PrRecord, policy: &Policy) -> Priority {
+    let label = &policy.merge_queue_hotfix_label;
+    let hotfix = !label.is_empty() && (r.pr.as_ref()).is_some_and(|p| p.labels.contains(label));
+    match hotfix {
+        true => Priority::Hotfix,
+        false => r.queue.priority,
+    }
+}
+
+/// `/shepherd freeze|unfreeze <branch>` by a user with write access: the queue of
+/// that branch is changed by the executor (`QueueFreeze`); the comment says what
+/// follows.
+pub(crate) fn on_freeze_command(r: &PrRecord, op: FreezeOp, policy: &Policy, fx: &mut Fx) {
+    if !policy.merge_queue {
+        fx.comment(
+            r.number,
+            "The merge queue is not enabled for this repository (policy `merge_queue`): \
+             there is no queue to freeze."
+                .to_owned(),
+        );
+        return;
+    }
+    let branch = op.branch.clone();
+    let text = match &op.action {
+        FreezeAction::Freeze { .. } => {
+            let hotfix = match policy.merge_queue_hotfix_label.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; PRs labelled `{}` still merge",
+                    policy.merge_queue_hotfix_label
+                ),
+            };
+            format!(
+                "Freezing the merge queue of `{branch}` (by @{}): nothing merges until \
+                 `/shepherd unfreeze {branch}`{hotfix}.",
+                op.by
+            )
+        }
+        FreezeAction::Unfreeze => format!(
+            "Unfreezing the merge queue of `{branch}` (by @{}); a freeze window of the \
+             policy still holds while it lasts.",
+            op.by
+        ),
+    };
+    fx.push(EffectKind::QueueFreeze(op));
+    fx.comment(r.number, text);
+}
+
 /// The PR's target branch.
 fn base_branch(r: &PrRecord) -> String {
     r.pr.as_ref()
@@ -213,7 +293,7 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
         if out_of_updates(r, policy) {
             return Wish::Requeue(Ejection::BaseMoving);
         }
-        let same = member.is_some_and(|m| m.parked.is_none() && m.priority == r.queue.priority);
+        let same = member.is_some_and(|m| m.parked.is_none() && m.priority == priority(r, policy));
         return match same {
             true => Wish::Keep,
             false => Wish::Join(pr.base_ref.clone()),
@@ -311,12 +391,12 @@ fn sync_membership(r: &mut PrRecord, plan: &Plan, policy: &Policy, fx: &mut Fx) 
     let (branch, action) = match wish {
         Wish::Keep => return,
         Wish::Join(to) => {
+            let priority = priority(r, policy);
             r.queue.membership = Some(QueueMembership {
                 branch: to.clone(),
                 parked: None,
-                priority: r.queue.priority,
+                priority,
             });
-            let priority = r.queue.priority;
             (to, QueueAction::Join { priority })
         }
         Wish::Park(reason) => {
@@ -357,6 +437,7 @@ fn park(r: &mut PrRecord, reason: Ejection) {
     r.queue.updates = 0;
     r.queue.ci_timed_out = false;
     r.queue.ci_wait = None;
+    r.queue.frozen = None;
 }
 
 /// The queue says where the PR stands. Notices can arrive out of order and be
@@ -371,6 +452,10 @@ pub(crate) fn on_place(r: &mut PrRecord, place: &Place) -> bool {
         || known.is_some_and(|p| p.version > place.version || p == place)
     {
         return false;
+    }
+    if let Some((_, at)) = &mut r.queue.frozen {
+        // The queue spoke (an unfreeze tells the head): ask again now.
+        *at = 0;
     }
     if !place.head && r.queue.place.as_ref().is_some_and(|p| p.head) {
         // No longer the head (the queue dropped it): stop advancing.
@@ -403,6 +488,24 @@ pub(crate) fn on_new_head(r: &mut PrRecord) {
             r.queue.updated_onto = None;
         }
     }
+}
+
+/// The batched queue ejected the PR's head (issue 29): the record keeps why, for that
+/// head only (a new head is a new candidate).
+pub(crate) fn on_ejected(r: &mut PrRecord, f: &BatchFailure) -> bool {
+    if r.head_sha() != Some(&f.head) || r.queue.batch_failure.as_ref() == Some(f) {
+        return false;
+    }
+    r.queue.batch_failure = Some(f.clone());
+    true
+}
+
+/// The batched queue's ejection of the current head, if any.
+pub(crate) fn batch_failure(r: &PrRecord) -> Option<&BatchFailure> {
+    r.queue
+        .batch_failure
+        .as_ref()
+        .filter(|f| r.head_sha() == Some(&f.head))
 }
 
 /// `/shepherd queue|priority|dequeue`.
@@ -447,7 +550,7 @@ fn report(r: &PrRecord, policy: &Policy, now: i64) -> String {
     };
     format!(
         "Merge queue: {place}, priority {}.\n\nPhase `{}`: {}",
-        r.queue.priority.as_str(),
+        priority(r, policy).as_str(),
         p.phase.as_str(),
         p.reason
     )

@@ -109,6 +109,13 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
             style: policy.merge_style,
             delete_branch: policy.delete_branch,
             may_update: super::queue::may_update(r, policy),
+            batch: (policy.merge_queue_batch_size > 1).then_some(
+                crate::core::effect::BatchSettings {
+                    size: policy.merge_queue_batch_size,
+                    wait_secs: policy.merge_queue_batch_wait_secs,
+                    flaky_retries: policy.merge_queue_flaky_retries,
+                },
+            ),
         }),
         false => fx.push(EffectKind::Merge {
             head_sha: sha.clone(),

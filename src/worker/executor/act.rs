@@ -151,6 +151,7 @@ impl Executor {
                 self.merge(effect, request).await
             }
             EffectKind::Queue(op) => self.queue_op(effect, op).await,
+            EffectKind::QueueFreeze(op) => self.queue_freeze(effect, op).await,
             EffectKind::QueueAdvance {
                 head_sha,
                 branch,
@@ -158,6 +159,7 @@ impl Executor {
                 style,
                 delete_branch,
                 may_update,
+                batch,
             } => {
                 let ask = super::queue::AdvanceAsk {
                     head_sha,
@@ -167,6 +169,7 @@ impl Executor {
                     delete_branch: *delete_branch,
                     may_update: *may_update,
                     queued_ms,
+                    batch: *batch,
                 };
                 self.queue_advance(effect, ask).await
             }

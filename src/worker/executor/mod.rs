@@ -22,9 +22,11 @@
 //! reach the machine as failed agent attempts; only a spent budget is reported.
 
 mod act;
+mod batch;
 mod merge;
 mod observe;
 mod queue;
+mod queue_freeze;
 pub mod retry;
 
 use std::collections::HashMap;
@@ -421,6 +423,7 @@ fn failure_event(effect: &Effect, message: String, budget_spent: bool) -> Event 
         | EffectKind::UpsertComment { .. }
         | EffectKind::Comment { .. }
         | EffectKind::Queue(_)
+        | EffectKind::QueueFreeze(_)
         | EffectKind::Observe(_)
         | EffectKind::Schedule(_) => EffectOutcome::Failed {
             kind: effect.kind.name(),

@@ -34,6 +34,7 @@ use crate::store::{queue, streams};
 use super::Executor;
 use super::act::Failure;
 use super::merge::{Keeper, MergeAsk, busy, outcome_event, settled};
+use super::queue_freeze::FreezeHolds;
 
 /// How long a PR that is not the head waits before its record may ask again (ms).
 const NOT_HEAD_RETRY_MS: u64 = 1_000;
@@ -54,6 +55,8 @@ pub(super) struct AdvanceAsk<'a> {
     pub may_update: bool,
     /// When the effect was queued.
     pub queued_ms: u64,
+    /// The batch settings (issue 29): `Some` advances the branch's batch instead.
+    pub batch: Option<crate::core::effect::BatchSettings>,
 }
 
 impl Executor {
@@ -75,9 +78,13 @@ impl Executor {
             waiting = applied.queue.order().len(),
             "merge queue op applied"
         );
-        self.ctx
-            .metrics
-            .queue_op(effect.repo.as_str(), op, &applied.queue, applied.changed);
+        self.ctx.metrics.queue_op(
+            effect.repo.as_str(),
+            op,
+            &applied.queue,
+            applied.changed,
+            now,
+        );
         let merged = matches!(
             op.action,
             crate::core::queue::QueueAction::Leave {
@@ -136,11 +143,15 @@ impl Executor {
             events.push(outcome_event(effect, wait));
             return Ok(events);
         }
+        let holds = self.freeze_holds(effect, &q);
         let keeper = match self.take_merge_lease(effect, ask.branch).await? {
             Ok(keeper) => keeper,
             Err(busy) => return Ok(vec![busy]),
         };
-        let result = self.advance_locked(effect, &ask, &pr, &keeper).await;
+        let result = match &ask.batch {
+            Some(settings) => self.batch_advance(effect, &ask, settings, &keeper).await,
+            None => self.advance_locked(effect, &ask, &pr, &keeper, holds).await,
+        };
         self.release_merge_lease(effect, ask.branch, keeper).await;
         result
     }
@@ -152,6 +163,7 @@ impl Executor {
         ask: &AdvanceAsk<'_>,
         pr: &PullRequest,
         keeper: &Keeper,
+        holds: FreezeHolds,
     ) -> Result<Vec<Event>, Failure> {
         let repo = effect.repo.as_str();
         let reads = self.forgejo.with_cause(Cause::MergeCheck);
@@ -166,6 +178,9 @@ impl Executor {
         };
         let action = head_action(&reading);
         tracing::info!(?action, "merge queue head");
+        if let Some(frozen) = holds.holds(&action, ask.branch) {
+            return Ok(vec![outcome_event(effect, frozen)]);
+        }
         match action {
             HeadAction::Merged => Ok(vec![outcome_event(effect, MergeOutcome::Merged)]),
             HeadAction::HeadMoved => Ok(vec![outcome_event(effect, MergeOutcome::HeadMoved)]),
@@ -273,13 +288,13 @@ impl Executor {
 }
 
 /// A sha Forgejo sent; a malformed one is a permanent failure of the effect.
-fn parse_sha(s: &str) -> Result<Sha, Failure> {
+pub(super) fn parse_sha(s: &str) -> Result<Sha, Failure> {
     s.parse()
         .map_err(|_| Failure::Permanent(format!("Forgejo sent {s:?} as a commit sha")))
 }
 
 /// The event telling PR `number` its place in the queue, as an outcome of `effect`.
-fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
+pub(super) fn place_event(effect: &Effect, number: u64, place: crate::core::queue::Place) -> Event {
     Event::EffectOutcome {
         repo: effect.repo.clone(),
         scope: Scope::Pr,

@@ -7,7 +7,8 @@
 //! definition's path templates, one segment per parameter (a literal segment beats a
 //! parameter, the first differing segment decides; a template whose path matches but
 //! lacks the method gives way to a less specific one that has it, as Forgejo's router
-//! chi does; a final `{filepath}` takes the rest of the path). Then:
+//! chi does; a final `{filepath}`, or the `{branch}` of `…/branches/{branch}`, takes
+//! the rest of the path). Then:
 //! - the operation exists;
 //! - each path parameter is declared and fits its type and enum (e.g. an integer
 //!   `{index}`);
@@ -136,7 +137,11 @@ impl Route {
                 (1, 1) => 2,
                 _ => 1,
             };
-            if i + 1 == n && *seg == "{filepath}" {
+            // Forgejo routes a branch as `/branches/*` (routers/api/v1/api.go:
+            // `m.Get("/*", repo.GetBranch)`, `m.Delete("/*", …)`): its name may hold
+            // slashes, as the merge queue's `shepherd/batch/<branch>/<id>` do.
+            let branch_rest = *seg == "{branch}" && i > 0 && raw[i - 1] == "branches";
+            if i + 1 == n && (*seg == "{filepath}" || branch_rest) {
                 rest = true;
             }
             segments.push(Segment { parts, rank });

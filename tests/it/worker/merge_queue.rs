@@ -12,9 +12,9 @@ use crate::support::fake_forgejo::{FakeForgejo, MergeRecord, NewPr};
 use crate::support::scenario::Scenario;
 
 /// The repository.
-const REPO: &str = "acme/widgets";
+pub(super) const REPO: &str = "acme/widgets";
 /// The simulated CI's context.
-const CI: &str = "ci / test";
+pub(super) const CI: &str = "ci / test";
 /// The queue's policy on top of the scenario's fast timers.
 const QUEUE_POLICY: &str = "merge_queue = true\nmerge_queue_max_updates = 3\n";
 /// How long a scenario may take to get where it should.
@@ -26,7 +26,7 @@ async fn start(ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
 }
 
 /// [`start`] with more policy lines.
-async fn start_with(extra: &str, ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
+pub(super) async fn start_with(extra: &str, ci_ms: u64, breaks: &[(u64, u64)]) -> Scenario {
     let s = Scenario::start(&format!("{QUEUE_POLICY}{extra}")).await;
     let mut ci = SimCi::new(CI, Duration::from_millis(ci_ms));
     ci.breaks = breaks.to_vec();
@@ -44,7 +44,7 @@ async fn queue_in_order(s: &Scenario, n: usize) -> Vec<u64> {
 }
 
 /// Opens `n` bot PRs on `main` and lets the CI of their own heads finish (green).
-async fn open_green(s: &Scenario, n: usize) -> Vec<u64> {
+pub(super) async fn open_green(s: &Scenario, n: usize) -> Vec<u64> {
     let mut prs = Vec::new();
     for i in 0..n {
         let pr = s
@@ -61,7 +61,7 @@ async fn open_green(s: &Scenario, n: usize) -> Vec<u64> {
 }
 
 /// Approves `prs` one by one, each once the previous one is in the queue (or merged).
-async fn approve_in_order(s: &Scenario, prs: &[u64]) {
+pub(super) async fn approve_in_order(s: &Scenario, prs: &[u64]) {
     for &pr in prs {
         approve(s, pr).await;
         let end = Instant::now() + QUEUE_DEADLINE;
@@ -74,7 +74,7 @@ async fn approve_in_order(s: &Scenario, prs: &[u64]) {
 }
 
 /// Holds the simulated CI: runs started from now on finish only on [`release_ci`].
-fn hold_ci(s: &Scenario) {
+pub(super) fn hold_ci(s: &Scenario) {
     s.fake.with_model(|m| {
         if let Some(ci) = m.repo_mut(REPO).ci.as_mut() {
             ci.duration = Duration::from_secs(3_600);
@@ -83,7 +83,7 @@ fn hold_ci(s: &Scenario) {
 }
 
 /// Lets every held CI run finish at once, and later ones after `ms`.
-fn release_ci(s: &Scenario, ms: u64) {
+pub(super) fn release_ci(s: &Scenario, ms: u64) {
     s.fake.with_model(|m| {
         if let Some(ci) = m.repo_mut(REPO).ci.as_mut() {
             ci.duration = Duration::from_millis(ms);
@@ -94,7 +94,7 @@ fn release_ci(s: &Scenario, ms: u64) {
 }
 
 /// Delivers the echoes of Shepherd's writes only (no CI run finishes).
-async fn pump_outbox(s: &Scenario) {
+pub(super) async fn pump_outbox(s: &Scenario) {
     for hook in s.fake.take_outbox() {
         s.send(&hook).await;
     }
@@ -161,7 +161,7 @@ async fn queue_order(s: &Scenario) -> Vec<u64> {
 }
 
 /// `main`'s queue as stored in Redis (an empty one before the first op).
-async fn stored_queue(s: &Scenario) -> shepherd::core::queue::BranchQueue {
+pub(super) async fn stored_queue(s: &Scenario) -> shepherd::core::queue::BranchQueue {
     let key = s.shepherd.keys().merge_queue(REPO, "main");
     let mut conn = s.redis_conn();
     let data: Option<String> = redis::cmd("HGET")
@@ -192,7 +192,7 @@ async fn in_queue_or_merged(s: &Scenario, n: u64) -> bool {
 }
 
 /// A writer approves PR `n`'s head (and the review webhook goes out).
-async fn approve(s: &Scenario, n: u64) {
+pub(super) async fn approve(s: &Scenario, n: u64) {
     let id = s
         .fake
         .with_model(|m| m.add_review(REPO, n, "reviewer", "APPROVED"));
@@ -202,7 +202,7 @@ async fn approve(s: &Scenario, n: u64) {
 /// Delivers what Forgejo would send on its own: finished CI runs (`action_run_*`)
 /// and the echoes of Shepherd's writes (label changes, comments, merges, the
 /// `pull_request_sync` of an update).
-async fn pump(s: &Scenario) {
+pub(super) async fn pump(s: &Scenario) {
     let hooks: Vec<_> = s
         .fake
         .finish_ci_runs()
@@ -215,7 +215,7 @@ async fn pump(s: &Scenario) {
 }
 
 /// Runs the world until `cond` holds (polls with a deadline; never a timed assertion).
-async fn run_until(s: &Scenario, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
+pub(super) async fn run_until(s: &Scenario, what: &str, cond: impl Fn(&FakeForgejo) -> bool) {
     let end = Instant::now() + QUEUE_DEADLINE;
     loop {
         pump(s).await;
@@ -257,7 +257,7 @@ async fn move_main_and_update_the_head_with_ci_held(s: &Scenario, prs: &[u64]) {
 }
 
 /// The merges of `main`, in order.
-fn merges(fake: &FakeForgejo) -> Vec<MergeRecord> {
+pub(super) fn merges(fake: &FakeForgejo) -> Vec<MergeRecord> {
     fake.merges()
         .into_iter()
         .filter(|m| m.repo == REPO)
@@ -265,7 +265,7 @@ fn merges(fake: &FakeForgejo) -> Vec<MergeRecord> {
 }
 
 /// The combined state of `sha`'s statuses in the fake.
-fn ci_state(fake: &FakeForgejo, sha: &str) -> String {
+pub(super) fn ci_state(fake: &FakeForgejo, sha: &str) -> String {
     fake.with_model(|m| {
         let latest = m.repos[REPO].latest_statuses(sha);
         crate::support::fake_forgejo::model::combined_state(&latest).to_owned()
@@ -309,7 +309,7 @@ fn updates(fake: &FakeForgejo) -> Vec<(u64, String, String, String)> {
 }
 
 /// The dispatched work items of `kind` for PR `n`.
-async fn work_for(s: &Scenario, kind: &str, n: u64) -> Vec<Value> {
+pub(super) async fn work_for(s: &Scenario, kind: &str, n: u64) -> Vec<Value> {
     s.work_items()
         .await
         .into_iter()
@@ -692,82 +692,6 @@ async fn approvals_dismissed_by_the_update_are_reported_and_wait_for_re_approval
     );
     assert_main_stayed_green(&s.fake);
     s.fake.assert_calls_match_openapi();
-}
-
-/// The merge queue's throughput (`bench/merge_queue.sh`; figures in
-/// docs/benchmarks.md): `n` green PRs made ready at once (approved together), the
-/// simulated CI taking `BENCH_QUEUE_CI_MS` (2000) per run, with the queue on and off.
-/// Prints the time from ready to merged per PR and the PRs merged per hour; asserts
-/// only that the queue kept its guarantees.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "benchmark: bench/merge_queue.sh"]
-async fn bench_merge_queue_throughput() {
-    let ci_ms: u64 = std::env::var("BENCH_QUEUE_CI_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000);
-    let sizes: Vec<usize> = std::env::var("BENCH_QUEUE_SIZES")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 10]);
-    // BENCH_QUEUE_BASE_MOVED=1: main moves after the PRs' own CI and before they are
-    // ready, so that no PR is on the tip when it becomes ready.
-    let moved = std::env::var("BENCH_QUEUE_BASE_MOVED").is_ok_and(|v| v == "1");
-    for queue in [false, true] {
-        for &n in &sizes {
-            let policy = match queue {
-                true => QUEUE_POLICY,
-                false => "merge_queue = false\n",
-            };
-            let s = Scenario::start(policy).await;
-            s.fake
-                .simulate_ci(REPO, SimCi::new(CI, Duration::from_millis(ci_ms)));
-            let prs = open_green(&s, n).await;
-            if moved {
-                // The branch moved since the PRs' CI ran: every PR needs an update.
-                let push = s.fake.push_to_branch(REPO, "main", "someone");
-                s.send(&push).await;
-            }
-            let runs_before = s
-                .fake
-                .with_model(|m| m.repos[REPO].ci.as_ref().map_or(0, |c| c.finished.len()));
-            let t0 = Instant::now();
-            for &pr in &prs {
-                approve(&s, pr).await;
-            }
-            run_until(&s, "every PR merged", |f| merges(f).len() == n).await;
-            let mut secs: Vec<f64> = prs
-                .iter()
-                .map(|pr| {
-                    let calls = s
-                        .fake
-                        .calls("POST", &format!("/repos/{REPO}/pulls/{pr}/merge"));
-                    let merged = calls.iter().find(|c| c.status == 200).expect("merged");
-                    merged.at.duration_since(t0).as_secs_f64()
-                })
-                .collect();
-            secs.sort_by(f64::total_cmp);
-            let span = secs.last().copied().unwrap_or_default().max(1e-3);
-            let runs = s
-                .fake
-                .with_model(|m| m.repos[REPO].ci.as_ref().map_or(0, |c| c.finished.len()))
-                - runs_before;
-            let serial_per_hour = 3_600_000.0 / ci_ms as f64;
-            println!(
-                "BENCH merge_queue queue={} base_moved={moved} n={n} ci_ms={ci_ms} ready_to_merged_s: min={:.2} median={:.2} max={:.2} \
-                 prs_per_hour={:.0} serial_bound_per_hour={serial_per_hour:.0} ci_runs_after_ready={runs} updates={}",
-                if queue { "on" } else { "off" },
-                secs[0],
-                secs[secs.len() / 2],
-                span,
-                n as f64 / span * 3600.0,
-                updates(&s.fake).len(),
-            );
-            if queue {
-                assert_main_stayed_green(&s.fake);
-            }
-        }
-    }
 }
 
 /// Lets the held CI runs of PR `n` finish now.

@@ -259,6 +259,7 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
         } => format!("merge {} {style:?} delete={delete_branch}", short(head_sha)),
         EffectKind::Queue(op) => format!("queue {:?} {}", op.action, op.branch),
         EffectKind::QueueAdvance { head_sha, .. } => format!("advance {}", short(head_sha)),
+        EffectKind::QueueFreeze(op) => format!("freeze {:?} {}", op.action, op.branch),
         EffectKind::Observe(ObserveWhat::Pr) => "observe pr".into(),
         EffectKind::Observe(ObserveWhat::Reviews) => "observe reviews".into(),
         EffectKind::Observe(ObserveWhat::CombinedStatus { sha }) => {

@@ -229,7 +229,8 @@ impl Sim {
                 | EffectKind::AddLabels { .. }
                 | EffectKind::RemoveLabels { .. }
                 | EffectKind::UpsertComment { .. }
-                | EffectKind::Comment { .. } => {}
+                | EffectKind::Comment { .. }
+                | EffectKind::QueueFreeze(_) => {}
                 EffectKind::Merge { .. } => panic!("a plain merge with the queue on"),
                 kind @ (EffectKind::Queue(_)
                 | EffectKind::QueueAdvance { .. }

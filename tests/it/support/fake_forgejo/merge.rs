@@ -19,7 +19,7 @@ const STYLES: [&str; 6] = [
 ];
 
 /// A field of the merge form: Go's decoder matches keys case-insensitively.
-fn field<'a>(body: &'a Value, key: &str) -> Option<&'a Value> {
+pub(super) fn field<'a>(body: &'a Value, key: &str) -> Option<&'a Value> {
     body.as_object()?
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(key))
@@ -36,8 +36,11 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
     let Some(r) = model.repos.get(repo) else {
         return Reply::not_found();
     };
-    if let Some(reply) = refuse(r, doer, number) {
+    if let Some(reply) = refuse(r, doer, number, style) {
         return reply;
+    }
+    if style == "manually-merged" {
+        return super::batch::manual(model, doer, repo, number, body);
     }
     let pull = r.issues[&number].pull.clone().expect("checked by refuse");
     let pinned = field(body, "head_commit_id").and_then(Value::as_str);
@@ -112,6 +115,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
         tip_after: merge_sha_after(model, repo, &pull.base_ref),
         closed_issues,
     });
+    super::batch::after_merge(model, repo, number);
     if delete && undeletable {
         return Reply::error(
             403,
@@ -134,7 +138,7 @@ fn merge_sha_after(model: &Model, repo: &str, branch: &str) -> String {
 }
 
 /// The checks of `CheckPullMergeable`, in Forgejo's order.
-fn refuse(r: &RepoRow, doer: &str, number: u64) -> Option<Reply> {
+fn refuse(r: &RepoRow, doer: &str, number: u64, style: &str) -> Option<Reply> {
     let Some(issue) = r.issues.get(&number).filter(|i| i.pull.is_some()) else {
         return Some(Reply::not_found());
     };
@@ -152,11 +156,20 @@ fn refuse(r: &RepoRow, doer: &str, number: u64) -> Option<Reply> {
     if !matches!(perm, "write" | "admin" | "owner") {
         return Some(Reply::error(405, "User not allowed to merge PR"));
     }
+    // `MergeCheckTypeManually` checks nothing more (services/pull/check.go).
+    if style == "manually-merged" {
+        return None;
+    }
     if issue.is_draft() {
         return Some(Reply::error(405, "Work in progress PRs cannot be merged"));
     }
     if !pull.mergeable {
         return Some(Reply::error(405, "Please try again later"));
+    }
+    // The fake's one protection rule matches the target branches, not the queue's
+    // `shepherd/batch/*` branches (a real rule names its branch pattern).
+    if super::batch::is_batch_branch(&pull.base_ref) {
+        return None;
     }
     protection_failure(r, number, &pull.head_sha)
         .map(|reason| Reply::error(405, &format!("not allowed to merge [reason: {reason}]")))

@@ -18,6 +18,7 @@
 //! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
 
 mod api_log;
+pub mod batch;
 pub mod faults;
 mod merge;
 pub mod model;
@@ -29,6 +30,7 @@ mod reviews;
 mod routes;
 mod routes_context;
 mod routes_repo;
+pub mod sim_failures;
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};

@@ -336,6 +336,11 @@ pub struct RepoRow {
     pub no_rebase_update: bool,
     /// Every update done: (PR, old head, new head, the tip it was built on).
     pub updates: Vec<(u64, String, String, String)>,
+    /// Branches made through the API → the commit they were made at (the merge base
+    /// of a PR from such a branch).
+    pub made_at: HashMap<String, String>,
+    /// The repository does not allow `manually-merged` (`allow_manual_merge` off).
+    pub no_manual_merge: bool,
 }
 
 impl RepoRow {

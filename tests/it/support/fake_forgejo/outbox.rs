@@ -38,6 +38,14 @@ pub fn emitted(
             .map(|id| payloads::comment(model, &repo, id, "created"))
             .into_iter()
             .collect(),
+        ("POST", ["pulls"]) if reply.status == 201 => reply
+            .body
+            .as_ref()
+            .and_then(|b| b.get("number"))
+            .and_then(Value::as_u64)
+            .map(|n| payloads::pull_request(model, &repo, n, "pull_request", "opened", bot))
+            .into_iter()
+            .collect(),
         ("POST", ["pulls", n, "update"]) if reply.status == 200 => num(n)
             .map(|n| {
                 let mut w = payloads::pull_request(

@@ -35,6 +35,11 @@ pub struct SimCi {
     pub breaks: Vec<(u64, u64)>,
     /// PRs whose breakage was fixed.
     pub fixed: BTreeSet<u64>,
+    /// Flaky runs: the next run on a commit holding exactly one of these sets of PRs'
+    /// changes fails though nothing is broken (once per set).
+    pub flake_once: Vec<BTreeSet<u64>>,
+    /// Random flaky runs (the benchmark's failure model, `sim_failures`).
+    pub flaky: Option<super::sim_failures::Flaky>,
     /// Runs not finished yet.
     pub runs: Vec<Run>,
     /// Every run finished: (sha, green).
@@ -49,6 +54,8 @@ impl SimCi {
             duration,
             breaks: Vec::new(),
             fixed: BTreeSet::new(),
+            flake_once: Vec::new(),
+            flaky: None,
             runs: Vec::new(),
             finished: Vec::new(),
         }
@@ -81,10 +88,17 @@ pub fn start_ci(model: &mut Model, repo: &str, pr: u64, sha: &str) {
     let Some(ci) = r.ci.as_mut() else {
         return;
     };
-    let green = !ci
+    let mut green = !ci
         .breaks
         .iter()
         .any(|(a, b)| content.contains(a) && content.contains(b) && !ci.fixed.contains(a));
+    if let Some(i) = ci.flake_once.iter().position(|set| *set == content) {
+        ci.flake_once.remove(i);
+        green = false;
+    }
+    if super::sim_failures::flaky_run(ci) {
+        green = false;
+    }
     ci.runs.push(Run {
         sha: sha.into(),
         pr,

@@ -92,6 +92,11 @@ pub fn route_repo(
         ("GET", ["branches", name @ ..]) if !name.is_empty() => {
             super::queue::branch(model, repo, &name.join("/"))
         }
+        ("POST", ["branches"]) => super::batch::create_branch(model, repo, body),
+        ("DELETE", ["branches", name @ ..]) if !name.is_empty() => {
+            super::batch::delete_branch(model, repo, &name.join("/"))
+        }
+        ("POST", ["pulls"]) => super::batch::create_pull(model, bot, repo, body),
         _ => Reply::not_found(),
     }
 }

@@ -1,0 +1,476 @@
+//! Batches of the merge queue (issue 29, policy `merge_queue_batch_size` > 1): pure
+//! rules, no IO.
+//!
+//! The head of the queue leads a batch of up to k PRs. The executor builds it on a
+//! temporary branch `shepherd/batch/<branch>/<id>` made at the target's tip (each PR
+//! merged in pinned to the head it was queued with), observes CI on the batch's tip,
+//! and asks [`decide`] what the result means:
+//! - green, target tip still the batch's base → land (fast-forward the target to the
+//!   tested tip, then mark each PR merged): guarantees G1–G3 of the serial queue hold,
+//!   since the landed commit is the tested one and it is built on the tip it replaces;
+//! - the target moved meanwhile → the batch is dropped and built again on the new tip
+//!   (never landed: it was not tested on top of it);
+//! - red, every failing check passed on the target's tip and re-tests remain → the
+//!   same PRs are tested again on a new branch (suspected flake);
+//! - red, one PR → that PR is the culprit (ejected to `ci-fix`);
+//! - red, several PRs → bisection: the first half is tested alone (the rest waits),
+//!   recursively; a green half lands; a bisection that ends with every part green was
+//!   a flake, not a culprit.
+//!
+//! Every state change goes through [`BranchQueue`]'s methods here, stored with the
+//! queue under compare-and-set, so a restart resumes the batch where it was.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::{BranchQueue, Ejection};
+use crate::core::ids::Sha;
+
+/// The prefix of every temporary batch branch (PRs from or into such a branch are
+/// the queue's own and are not managed as PRs).
+pub const BATCH_BRANCH_PREFIX: &str = "shepherd/batch/";
+
+/// Whether a branch is one of the queue's temporary batch branches.
+pub fn is_batch_branch(branch: &str) -> bool {
+    branch.starts_with(BATCH_BRANCH_PREFIX)
+}
+
+/// The batch settings of a repository's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// `merge_queue_batch_size` (≥ 1; 1 is the serial queue).
+    pub size: usize,
+    /// `merge_queue_batch_wait_secs` in ms.
+    pub wait_ms: i64,
+    /// `merge_queue_flaky_retries`.
+    pub flaky_retries: u32,
+}
+
+/// One PR of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPr {
+    /// The PR.
+    pub number: u64,
+    /// The head it is merged into the batch with (`head_commit_id`).
+    pub head: Sha,
+    /// Its head branch (the head of the PR into the batch branch).
+    pub head_ref: String,
+}
+
+/// Where a batch is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BatchStage {
+    /// The branch is being made and the PRs merged into it.
+    Building,
+    /// CI runs on the batch's tip.
+    Testing,
+    /// Green: the target is being fast-forwarded and the PRs marked merged.
+    Landing,
+}
+
+/// The batch under test.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// Names the temporary branch.
+    pub id: u64,
+    /// The target's tip the branch was made at.
+    pub base: Sha,
+    /// Its PRs, in queue order (a PR that conflicted while building is removed).
+    pub prs: Vec<BatchPr>,
+    /// How many of `prs` (a prefix) are merged into the branch.
+    pub built: usize,
+    /// The branch's tip once built: the commit CI tests and that lands.
+    pub tip: Option<Sha>,
+    /// Stage.
+    pub stage: BatchStage,
+    /// Flaky re-tests of this content so far.
+    pub retries: u32,
+    /// A half of a bisection (never counted as a first pass).
+    pub bisecting: bool,
+    /// The checks that failed on the first red result of this content (recorded as
+    /// suspected flaky when a re-test passes).
+    #[serde(default)]
+    pub failing: Vec<String>,
+    /// When it was formed (unix ms).
+    pub started_ms: i64,
+    /// The PR batch branch → target that lands it (set once created, so a restart
+    /// reads whether the fast-forward happened instead of doing it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landing_pr: Option<u64>,
+    /// Each PR → its helper PR into the batch branch (recorded once created, so a
+    /// restart reads whether it was merged instead of opening another).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub helpers: std::collections::BTreeMap<u64, u64>,
+}
+
+impl Batch {
+    /// The temporary branch of the batch for target `branch`.
+    pub fn branch_name(&self, branch: &str) -> String {
+        format!("{BATCH_BRANCH_PREFIX}{branch}/{}", self.id)
+    }
+
+    /// The PR numbers, in order.
+    pub fn numbers(&self) -> Vec<u64> {
+        self.prs.iter().map(|p| p.number).collect()
+    }
+}
+
+/// A red batch being bisected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bisection {
+    /// PRs not cleared yet, in queue order: the next batch tests the first half.
+    pub suspects: Vec<u64>,
+    /// The PRs of the red batch that started it.
+    pub tested_with: Vec<u64>,
+    /// The checks that failed on it.
+    pub failing: Vec<String>,
+}
+
+/// The CI result of a batch's tip, as the executor read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchCi {
+    /// Pending or missing.
+    Pending,
+    /// Every check passed.
+    Green,
+    /// Some checks failed.
+    Red {
+        /// The failing contexts.
+        failing: Vec<String>,
+        /// Contexts that passed on the target's tip (a failing check among them is
+        /// known there; one that is not is a new test, never retried).
+        tip_green: BTreeSet<String>,
+    },
+}
+
+/// What to do with the batch under test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchDecision {
+    /// CI is still running: read again later.
+    Wait,
+    /// Green on the tip it replaces: land it.
+    Land,
+    /// The target moved: drop the batch, build again on the new tip.
+    Rebuild,
+    /// Red, every failing check known green on the tip: test the same PRs again.
+    Retry,
+    /// Red, one PR: eject it.
+    Eject {
+        /// The culprit.
+        number: u64,
+    },
+    /// Red, several PRs: test the first half.
+    Bisect,
+}
+
+/// What the next batch would be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextBatch {
+    /// Nobody waits.
+    Empty,
+    /// A partial batch waits for more PRs this long (ms).
+    Wait(i64),
+    /// Test these PRs (queue order).
+    Form(Vec<u64>),
+}
+
+/// The next batch of `q`: the suspects' first half during a bisection, else the first
+/// `size` PRs waiting (a partial batch waits `wait_ms` from the head's entry).
+pub fn next_batch(q: &BranchQueue, cfg: &BatchConfig, now_ms: i64) -> NextBatch {
+    let order = q.order();
+    let active: Vec<u64> = order.iter().map(|e| e.number).collect();
+    if let Some(b) = &q.bisect {
+        let suspects: Vec<u64> = b
+            .suspects
+            .iter()
+            .copied()
+            .filter(|n| active.contains(n))
+            .collect();
+        if !suspects.is_empty() {
+            let half = suspects.len().div_ceil(2);
+            return NextBatch::Form(suspects[..half].to_vec());
+        }
+    }
+    let Some(first) = order.first() else {
+        return NextBatch::Empty;
+    };
+    let size = cfg.size.max(1);
+    if active.len() < size && cfg.wait_ms > 0 {
+        let due = first.since_ms.saturating_add(cfg.wait_ms);
+        if due > now_ms {
+            return NextBatch::Wait(due - now_ms);
+        }
+    }
+    NextBatch::Form(active.into_iter().take(size).collect())
+}
+
+/// What the CI result `ci` of the batch under test means, with the target's tip now.
+pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> BatchDecision {
+    if *tip != batch.base {
+        return BatchDecision::Rebuild;
+    }
+    match ci {
+        BatchCi::Pending => BatchDecision::Wait,
+        BatchCi::Green => BatchDecision::Land,
+        BatchCi::Red { failing, tip_green } => {
+            let known = !failing.is_empty() && failing.iter().all(|f| tip_green.contains(f));
+            if known && batch.retries < cfg.flaky_retries {
+                return BatchDecision::Retry;
+            }
+            match batch.prs.as_slice() {
+                [one] => BatchDecision::Eject { number: one.number },
+                _ => BatchDecision::Bisect,
+            }
+        }
+    }
+}
+
+impl BranchQueue {
+    /// Starts a batch of `prs` at the target's tip `base` (led by the queue's head).
+    pub fn start_batch(&mut self, prs: Vec<BatchPr>, base: Sha, now_ms: i64) {
+        let id = self.next_batch.max(1);
+        self.next_batch = id + 1;
+        let bisecting = self.bisect.is_some();
+        self.batch = Some(Batch {
+            id,
+            base,
+            prs,
+            built: 0,
+            tip: None,
+            stage: BatchStage::Building,
+            retries: 0,
+            bisecting,
+            failing: Vec::new(),
+            started_ms: now_ms,
+            landing_pr: None,
+            helpers: std::collections::BTreeMap::new(),
+        });
+    }
+
+    /// The next PR of the batch is merged into its branch.
+    pub fn batch_merged_one(&mut self) {
+        if let Some(b) = &mut self.batch {
+            b.built = (b.built + 1).min(b.prs.len());
+        }
+    }
+
+    /// PR `number` conflicted while the batch was built: it is parked (`conflict`)
+    /// and the batch goes on without it (an empty batch ends).
+    pub fn batch_conflict(&mut self, number: u64) {
+        if let Some(b) = &mut self.batch {
+            b.prs.retain(|p| p.number != number);
+            b.built = b.built.min(b.prs.len());
+        }
+        if let Some(bi) = &mut self.bisect {
+            bi.suspects.retain(|n| *n != number);
+        }
+        self.park_by_queue(number, Ejection::Conflict);
+        if self.batch.as_ref().is_some_and(|b| b.prs.is_empty()) {
+            self.end_batch();
+        }
+    }
+
+    /// The batch is built: CI tests `tip`.
+    pub fn batch_built(&mut self, tip: Sha) {
+        if let Some(b) = &mut self.batch {
+            b.tip = Some(tip);
+            b.stage = BatchStage::Testing;
+            self.stats.batches_tested += 1;
+            if b.retries == 0 && !b.bisecting {
+                self.stats.batches_first_tested += 1;
+            }
+            self.stats.ci_runs += 1;
+        }
+    }
+
+    /// Green on its base: landing starts (written before the fast-forward, so a
+    /// restart finishes the landing instead of testing again).
+    pub fn batch_landing(&mut self) {
+        if let Some(b) = &mut self.batch {
+            b.stage = BatchStage::Landing;
+        }
+    }
+
+    /// PR `number`'s helper PR into the batch branch is `helper`.
+    pub fn batch_helper(&mut self, number: u64, helper: u64) {
+        if let Some(b) = &mut self.batch {
+            b.helpers.insert(number, helper);
+        }
+    }
+
+    /// The landing PR `number` exists.
+    pub fn batch_landing_pr(&mut self, number: u64) {
+        if let Some(b) = &mut self.batch {
+            b.landing_pr = Some(number);
+        }
+    }
+
+    /// The batch landed and its PRs are marked merged: they leave the queue
+    /// (their records' own `Leave` ops find them gone), and the counters move.
+    pub fn batch_landed(&mut self, now_ms: i64) {
+        let Some(b) = self.batch.clone() else {
+            return;
+        };
+        if b.retries == 0 && !b.bisecting {
+            self.stats.batches_first_pass_green += 1;
+        }
+        if b.retries > 0 {
+            self.count_flake(&b.failing);
+        }
+        for n in b.numbers() {
+            self.depart_merged(n, now_ms);
+        }
+        if let Some(bi) = &mut self.bisect {
+            bi.suspects
+                .retain(|n| !b.prs.iter().any(|p| p.number == *n));
+            if bi.suspects.is_empty() {
+                // Every part of the red batch was green: a flake, not a culprit.
+                let failing = bi.failing.clone();
+                self.bisect = None;
+                self.count_flake(&failing);
+            }
+        }
+        self.end_batch();
+    }
+
+    /// Red and known-flaky checks: the same PRs again on a new branch.
+    pub fn batch_retry(&mut self, failing: Vec<String>, base: Sha, now_ms: i64) {
+        let Some(old) = self.batch.clone() else {
+            return;
+        };
+        self.end_batch();
+        let prs = old.prs.clone();
+        self.start_batch(prs, base, now_ms);
+        self.stats.flaky_retries += 1;
+        if let Some(b) = &mut self.batch {
+            b.retries = old.retries + 1;
+            b.bisecting = old.bisecting;
+            b.failing = match old.failing.is_empty() {
+                true => failing,
+                false => old.failing,
+            };
+        }
+    }
+
+    /// Red with several PRs: the first half is tested next, the others wait.
+    pub fn batch_bisect(&mut self, failing: Vec<String>) {
+        let Some(b) = self.batch.clone() else {
+            return;
+        };
+        let failing = match b.failing.is_empty() {
+            true => failing,
+            false => b.failing.clone(),
+        };
+        let numbers = b.numbers();
+        match &mut self.bisect {
+            Some(bi) => bi.suspects = numbers,
+            None => {
+                self.bisect = Some(Bisection {
+                    suspects: numbers.clone(),
+                    tested_with: numbers,
+                    failing,
+                });
+            }
+        }
+        self.end_batch();
+    }
+
+    /// Red with one PR: it is the culprit, parked `ci-failed`; the bisection ends and
+    /// the others are batched again in their order. Returns the PRs it was tested
+    /// with (the rest of the red batch that started the bisection).
+    pub fn batch_eject(&mut self, number: u64) -> Vec<u64> {
+        let with = self
+            .bisect
+            .take()
+            .map(|b| b.tested_with)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| *n != number)
+            .collect();
+        self.park_by_queue(number, Ejection::CiFailed);
+        self.end_batch();
+        with
+    }
+
+    /// PR `number` of the batch was closed, pushed to or parked since it was batched:
+    /// what was tested is no longer what it asks to merge. The batch is dropped (never
+    /// landed) and the next one is built without it.
+    pub fn batch_drop(&mut self, number: u64) {
+        if let Some(bi) = &mut self.bisect {
+            bi.suspects.retain(|n| *n != number);
+            bi.tested_with.retain(|n| *n != number);
+        }
+        self.end_batch();
+    }
+
+    /// The PRs of the batch no longer waiting in the queue (parked or gone).
+    pub fn batch_left(&self) -> Vec<u64> {
+        let Some(b) = &self.batch else {
+            return Vec::new();
+        };
+        let active: Vec<u64> = self.order().iter().map(|e| e.number).collect();
+        b.numbers()
+            .into_iter()
+            .filter(|n| !active.contains(n))
+            .collect()
+    }
+
+    /// The target moved under the batch: it is dropped (its branch deleted) and the
+    /// next advance builds a new one on the new tip.
+    pub fn batch_rebuild(&mut self) {
+        self.end_batch();
+    }
+
+    /// Drops the batch; its branch is listed for deletion.
+    pub fn end_batch(&mut self) {
+        if let Some(b) = self.batch.take() {
+            let name = b.branch_name(&self.branch);
+            if !self.stale_branches.contains(&name) {
+                self.stale_branches.push(name);
+            }
+        }
+        self.promote();
+    }
+
+    /// A stale batch branch was deleted (or was already gone).
+    pub fn branch_deleted(&mut self, name: &str) {
+        self.stale_branches.retain(|b| b != name);
+    }
+
+    /// Counts a red result that turned out flaky.
+    fn count_flake(&mut self, failing: &[String]) {
+        self.stats.flaky_saved += 1;
+        for f in failing {
+            *self.stats.flaky_checks.entry(f.clone()).or_default() += 1;
+        }
+    }
+
+    /// Parks `number` on the queue's own decision (its record parks too once told; its
+    /// op version is kept so the record's next op applies).
+    fn park_by_queue(&mut self, number: u64, reason: Ejection) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.number == number)
+            && e.parked.is_none()
+        {
+            e.parked = Some(reason);
+            *self.stats.ejections.entry(reason).or_default() += 1;
+        }
+        self.promote();
+    }
+
+    /// A batched PR landed: it leaves the queue as merged.
+    fn depart_merged(&mut self, number: u64, now_ms: i64) {
+        let Some(i) = self.entries.iter().position(|e| e.number == number) else {
+            return;
+        };
+        let e = self.entries.remove(i);
+        let waited = now_ms.saturating_sub(e.entered_ms).max(0);
+        (self.stats).record_merge(now_ms, u64::try_from(waited).unwrap_or(0));
+        self.remember_departure(number, e.op_version);
+    }
+}
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;

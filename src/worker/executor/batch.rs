@@ -1,0 +1,650 @@
+//! The batched merge queue's steps (issue 29; rules in `core::queue::batch`), run by
+//! the queue head's `QueueAdvance` when `merge_queue_batch_size` > 1, under the
+//! branch's merge lease (fenced before every write).
+//!
+//! Each call goes as far as it can and returns when it must wait (CI runs, a partial
+//! batch waits for more PRs): the head's record asks again after `LockBusy`'s delay,
+//! which is the backoff read of the batch tip's combined status (Forgejo sends no
+//! webhook for commit statuses). Every step is written to the stored queue before or
+//! right after its Forgejo call, and each call is idempotent on a restart:
+//! 1. stale batch branches (of batches that ended) are deleted first;
+//! 2. no batch: the next one is formed from fresh reads of its PRs' heads and written
+//!    (its branch name follows from its id, so a crash right after leaves a name);
+//! 3. building: the branch is made at the base (409 = made before the crash), and
+//!    each PR is merged in through a helper PR (PR branch → batch branch, `Do: merge`,
+//!    `head_commit_id` pinned); a helper found merged was merged before the crash; a
+//!    conflict ejects that PR (`merge-conflicts`) and the batch goes on without it;
+//! 4. testing: the batch tip's combined status, and on red the target tip's, go to
+//!    `core::queue::batch::decide` (wait, land, rebuild, re-test, bisect, eject);
+//! 5. landing (written before any landing call): the landing PR (batch branch →
+//!    target) is created and recorded, then merged `fast-forward-only` pinned to the
+//!    tested tip while the target's tip is still the batch's base; a landing PR found
+//!    merged was fast-forwarded before a crash. Then each PR is marked merged
+//!    (`Do: manually-merged`, `MergeCommitID` = the tip; "already merged" = done
+//!    before a crash), and the batch ends.
+
+use crate::core::effect::{BatchSettings, Effect};
+use crate::core::event::{EffectOutcome, Event, MergeOutcome};
+use crate::core::ids::{Scope, Sha};
+use crate::core::policy::MergeStyle;
+use crate::core::queue::batch::{
+    Batch, BatchCi, BatchConfig, BatchDecision, BatchPr, BatchStage, NextBatch, decide, next_batch,
+};
+use crate::core::queue::{BranchQueue, Ejection};
+use crate::core::record::BatchFailure;
+use crate::forgejo::{self, Cause, MergeRequest};
+use crate::store::{queue, streams};
+
+use super::Executor;
+use super::act::Failure;
+use super::merge::{Keeper, busy, outcome_event};
+use super::queue::{AdvanceAsk, parse_sha, place_event};
+
+/// Steps one advance may take before it returns (a batch of k needs about k + 4).
+const MAX_STEPS: usize = 64;
+
+/// The least and most time between two reads of a batch tip's CI (ms).
+const POLL_MIN_MS: i64 = 300;
+/// See [`POLL_MIN_MS`].
+const POLL_MAX_MS: i64 = 10_000;
+
+/// What one step did.
+enum Step {
+    /// Go on with the next step.
+    Next,
+    /// Stop; this outcome goes to the head's record.
+    Done(MergeOutcome),
+}
+
+/// The config of the core's rules from the effect's settings.
+fn config(s: &BatchSettings) -> BatchConfig {
+    BatchConfig {
+        size: usize::try_from(s.size).unwrap_or(usize::MAX).max(1),
+        wait_ms: i64::try_from(s.wait_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+        flaky_retries: s.flaky_retries,
+    }
+}
+
+/// The current time (unix ms).
+fn now_ms() -> i64 {
+    i64::try_from(streams::now_ms()).unwrap_or(i64::MAX)
+}
+
+/// Asks again after `ms`.
+fn again(ms: i64) -> MergeOutcome {
+    MergeOutcome::LockBusy {
+        retry_ms: u64::try_from(ms.clamp(POLL_MIN_MS, POLL_MAX_MS)).unwrap_or(1000),
+    }
+}
+
+impl Executor {
+    /// Advances the branch's batch as far as it goes now (the head is this effect's
+    /// PR and the lease is held).
+    pub(super) async fn batch_advance(
+        &self,
+        effect: &Effect,
+        ask: &AdvanceAsk<'_>,
+        settings: &BatchSettings,
+        keeper: &Keeper,
+    ) -> Result<Vec<Event>, Failure> {
+        let cfg = config(settings);
+        let mut events = Vec::new();
+        for _ in 0..MAX_STEPS {
+            let mut conn = self.ctx.store.conn();
+            let keys = self.ctx.store.keys();
+            let q = queue::load(&mut conn, keys, effect.repo.as_str(), ask.branch).await?;
+            if !keeper.fence().await? {
+                events.push(outcome_event(effect, busy(std::time::Duration::ZERO)));
+                return Ok(events);
+            }
+            if !q.stale_branches.is_empty() {
+                self.delete_stale(effect, &q, &mut events).await?;
+                continue;
+            }
+            if q.head != Some(effect.number) {
+                // Landed, ejected or overtaken on the way: the new head's record
+                // carries on.
+                let landed = q.departed.contains_key(&effect.number)
+                    && !q.entries.iter().any(|e| e.number == effect.number);
+                let outcome = match landed {
+                    true => MergeOutcome::Merged,
+                    false => again(POLL_MIN_MS),
+                };
+                events.push(outcome_event(effect, outcome));
+                return Ok(events);
+            }
+            if let Some(frozen) = self.batch_frozen(effect, &q) {
+                events.push(outcome_event(effect, frozen));
+                return Ok(events);
+            }
+            let step = match q.batch.clone() {
+                None => self.form(effect, &q, &cfg, &mut events).await?,
+                Some(b) => match b.stage {
+                    BatchStage::Building => self.build(effect, &q, &b, &mut events).await?,
+                    BatchStage::Testing => self.test(effect, &q, &b, &cfg, &mut events).await?,
+                    BatchStage::Landing => self.land(effect, &q, &b, keeper, &mut events).await?,
+                },
+            };
+            if let Step::Done(outcome) = step {
+                events.push(outcome_event(effect, outcome));
+                return Ok(events);
+            }
+        }
+        events.push(outcome_event(effect, again(POLL_MIN_MS)));
+        Ok(events)
+    }
+
+    /// Writes `f` to the stored queue and tells the PRs whose place changed.
+    async fn write(
+        &self,
+        effect: &Effect,
+        branch: &str,
+        events: &mut Vec<Event>,
+        f: impl Fn(&mut BranchQueue),
+    ) -> Result<BranchQueue, Failure> {
+        let mut conn = self.ctx.store.conn();
+        let keys = self.ctx.store.keys();
+        let applied = queue::update(&mut conn, keys, effect.repo.as_str(), branch, f).await?;
+        for (number, place) in applied.notices {
+            events.push(place_event(effect, number, place));
+        }
+        Ok(applied.queue)
+    }
+
+    /// Deletes the branches of batches that ended.
+    async fn delete_stale(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        events: &mut Vec<Event>,
+    ) -> Result<(), Failure> {
+        let writes = self.forgejo.with_cause(Cause::Effect);
+        for name in &q.stale_branches {
+            let deleted = writes.delete_branch(effect.repo.as_str(), name).await?;
+            tracing::info!(branch = %name, deleted, "batch branch removed");
+            let name = name.clone();
+            self.write(effect, &q.branch, events, move |q| q.branch_deleted(&name))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Forms the next batch from fresh reads of its PRs.
+    async fn form(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        cfg: &BatchConfig,
+        events: &mut Vec<Event>,
+    ) -> Result<Step, Failure> {
+        let repo = effect.repo.as_str();
+        let numbers = match next_batch(q, cfg, now_ms()) {
+            NextBatch::Empty => return Ok(Step::Done(again(POLL_MAX_MS))),
+            NextBatch::Wait(ms) => return Ok(Step::Done(again(ms))),
+            NextBatch::Form(numbers) => numbers,
+        };
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        let mut prs = Vec::new();
+        for n in numbers {
+            let pr = reads.get_pull(repo, n).await?;
+            // A PR that left (merged, closed, retargeted) is not batched; its record
+            // leaves the queue on its own.
+            if !pr.is_open() || pr.merged || pr.base.ref_name != q.branch {
+                continue;
+            }
+            prs.push(BatchPr {
+                number: n,
+                head: parse_sha(&pr.head.sha)?,
+                head_ref: pr.head.ref_name.clone(),
+            });
+        }
+        if prs.is_empty() {
+            return Ok(Step::Done(again(POLL_MAX_MS)));
+        }
+        let tip = parse_sha(&reads.branch_tip(repo, &q.branch).await?)?;
+        let now = now_ms();
+        tracing::info!(prs = ?prs.iter().map(|p| p.number).collect::<Vec<_>>(), %tip, "batch formed");
+        self.write(effect, &q.branch, events, move |q| {
+            if q.batch.is_none() {
+                q.start_batch(prs.clone(), tip.clone(), now);
+            }
+        })
+        .await?;
+        Ok(Step::Next)
+    }
+
+    /// Makes the branch and merges the next PR into it (or records the built tip).
+    async fn build(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        b: &Batch,
+        events: &mut Vec<Event>,
+    ) -> Result<Step, Failure> {
+        let repo = effect.repo.as_str();
+        let name = b.branch_name(&q.branch);
+        let writes = self.forgejo.with_cause(Cause::Effect);
+        if b.built == 0 {
+            let made = writes.create_branch(repo, &name, b.base.as_str()).await?;
+            tracing::info!(branch = %name, ?made, "batch branch");
+        }
+        let Some(p) = b.prs.get(b.built) else {
+            let tip = parse_sha(&writes.branch_tip(repo, &name).await?)?;
+            self.write(effect, &q.branch, events, move |q| {
+                if q.batch
+                    .as_ref()
+                    .is_some_and(|x| x.stage == BatchStage::Building)
+                {
+                    q.batch_built(tip.clone());
+                }
+            })
+            .await?;
+            return Ok(Step::Next);
+        };
+        let title = format!(
+            "Shepherd merge queue batch {} of `{}`: #{}",
+            b.id, q.branch, p.number
+        );
+        let helper = match b.helpers.get(&p.number) {
+            Some(h) => {
+                let reads = self.forgejo.with_cause(Cause::MergeCheck);
+                reads.get_pull(repo, *h).await?
+            }
+            None => {
+                let helper = writes
+                    .create_helper_pull(repo, &p.head_ref, &name, &title)
+                    .await?;
+                let (n, h, id) = (p.number, helper.number, b.id);
+                self.write(effect, &q.branch, events, move |q| {
+                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                        q.batch_helper(n, h);
+                    }
+                })
+                .await?;
+                helper
+            }
+        };
+        let merged = helper.merged || self.merge_helper(repo, helper.number, &p.head).await?;
+        let (number, id) = (p.number, b.id);
+        if merged {
+            self.write(effect, &q.branch, events, move |q| {
+                if q.batch.as_ref().is_some_and(|x| {
+                    x.id == id && x.prs.get(x.built).is_some_and(|p| p.number == number)
+                }) {
+                    q.batch_merged_one();
+                }
+            })
+            .await?;
+            return Ok(Step::Next);
+        }
+        tracing::info!(pr = number, "conflicts while building the batch: ejected");
+        let note = format!(
+            "it does not merge cleanly into the merge queue's batch {id} of `{}` \
+             (built on {} with {})",
+            q.branch,
+            b.base,
+            list(&b.numbers(), number)
+        );
+        events.push(ejected(
+            effect,
+            number,
+            p.head.clone(),
+            Ejection::Conflict,
+            Vec::new(),
+            note,
+        ));
+        self.write(effect, &q.branch, events, move |q| {
+            if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                q.batch_conflict(number);
+            }
+        })
+        .await?;
+        Ok(Step::Next)
+    }
+
+    /// Merges a helper PR into the batch branch pinned to `head`: true when merged,
+    /// false on a conflict (or a moved head); anything unclear is read back.
+    async fn merge_helper(&self, repo: &str, number: u64, head: &Sha) -> Result<bool, Failure> {
+        let request = MergeRequest {
+            style: MergeStyle::Merge,
+            head_commit_id: head.to_string(),
+            delete_branch_after_merge: false,
+            title: None,
+            message: None,
+        };
+        let answer = self
+            .forgejo
+            .with_cause(Cause::Effect)
+            .merge(repo, number, &request)
+            .await?;
+        match answer {
+            forgejo::MergeOutcome::Merged => Ok(true),
+            forgejo::MergeOutcome::Conflict { .. } => Ok(false),
+            other => {
+                let pr = self
+                    .forgejo
+                    .with_cause(Cause::MergeCheck)
+                    .get_pull(repo, number)
+                    .await?;
+                if pr.merged {
+                    return Ok(true);
+                }
+                Err(Failure::Transient {
+                    message: format!(
+                        "merging #{number} into its batch branch did not happen: {other:?}"
+                    ),
+                    retry_after: None,
+                })
+            }
+        }
+    }
+
+    /// Reads the batch tip's CI (and the target tip's on red) and acts on the core's
+    /// decision.
+    async fn test(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        b: &Batch,
+        cfg: &BatchConfig,
+        events: &mut Vec<Event>,
+    ) -> Result<Step, Failure> {
+        let repo = effect.repo.as_str();
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        let tip = parse_sha(&reads.branch_tip(repo, &q.branch).await?)?;
+        let Some(batch_tip) = &b.tip else {
+            return Err(Failure::Permanent(
+                "a batch under test without a tip".into(),
+            ));
+        };
+        let ci = self.batch_ci(repo, batch_tip, &tip).await?;
+        let decision = decide(b, cfg, &ci, &tip);
+        tracing::info!(batch = b.id, prs = ?b.numbers(), ?decision, "batch CI");
+        let failing = match &ci {
+            BatchCi::Red { failing, .. } => failing.clone(),
+            BatchCi::Pending | BatchCi::Green => Vec::new(),
+        };
+        let id = b.id;
+        let ours = move |q: &BranchQueue| q.batch.as_ref().is_some_and(|x| x.id == id);
+        match decision {
+            BatchDecision::Wait => {
+                let waited = now_ms().saturating_sub(b.started_ms);
+                return Ok(Step::Done(again(waited / 4)));
+            }
+            BatchDecision::Land => match self.changed_member(repo, q, b).await? {
+                Some(number) => {
+                    tracing::info!(pr = number, "a batched PR changed since it was tested");
+                    self.write(effect, &q.branch, events, move |q| {
+                        if ours(q) {
+                            q.batch_drop(number);
+                        }
+                    })
+                    .await?
+                }
+                None => {
+                    self.write(effect, &q.branch, events, move |q| {
+                        if ours(q) {
+                            q.batch_landing();
+                        }
+                    })
+                    .await?
+                }
+            },
+            BatchDecision::Rebuild => {
+                self.write(effect, &q.branch, events, move |q| {
+                    if ours(q) {
+                        q.batch_rebuild();
+                    }
+                })
+                .await?
+            }
+            BatchDecision::Retry => {
+                let now = now_ms();
+                self.write(effect, &q.branch, events, move |q| {
+                    if ours(q) {
+                        q.batch_retry(failing.clone(), tip.clone(), now);
+                    }
+                })
+                .await?
+            }
+            BatchDecision::Bisect => {
+                self.write(effect, &q.branch, events, move |q| {
+                    if ours(q) {
+                        q.batch_bisect(failing.clone());
+                    }
+                })
+                .await?
+            }
+            BatchDecision::Eject { number } => {
+                let with = q
+                    .bisect
+                    .as_ref()
+                    .map(|x| x.tested_with.clone())
+                    .unwrap_or_default();
+                let note = match with.iter().any(|n| *n != number) {
+                    true => format!(
+                        "failed on top of {} in the merge queue of `{}` (bisected: it fails alone on {tip})",
+                        list(&with, number),
+                        q.branch
+                    ),
+                    false => format!(
+                        "failed on top of `{}` at {tip} in the merge queue",
+                        q.branch
+                    ),
+                };
+                let head = b
+                    .prs
+                    .first()
+                    .map(|p| p.head.clone())
+                    .unwrap_or_else(|| tip.clone());
+                events.push(ejected(
+                    effect,
+                    number,
+                    head,
+                    Ejection::CiFailed,
+                    failing,
+                    note,
+                ));
+                self.write(effect, &q.branch, events, move |q| {
+                    if ours(q) {
+                        q.batch_eject(number);
+                    }
+                })
+                .await?
+            }
+        };
+        Ok(Step::Next)
+    }
+
+    /// A PR of the batch that is no longer what was tested: parked or gone from the
+    /// queue, closed, merged otherwise, or pushed to (its head is not the pinned one).
+    async fn changed_member(
+        &self,
+        repo: &str,
+        q: &BranchQueue,
+        b: &Batch,
+    ) -> Result<Option<u64>, Failure> {
+        if let Some(n) = q.batch_left().first() {
+            return Ok(Some(*n));
+        }
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        for p in &b.prs {
+            let pr = reads.get_pull(repo, p.number).await?;
+            let same = pr.head.sha.eq_ignore_ascii_case(p.head.as_str());
+            if !pr.is_open() || pr.merged || !same || pr.base.ref_name != q.branch {
+                return Ok(Some(p.number));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The CI of `batch_tip`; on red, with the checks that passed on the target's tip.
+    async fn batch_ci(&self, repo: &str, batch_tip: &Sha, tip: &Sha) -> Result<BatchCi, Failure> {
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        let combined = reads.combined_status(repo, batch_tip.as_str()).await?;
+        let failing: Vec<String> = combined
+            .statuses
+            .iter()
+            .filter(|s| matches!(s.status.as_str(), "failure" | "error" | "warning"))
+            .map(|s| s.context.clone())
+            .collect();
+        let pending =
+            combined.statuses.is_empty() || combined.statuses.iter().any(|s| s.status == "pending");
+        if failing.is_empty() {
+            return Ok(match pending {
+                true => BatchCi::Pending,
+                false => BatchCi::Green,
+            });
+        }
+        let on_tip = reads.combined_status(repo, tip.as_str()).await?;
+        let tip_green = on_tip
+            .statuses
+            .iter()
+            .filter(|s| s.status == "success")
+            .map(|s| s.context.clone())
+            .collect();
+        Ok(BatchCi::Red { failing, tip_green })
+    }
+
+    /// Lands a green batch: the landing PR, the fast-forward, the PRs marked merged.
+    async fn land(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        b: &Batch,
+        keeper: &Keeper,
+        events: &mut Vec<Event>,
+    ) -> Result<Step, Failure> {
+        let repo = effect.repo.as_str();
+        let name = b.branch_name(&q.branch);
+        let Some(batch_tip) = b.tip.clone() else {
+            return Err(Failure::Permanent("a landing batch without a tip".into()));
+        };
+        let id = b.id;
+        let Some(landing) = b.landing_pr else {
+            let title = format!("Shepherd merge queue batch {id} of `{}`", q.branch);
+            let pr = self
+                .forgejo
+                .with_cause(Cause::Effect)
+                .create_helper_pull(repo, &name, &q.branch, &title)
+                .await?;
+            self.write(effect, &q.branch, events, move |q| {
+                if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                    q.batch_landing_pr(pr.number);
+                }
+            })
+            .await?;
+            return Ok(Step::Next);
+        };
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        let pr = reads.get_pull(repo, landing).await?;
+        if !pr.merged {
+            let tip = parse_sha(&reads.branch_tip(repo, &q.branch).await?)?;
+            if tip != b.base
+                || !keeper.fence().await?
+                || !self.fast_forward(repo, landing, &batch_tip).await?
+            {
+                let moved = tip != b.base
+                    || parse_sha(&reads.branch_tip(repo, &q.branch).await?)? != b.base;
+                if !moved {
+                    return Ok(Step::Done(MergeOutcome::TryAgain));
+                }
+                tracing::info!(
+                    batch = id,
+                    "the target moved before the batch landed: rebuilt"
+                );
+                self.write(effect, &q.branch, events, move |q| {
+                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                        q.batch_rebuild();
+                    }
+                })
+                .await?;
+                return Ok(Step::Next);
+            }
+        }
+        let writes = self.forgejo.with_cause(Cause::Effect);
+        for p in &b.prs {
+            // Marked before a crash: Forgejo would refuse it (405) now.
+            if reads.get_pull(repo, p.number).await?.merged {
+                continue;
+            }
+            let answer = writes
+                .mark_manually_merged(repo, p.number, batch_tip.as_str())
+                .await?;
+            if let forgejo::ManualMerge::Refused { code, message } = &answer {
+                tracing::warn!(pr = p.number, code, %message, "not marked merged; its changes landed");
+            }
+            tracing::info!(pr = p.number, ?answer, "batched PR marked merged");
+        }
+        let now = now_ms();
+        self.write(effect, &q.branch, events, move |q| {
+            if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                q.batch_landed(now);
+            }
+        })
+        .await?;
+        Ok(Step::Next)
+    }
+
+    /// The fast-forward of the target to the tested tip: true when it happened.
+    async fn fast_forward(&self, repo: &str, landing: u64, tip: &Sha) -> Result<bool, Failure> {
+        let request = MergeRequest {
+            style: MergeStyle::FastForwardOnly,
+            head_commit_id: tip.to_string(),
+            delete_branch_after_merge: false,
+            title: None,
+            message: None,
+        };
+        let answer = self
+            .forgejo
+            .with_cause(Cause::Effect)
+            .merge(repo, landing, &request)
+            .await?;
+        tracing::info!(?answer, "batch fast-forward");
+        if answer.is_merged() {
+            return Ok(true);
+        }
+        let pr = self
+            .forgejo
+            .with_cause(Cause::MergeCheck)
+            .get_pull(repo, landing)
+            .await?;
+        Ok(pr.merged)
+    }
+}
+
+/// `#1, #2` of `numbers` without `but`.
+fn list(numbers: &[u64], but: u64) -> String {
+    let others: Vec<String> = numbers
+        .iter()
+        .filter(|n| **n != but)
+        .map(|n| format!("#{n}"))
+        .collect();
+    match others.is_empty() {
+        true => "nothing else".into(),
+        false => others.join(", "),
+    }
+}
+
+/// The event telling PR `number` the batched queue ejected its `head`.
+fn ejected(
+    effect: &Effect,
+    number: u64,
+    head: Sha,
+    reason: Ejection,
+    failing: Vec<String>,
+    note: String,
+) -> Event {
+    Event::EffectOutcome {
+        repo: effect.repo.clone(),
+        scope: Scope::Pr,
+        number,
+        effect_id: effect.id.clone(),
+        outcome: EffectOutcome::QueueEjected(BatchFailure {
+            head,
+            reason,
+            failing,
+            note,
+        }),
+    }
+}
