@@ -432,14 +432,22 @@ pub fn final_usage(
 pub fn describe(reason: StopReason, usage: &Usage, limits: &RunLimits) -> String {
     let opt = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
     let why = match reason {
-        StopReason::OverBudget => format!(
-            "its usage reached the run's budget ({}): ${:.6} of ${:.6}, {} of {} input + output tokens",
-            limits.budget_scope.as_deref().unwrap_or("run"),
-            usage.cost_usd(),
-            limits.usd_micros.map_or(0.0, crate::core::usage::micros_to_usd),
-            usage.budget_tokens(),
-            opt(limits.tokens),
-        ),
+        StopReason::OverBudget => {
+            let mut caps = Vec::new();
+            if let Some(cap) = limits.usd_micros {
+                let cap = crate::core::usage::micros_to_usd(cap);
+                caps.push(format!("${:.6} of ${cap:.6}", usage.cost_usd()));
+            }
+            if let Some(cap) = limits.tokens {
+                let used = usage.budget_tokens();
+                caps.push(format!("{used} of {cap} input + output tokens"));
+            }
+            format!(
+                "its usage reached the run's budget ({}): {}",
+                limits.budget_scope.as_deref().unwrap_or("run"),
+                caps.join(", ")
+            )
+        }
         StopReason::OverSteps => format!(
             "more than {} model steps (max_steps_per_run)",
             opt(limits.max_steps.map(u64::from))

@@ -220,3 +220,33 @@ async fn live_wakes_the_job_on_a_verdict_and_tracks_output() {
     assert_eq!(waiter.await.unwrap(), StopReason::OverSteps);
     assert!(Live::new(UsageSource::Off, &RunLimits::default()).usage().is_none());
 }
+
+#[test]
+fn a_stop_is_described_with_its_limit_and_what_was_used() {
+    let usage = Usage {
+        input_tokens: 3000,
+        output_tokens: 300,
+        cost_micros: 11_586,
+        steps: 3,
+        tool_calls: 2,
+        ..Usage::default()
+    };
+    let limits = RunLimits {
+        usd_micros: Some(10_000),
+        budget_scope: Some("repo-daily".into()),
+        max_repeats: Some(4),
+        ..RunLimits::default()
+    };
+    let text = describe(StopReason::OverBudget, &usage, &limits);
+    assert!(
+        text.starts_with(
+            "stopped by the runner (over-budget): its usage reached the run's budget \
+             (repo-daily): $0.011586 of $0.010000; used $0.011586"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("input + output tokens,"), "no token cap: {text}");
+    let text = describe(StopReason::Loop, &usage, &limits);
+    assert!(text.contains("4 times in a row (max_repeats_per_run)"), "{text}");
+    assert!(text.ends_with("3 steps, 2 tool calls"), "{text}");
+}

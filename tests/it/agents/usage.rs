@@ -215,6 +215,7 @@ async fn a_looping_opencode_is_stopped_by_its_run_budget_within_one_step() {
         "the runner never counts more than the model served: {usage}"
     );
     let summary = r["summary"].as_str().unwrap();
+    eprintln!("summary: {}", summary.lines().next().unwrap_or(""));
     assert!(summary.contains("of $0.010000"), "{summary}");
 }
 
