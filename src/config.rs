@@ -552,8 +552,8 @@ impl AgentSettings {
             ));
         }
         let agent_uid = parse_uid_gid(&self.agent_uid).map_err(|e| bad("SHEPHERD_AGENT_UID", e))?;
-        let usage = UsageSource::parse(&self.agent_usage)
-            .map_err(|e| bad("SHEPHERD_AGENT_USAGE", e))?;
+        let usage =
+            UsageSource::parse(&self.agent_usage).map_err(|e| bad("SHEPHERD_AGENT_USAGE", e))?;
         Ok(AgentsConfig {
             usage,
             reviewer_tokens,

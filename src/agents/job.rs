@@ -37,13 +37,13 @@ use anyhow::Context as _;
 use super::binding::{self, Refusal, Stage};
 use super::launch::{Capture, Invocation, Spawner};
 use super::outcome::{self, Finish};
-use super::usage::{self, Live};
 use super::prompt::{PromptParams, Templates};
+use super::usage::{self, Live};
 use super::{checkout, workdir};
 use crate::config::{AgentsConfig, Config};
 use crate::core::effect::WorkItem;
-use crate::core::usage::{StopReason as Limit, Usage};
 use crate::core::policy::PolicyFile;
+use crate::core::usage::StopReason as Limit;
 use crate::forgejo::ForgejoClient;
 use crate::store::Store;
 use crate::store::agent_runs::{self, AgentRun, RunState};
@@ -223,7 +223,11 @@ async fn execute(
     }
     workdir::sandboxed(&shared.sandbox, &mut inv, dir.path());
     let live = Arc::new(Live::new(shared.agents.usage, &item.limits));
-    let agent = match shared.spawner.launch(&inv, capture.clone(), live.clone()).await {
+    let agent = match shared
+        .spawner
+        .launch(&inv, capture.clone(), live.clone())
+        .await
+    {
         Ok(a) => a,
         Err(e) => {
             let why = format!("the agent could not be started: {e}");
@@ -371,7 +375,7 @@ async fn supervise(
                 agent.kill().await?;
                 break Ended::Limit(reason);
             }
-            () = idle(live, item.limits.idle_secs) => {
+            () = usage::idle(live, item.limits.idle_secs) => {
                 tracing::warn!("the agent is idle; stopping it");
                 agent.kill().await?;
                 break Ended::Limit(Limit::Idle);
@@ -388,22 +392,6 @@ async fn supervise(
         .with_label_values(&[run.kind.as_str()])
         .observe(started.elapsed().as_secs_f64());
     Ok(ended)
-}
-
-/// Returns once the agent has written nothing for `idle_secs` (never without the
-/// guard).
-async fn idle(live: &Live, idle_secs: Option<u64>) {
-    let Some(secs) = idle_secs.filter(|s| *s > 0) else {
-        return std::future::pending().await;
-    };
-    let idle = Duration::from_secs(secs);
-    loop {
-        let due = live.last_output() + idle;
-        if Instant::now() >= due {
-            return;
-        }
-        tokio::time::sleep_until(due.into()).await;
-    }
 }
 
 /// Step 5: the masked output is stored, the result decided and reported (unless a
@@ -433,7 +421,7 @@ async fn conclude(
             save_log(shared, &id, &output).await;
             // Nothing is reported, but what the agent spent is counted.
             let spent = usage::final_usage(live.usage(), None, None, &run.model, wall_ms);
-            count_usage(m, run, &spent);
+            usage::count_metrics(m, run, &spent);
             let d = stopped(run, Some(reason));
             count_finished(m, run);
             return Ok(d);
@@ -444,8 +432,14 @@ async fn conclude(
         _ => outcome::read_result_file_off_thread(files.result.clone()).await,
     };
     let result = outcome::decide(finish, file, &output);
-    let spent = usage::final_usage(live.usage(), result.tokens, result.cost, &run.model, wall_ms);
-    count_usage(m, run, &spent);
+    let spent = usage::final_usage(
+        live.usage(),
+        result.tokens,
+        result.cost,
+        &run.model,
+        wall_ms,
+    );
+    usage::count_metrics(m, run, &spent);
     let log = match &result.log_note {
         Some(note) => format!("{output}\n{}", outcome::mask_forms(note, &shared.secrets)),
         None => output,
@@ -495,28 +489,6 @@ async fn conclude(
     run.state = RunState::Finished;
     count_finished(m, run);
     Ok(Disposition::Ack)
-}
-
-/// Counts what a run used: tokens by type and cost, by repository, kind and model.
-fn count_usage(m: &crate::telemetry::AgentMetrics, run: &AgentRun, u: &Usage) {
-    let model = u.model.as_deref().unwrap_or(run.model.as_str());
-    let labels = [run.repo.as_str(), run.kind.as_str(), model];
-    for (kind, n) in [
-        ("input", u.input_tokens),
-        ("output", u.output_tokens),
-        ("reasoning", u.reasoning_tokens),
-        ("cache_read", u.cache_read_tokens),
-        ("cache_write", u.cache_write_tokens),
-    ] {
-        if n > 0 {
-            m.tokens
-                .with_label_values(&[labels[0], labels[1], labels[2], kind])
-                .inc_by(n);
-        }
-    }
-    if u.cost_micros > 0 {
-        m.cost.with_label_values(&labels).inc_by(u.cost_usd());
-    }
 }
 
 /// Counts a finished run by kind, tier and outcome.

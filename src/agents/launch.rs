@@ -222,7 +222,12 @@ impl Spawner {
         }
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(drain(out, capture.clone(), live.clone(), true)));
+            readers.push(tokio::spawn(drain(
+                out,
+                capture.clone(),
+                live.clone(),
+                true,
+            )));
         }
         if let Some(err) = child.stderr.take() {
             readers.push(tokio::spawn(drain(err, capture, live, false)));

@@ -305,7 +305,10 @@ impl Meter {
             Some(StopReason::OverSteps)
         } else if l.max_tool_calls.is_some_and(|max| u.tool_calls > max) {
             Some(StopReason::OverToolCalls)
-        } else if l.max_repeats.is_some_and(|max| max > 0 && self.repeats >= max) {
+        } else if l
+            .max_repeats
+            .is_some_and(|max| max > 0 && self.repeats >= max)
+        {
             Some(StopReason::Loop)
         } else {
             None
@@ -425,6 +428,48 @@ pub fn final_usage(
     }
     u.wall_ms = wall_ms;
     u
+}
+
+/// Returns once the agent has written nothing for `idle_secs` (never without the
+/// guard).
+pub async fn idle(live: &Live, idle_secs: Option<u64>) {
+    let Some(secs) = idle_secs.filter(|s| *s > 0) else {
+        return std::future::pending().await;
+    };
+    let idle = std::time::Duration::from_secs(secs);
+    loop {
+        let due = live.last_output() + idle;
+        if Instant::now() >= due {
+            return;
+        }
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
+/// Counts what a run used: tokens by type and cost, by repository, kind and model.
+pub fn count_metrics(
+    m: &crate::telemetry::AgentMetrics,
+    run: &crate::store::agent_runs::AgentRun,
+    u: &Usage,
+) {
+    let model = u.model.as_deref().unwrap_or(run.model.as_str());
+    let labels = [run.repo.as_str(), run.kind.as_str(), model];
+    for (kind, n) in [
+        ("input", u.input_tokens),
+        ("output", u.output_tokens),
+        ("reasoning", u.reasoning_tokens),
+        ("cache_read", u.cache_read_tokens),
+        ("cache_write", u.cache_write_tokens),
+    ] {
+        if n > 0 {
+            m.tokens
+                .with_label_values(&[labels[0], labels[1], labels[2], kind])
+                .inc_by(n);
+        }
+    }
+    if u.cost_micros > 0 {
+        m.cost.with_label_values(&labels).inc_by(u.cost_usd());
+    }
 }
 
 /// One line saying why the runner stopped a run and what it had used, for the

@@ -57,8 +57,14 @@ fn hostile_lines_never_lower_the_counts() {
     let mut m = Meter::new(RunLimits::default());
     m.feed(step(500, 10, 0, 0, 0, 0.5).as_bytes());
     // Negative, non-finite, absurd and wrongly typed figures add nothing.
-    m.feed(step(0, 0, 0, 0, 0, -3.0).replace("\"input\":0", "\"input\":-1e18").as_bytes());
-    m.feed(b"{\"type\":\"step_finish\",\"part\":{\"cost\":\"free\",\"tokens\":{\"input\":\"-5\"}}}\n");
+    m.feed(
+        step(0, 0, 0, 0, 0, -3.0)
+            .replace("\"input\":0", "\"input\":-1e18")
+            .as_bytes(),
+    );
+    m.feed(
+        b"{\"type\":\"step_finish\",\"part\":{\"cost\":\"free\",\"tokens\":{\"input\":\"-5\"}}}\n",
+    );
     m.feed(b"{\"type\":\"step_finish\",\"part\":{\"cost\":-1e308,\"tokens\":null}}\n");
     // Unknown types, garbage, invalid UTF-8, cut lines.
     m.feed(b"{\"type\":\"usage_reset\",\"part\":{}}\n\xff\xfe garbage {\"type\":\n");
@@ -137,7 +143,11 @@ fn steps_tool_calls_and_repeats_are_guarded() {
     }
     assert_eq!(m.verdict(), None, "two steps are allowed");
     m.feed(START.as_bytes());
-    assert_eq!(m.verdict(), Some(StopReason::OverSteps), "the third is stopped as it starts");
+    assert_eq!(
+        m.verdict(),
+        Some(StopReason::OverSteps),
+        "the third is stopped as it starts"
+    );
 
     let mut m = Meter::new(RunLimits {
         max_tool_calls: Some(2),
@@ -153,7 +163,13 @@ fn steps_tool_calls_and_repeats_are_guarded() {
         ..RunLimits::default()
     });
     // Same tool, other arguments; other tool, same arguments: no loop.
-    for call in [("bash", "a"), ("bash", "a"), ("bash", "b"), ("read", "b"), ("read", "b")] {
+    for call in [
+        ("bash", "a"),
+        ("bash", "a"),
+        ("bash", "b"),
+        ("read", "b"),
+        ("read", "b"),
+    ] {
         m.feed(tool(call.0, call.1).as_bytes());
     }
     assert_eq!(m.verdict(), None);
@@ -183,7 +199,11 @@ fn final_usage_takes_the_higher_claim() {
         ..Usage::default()
     };
     let u = final_usage(Some(live.clone()), Some(50), Some(0.0001), "m1", 7);
-    assert_eq!((u.budget_tokens(), u.cost_micros), (110, 2000), "lower claims ignored");
+    assert_eq!(
+        (u.budget_tokens(), u.cost_micros),
+        (110, 2000),
+        "lower claims ignored"
+    );
     assert_eq!((u.model.as_deref(), u.wall_ms, u.steps), (Some("m1"), 7, 2));
     let u = final_usage(Some(live), Some(1000), Some(0.5), "m1", 7);
     assert_eq!((u.budget_tokens(), u.cost_micros), (1000, 500_000));
@@ -193,7 +213,10 @@ fn final_usage_takes_the_higher_claim() {
 
 #[test]
 fn the_setting_parses() {
-    assert_eq!(UsageSource::parse("opencode-json"), Ok(UsageSource::OpencodeJson));
+    assert_eq!(
+        UsageSource::parse("opencode-json"),
+        Ok(UsageSource::OpencodeJson)
+    );
     assert_eq!(UsageSource::parse(""), Ok(UsageSource::Off));
     assert_eq!(UsageSource::parse("off"), Ok(UsageSource::Off));
     assert!(UsageSource::parse("claude").is_err());
@@ -218,7 +241,11 @@ async fn live_wakes_the_job_on_a_verdict_and_tracks_output() {
     assert!(live.last_output() >= before);
     live.output(START.as_bytes(), true);
     assert_eq!(waiter.await.unwrap(), StopReason::OverSteps);
-    assert!(Live::new(UsageSource::Off, &RunLimits::default()).usage().is_none());
+    assert!(
+        Live::new(UsageSource::Off, &RunLimits::default())
+            .usage()
+            .is_none()
+    );
 }
 
 #[test]
@@ -245,8 +272,14 @@ fn a_stop_is_described_with_its_limit_and_what_was_used() {
         ),
         "{text}"
     );
-    assert!(!text.contains("input + output tokens,"), "no token cap: {text}");
+    assert!(
+        !text.contains("input + output tokens,"),
+        "no token cap: {text}"
+    );
     let text = describe(StopReason::Loop, &usage, &limits);
-    assert!(text.contains("4 times in a row (max_repeats_per_run)"), "{text}");
+    assert!(
+        text.contains("4 times in a row (max_repeats_per_run)"),
+        "{text}"
+    );
     assert!(text.ends_with("3 steps, 2 tool calls"), "{text}");
 }

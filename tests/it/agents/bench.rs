@@ -370,7 +370,10 @@ async fn live_usage(secs: usize) {
             .runner(&format!("{script} {secs}"))
             .env("SHEPHERD_AGENTS_MAX", "1")
             .env("SHEPHERD_LOG", "warn")
-            .env("SHEPHERD_AGENT_USAGE", if on { "opencode-json" } else { "off" })
+            .env(
+                "SHEPHERD_AGENT_USAGE",
+                if on { "opencode-json" } else { "off" },
+            )
             .start()
             .await;
         let before = cpu_secs(runner.pid());
@@ -381,7 +384,11 @@ async fn live_usage(secs: usize) {
         let wall = wall.elapsed().as_secs_f64();
         assert_eq!(results[0]["outcome"], "succeeded", "{:?}", results[0]);
         if on {
-            assert_eq!(results[0]["usage"]["steps"], 250 * secs, "every step counted");
+            assert_eq!(
+                results[0]["usage"]["steps"],
+                250 * secs,
+                "every step counted"
+            );
         }
         cpu[usize::from(on)].push(100.0 * used / wall);
     }
@@ -390,6 +397,10 @@ async fn live_usage(secs: usize) {
     println!(
         "BENCH usage_cpu events_per_sec=1000 secs={secs} runner_cpu_off_pct={off:.2} \
          runner_cpu_on_pct={on:.2} parser_pct_of_runner={:.1}",
-        if off > 0.0 { 100.0 * (on - off) / off } else { 0.0 }
+        if off > 0.0 {
+            100.0 * (on - off) / off
+        } else {
+            0.0
+        }
     );
 }

@@ -78,8 +78,13 @@ fn expected(served: &StubUsage) -> [(&'static str, u64); 4] {
 
 /// The figures of a usage JSON as `(name, value)` pairs, like [`expected`].
 fn figures(usage: &Value) -> [(&'static str, u64); 4] {
-    ["input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens"]
-        .map(|k| (k, usage[k].as_u64().unwrap_or(0)))
+    [
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cache_read_tokens",
+    ]
+    .map(|k| (k, usage[k].as_u64().unwrap_or(0)))
 }
 
 /// Asserts that the sandbox of work item `id` is gone: no process of it is left.
@@ -149,8 +154,15 @@ async fn opencode_usage_reported_by_the_runner_equals_the_stub_models_sums() {
             .parse::<f64>()
             .unwrap()
     };
-    let labels = [&format!("repo=\"{REPO}\"")[..], "kind=\"ci-fix\"", "model=\"stub-codex\""];
-    let input = line("shepherd_agent_tokens_total", &[&labels[..], &["type=\"input\""]].concat());
+    let labels = [
+        &format!("repo=\"{REPO}\"")[..],
+        "kind=\"ci-fix\"",
+        "model=\"stub-codex\"",
+    ];
+    let input = line(
+        "shepherd_agent_tokens_total",
+        &[&labels[..], &["type=\"input\""]].concat(),
+    );
     assert_eq!(input as u64, served.prompt - served.cached);
     let usd = line("shepherd_agent_cost_usd_total", &labels);
     assert!((usd - cost as f64 / 1e6).abs() < 1e-9, "{usd}");
@@ -266,7 +278,10 @@ async fn a_looping_opencode_repeating_one_call_is_stopped_as_a_loop() {
     assert_stopped(&rig, &id, &r, "loop").await;
     assert!(usage["tool_calls"].as_u64().unwrap() >= 3, "{usage}");
     let (_, _, turns) = stub.served();
-    assert!(turns <= 5, "stopped soon after the third call: {turns} turns");
+    assert!(
+        turns <= 5,
+        "stopped soon after the third call: {turns} turns"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -291,7 +306,10 @@ async fn a_silent_opencode_is_stopped_by_the_idle_timeout_and_its_sandbox_ends()
     );
     let (r, usage) = result(&rig).await;
     assert_stopped(&rig, &id, &r, "idle").await;
-    assert_eq!(usage["tool_calls"], 0, "the hanging call never ended: {usage}");
+    assert_eq!(
+        usage["tool_calls"], 0,
+        "the hanging call never ended: {usage}"
+    );
     let summary = r["summary"].as_str().unwrap();
     assert!(summary.contains("no output for 15 s"), "{summary}");
 }

@@ -88,8 +88,10 @@ impl OpencodeProject {
         let model_table: serde_json::Map<String, serde_json::Value> = models
             .iter()
             .map(|m| {
-                let cost: serde_json::Map<String, serde_json::Value> =
-                    PRICE.iter().map(|(k, p)| ((*k).to_owned(), json!(p))).collect();
+                let cost: serde_json::Map<String, serde_json::Value> = PRICE
+                    .iter()
+                    .map(|(k, p)| ((*k).to_owned(), json!(p)))
+                    .collect();
                 ((*m).to_owned(), json!({ "name": m, "cost": cost }))
             })
             .collect();
