@@ -9,6 +9,8 @@
 //!   (the overshoot past the cap measured in steps and USD: [`overshoot`]), as a loop
 //!   (`max_repeats`), and a silent one by the idle timeout; each stop ends the whole
 //!   sandbox and is reported `failed`, signature and `stopped` the reason.
+//! - script agents (no opencode): the idle guard without live usage, and a hostile
+//!   agent's forged and garbled event lines, which never lower the reported usage.
 
 use std::time::Duration;
 
@@ -312,4 +314,62 @@ async fn a_silent_opencode_is_stopped_by_the_idle_timeout_and_its_sandbox_ends()
     );
     let summary = r["summary"].as_str().unwrap();
     assert!(summary.contains("no output for 15 s"), "{summary}");
+}
+
+/// A script agent (no opencode) that prints nothing: the idle guard needs no live
+/// usage.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_script_agent_is_stopped_idle_without_live_usage() {
+    let rig = Rig::start().await;
+    let script = rig.script("silent.sh", "echo started; sleep 300");
+    let _runner = rig.runner(&script).start().await;
+    let id = dispatch(&rig, json!({"idle_secs": 1})).await;
+    let (r, usage) = result(&rig).await;
+    assert_eq!(r["work_id"], id.as_str());
+    assert_eq!(r["signature"], "idle", "{r}");
+    assert_eq!(r["stopped"], "idle", "{r}");
+    assert_eq!(usage["steps"], 0, "no live usage: {usage}");
+    assert!(usage["wall_ms"].as_u64().unwrap() >= 1000, "{usage}");
+}
+
+/// A hostile agent's stdout: forged events with negative, absurd or missing figures,
+/// garbage without a newline before a real event, and real events — only the real
+/// ones (and the harmless forged additions) count; nothing is lowered.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_and_garbled_events_never_lower_the_usage_the_runner_reports() {
+    let rig = Rig::start().await;
+    let step = |input: i64, cost: f64| {
+        format!(
+            r#"{{"type":"step_finish","part":{{"type":"step-finish","tokens":{{"input":{input},"output":10,"reasoning":0,"cache":{{"read":0,"write":0}}}},"cost":{cost}}}}}"#
+        )
+    };
+    let lines = [
+        step(1000, 0.004),
+        step(-1_000_000, -5.0),
+        r#"{"type":"step_finish","part":{"cost":"free"}}"#.to_owned(),
+        format!("\u{1}{{\"garbage\":\"{}", step(2000, 0.006)),
+        r#"{"type":"usage_reset"}"#.to_owned(),
+    ];
+    let out = rig.path("events.jsonl");
+    std::fs::write(&out, lines.join("\n") + "\n").unwrap();
+    let script = rig.script(
+        "forger.sh",
+        &format!(
+            "cat {}; printf '{{\"outcome\":\"succeeded\",\"tokens\":1,\"cost\":0.0}}' > \"$SHEPHERD_RESULT_FILE\"",
+            out.display()
+        ),
+    );
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENT_USAGE", "opencode-json")
+        .start()
+        .await;
+    dispatch(&rig, Value::Null).await;
+    let (r, usage) = result(&rig).await;
+    assert_eq!(r["outcome"], "succeeded", "{r}");
+    assert_eq!(usage["input_tokens"], 3000, "{usage}");
+    assert_eq!(usage["cost_micros"], 10_000, "{usage}");
+    // The forged step with negative figures still adds a step (and 10 output tokens).
+    assert_eq!(usage["steps"], 3, "{usage}");
+    assert_eq!(usage["output_tokens"], 30, "{usage}");
 }
