@@ -1010,6 +1010,16 @@ mod tests {
     }
 
     #[test]
+    fn live_usage_is_off_by_default_and_opencode_json_on_request() {
+        let c = agents(&["--agent-command", "a"]).unwrap();
+        assert_eq!(c.usage, UsageSource::Off);
+        let c = agents(&["--agent-command", "a", "--agent-usage", "opencode-json"]).unwrap();
+        assert_eq!(c.usage, UsageSource::OpencodeJson);
+        let bad = A::try_parse_from(["t", "--agent-command", "a", "--agent-usage", "claude"]);
+        assert!(bad.is_err(), "an unknown source is refused");
+    }
+
+    #[test]
     fn the_agent_sandbox_is_on_by_default_and_its_writable_paths_are_absolute() {
         let c = agents(&["--agent-command", "a"]).unwrap();
         assert!(c.sandbox);
