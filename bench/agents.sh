@@ -6,7 +6,8 @@
 #
 # Env: BENCH_AGENTS_ITEMS (200)  BENCH_AGENTS_WEBHOOKS (100)  BENCH_AGENTS_RATE (20)
 #      BENCH_IT_BIN (the integration-test binary to run instead of a release build)
-#      BENCH_AGENTS_ONLY (sandbox: part 4 alone)
+#      BENCH_AGENTS_USAGE_SECS (20)
+#      BENCH_AGENTS_ONLY (sandbox: part 4 alone; usage: part 5 alone)
 #
 # Runs the ignored test tests/it/agents/bench.rs with the release build: the real
 # `shepherd agents` (and `shepherd run`) processes, a real redis-server per phase, the
@@ -19,6 +20,10 @@
 #   4. the agent sandbox's cost (issue 26): per item with SHEPHERD_AGENT_SANDBOX=off
 #      and =on in the same run (alternating, two rounds each); BENCH_AGENTS_ONLY=sandbox
 #      runs this part alone.
+#   5. live usage (issue 28): the opencode-json parser's cost per item, and the
+#      runner's CPU at 1,000 events/s of agent output with SHEPHERD_AGENT_USAGE=off
+#      (the baseline) and =opencode-json, alternating in the same run;
+#      BENCH_AGENTS_ONLY=usage runs this part alone.
 # Prints the machine and the `BENCH …` lines. Every process it starts belongs to the
 # test, which stops them when it ends.
 set -euo pipefail
@@ -26,7 +31,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 . "$ROOT/bench/lib.sh"
 if smoke; then
-  export BENCH_AGENTS_ITEMS=2 BENCH_AGENTS_WEBHOOKS=2 BENCH_AGENTS_RATE=20
+  export BENCH_AGENTS_ITEMS=2 BENCH_AGENTS_WEBHOOKS=2 BENCH_AGENTS_RATE=20 BENCH_AGENTS_USAGE_SECS=1
 fi
 machine_header
 [ -n "${BENCH_IT_BIN:-}" ] || cargo build --release --quiet

@@ -331,6 +331,13 @@ pub struct AgentSettings {
     /// keep its uid outside their user namespace.
     #[arg(long, env = "SHEPHERD_AGENT_UID", default_value = "65534:65534")]
     pub agent_uid: String,
+
+    /// Live usage from the agent's output: `opencode-json` reads the events of
+    /// `opencode run --format json` (tokens, cost, steps, tool calls) as the agent runs
+    /// and enforces the work item's budget and runaway guards (`max_steps_per_run`, …);
+    /// `off`: usage only from the result file, and only the idle guard applies.
+    #[arg(long, env = "SHEPHERD_AGENT_USAGE", default_value = "off", value_parser = ["off", "opencode-json"])]
+    pub agent_usage: String,
 }
 
 /// `uid:gid` (or a bare `uid`, the gid then equal) of `SHEPHERD_AGENT_UID`; root is
@@ -347,6 +354,27 @@ fn parse_uid_gid(text: &str) -> Result<(u32, u32), String> {
         return Err("agents never run as root (uid or gid 0)".into());
     }
     Ok((uid, gid))
+}
+
+/// Where live usage comes from (`SHEPHERD_AGENT_USAGE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UsageSource {
+    /// None: usage only from the result file; only the idle guard applies.
+    #[default]
+    Off,
+    /// `opencode run --format json` events on the agent's stdout.
+    OpencodeJson,
+}
+
+impl UsageSource {
+    /// Parses the setting's value (`off` or `opencode-json`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "" | "off" => Ok(UsageSource::Off),
+            "opencode-json" => Ok(UsageSource::OpencodeJson),
+            other => Err(format!("{other:?} is not `off` or `opencode-json`")),
+        }
+    }
 }
 
 /// Environment variables every agent may see (besides `SHEPHERD_AGENT_ENV` and the
@@ -411,6 +439,8 @@ pub struct AgentsConfig {
     pub sandbox_readable: Vec<PathBuf>,
     /// The uid and gid a root runner's agents run as (`SHEPHERD_AGENT_UID`).
     pub agent_uid: (u32, u32),
+    /// Where live usage comes from (`SHEPHERD_AGENT_USAGE`).
+    pub usage: UsageSource,
 }
 
 #[cfg(test)]
@@ -522,7 +552,10 @@ impl AgentSettings {
             ));
         }
         let agent_uid = parse_uid_gid(&self.agent_uid).map_err(|e| bad("SHEPHERD_AGENT_UID", e))?;
+        let usage =
+            UsageSource::parse(&self.agent_usage).map_err(|e| bad("SHEPHERD_AGENT_USAGE", e))?;
         Ok(AgentsConfig {
+            usage,
             reviewer_tokens,
             reviewer_tokens_file: self.reviewer_tokens_file.clone(),
             sandbox: self.agent_sandbox == "on",
@@ -974,6 +1007,16 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(args);
         A::try_parse_from(v).expect("parse").s.validate()
+    }
+
+    #[test]
+    fn live_usage_is_off_by_default_and_opencode_json_on_request() {
+        let c = agents(&["--agent-command", "a"]).unwrap();
+        assert_eq!(c.usage, UsageSource::Off);
+        let c = agents(&["--agent-command", "a", "--agent-usage", "opencode-json"]).unwrap();
+        assert_eq!(c.usage, UsageSource::OpencodeJson);
+        let bad = A::try_parse_from(["t", "--agent-command", "a", "--agent-usage", "claude"]);
+        assert!(bad.is_err(), "an unknown source is refused");
     }
 
     #[test]

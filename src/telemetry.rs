@@ -222,10 +222,15 @@ pub struct AgentMetrics {
     pub finished: IntCounterVec,
     /// Run time of an agent (start → exit), by kind.
     pub duration: HistogramVec,
-    /// Tokens agents reported in their result files, by kind and tier.
+    /// Tokens agents used (live usage or result files), by repository, kind, model
+    /// and type (`input`, `output`, `reasoning`, `cache_read`, `cache_write`).
     pub tokens: IntCounterVec,
-    /// Cost agents reported in their result files, by kind and tier.
+    /// What agents cost in USD (live usage or result files), by repository, kind and
+    /// model.
     pub cost: CounterVec,
+    /// Agents the runner stopped for a limit, by reason (`over-budget`, `over-steps`,
+    /// `over-tool-calls`, `idle`, `loop`).
+    pub stopped: IntCounterVec,
     /// Work items refused by the binding check (`agents::binding`), by reason.
     pub refused: IntCounterVec,
 }
@@ -261,14 +266,25 @@ impl AgentMetrics {
             tokens: IntCounterVec::new(
                 Opts::new(
                     "agent_tokens_total",
-                    "Tokens agents reported, by kind and tier",
+                    "Tokens agents used, by repository, kind, model and type",
                 ),
-                kt,
+                &["repo", "kind", "model", "type"],
             )
             .expect("valid metric"),
             cost: CounterVec::new(
-                Opts::new("agent_cost_total", "Cost agents reported, by kind and tier"),
-                kt,
+                Opts::new(
+                    "agent_cost_usd_total",
+                    "What agents cost in USD, by repository, kind and model",
+                ),
+                &["repo", "kind", "model"],
+            )
+            .expect("valid metric"),
+            stopped: IntCounterVec::new(
+                Opts::new(
+                    "agent_runs_stopped_total",
+                    "Agents the runner stopped for a limit, by reason",
+                ),
+                &["reason"],
             )
             .expect("valid metric"),
             refused: IntCounterVec::new(
@@ -291,6 +307,7 @@ impl AgentMetrics {
             Box::new(self.duration.clone()),
             Box::new(self.tokens.clone()),
             Box::new(self.cost.clone()),
+            Box::new(self.stopped.clone()),
             Box::new(self.refused.clone()),
         ]
     }

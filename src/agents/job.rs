@@ -14,13 +14,16 @@
 //!    with `SHEPHERD_AGENT_CHECKOUT`, a clone of the PR's head as the working
 //!    directory, [`super::checkout`]), the command line with its placeholders filled
 //!    in, the allow-listed environment;
-//! 4. the agent runs (its output so far stored every [`LOG_EVERY`]) until it exits,
-//!    the deadline passes (the group is stopped, `failed`/`timeout`), or a stop comes
+//! 4. the agent runs (its output so far stored every [`LOG_EVERY`], its usage metered
+//!    live with `SHEPHERD_AGENT_USAGE`, [`super::usage`]) until it exits, the deadline
+//!    passes (the group is stopped, `failed`/`timeout`), a limit of the work item is
+//!    reached (budget, steps, tool calls, a loop, idleness: the group is killed at once,
+//!    `failed` with the reason as signature and `stopped` set), or a stop comes
 //!    (cancel notice, shutdown, the entry lost to another runner: the group is
 //!    stopped and nothing is reported);
 //! 5. its output (capped, secrets masked) is stored for the retention window, the
-//!    result ([`super::outcome::decide`]) goes through `worker::results::submit` —
-//!    exactly once per work id — and the folder is removed.
+//!    result ([`super::outcome::decide`], with the run's usage) goes through
+//!    `worker::results::submit` — exactly once per work id — and the folder is removed.
 
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
@@ -35,10 +38,12 @@ use super::binding::{self, Refusal, Stage};
 use super::launch::{Capture, Invocation, Spawner};
 use super::outcome::{self, Finish};
 use super::prompt::{PromptParams, Templates};
+use super::usage::{self, Live};
 use super::{checkout, workdir};
 use crate::config::{AgentsConfig, Config};
 use crate::core::effect::WorkItem;
 use crate::core::policy::PolicyFile;
+use crate::core::usage::StopReason as Limit;
 use crate::forgejo::ForgejoClient;
 use crate::store::Store;
 use crate::store::agent_runs::{self, AgentRun, RunState};
@@ -217,15 +222,20 @@ async fn execute(
         shared.sandbox.give_tree(dir.path())?;
     }
     workdir::sandboxed(&shared.sandbox, &mut inv, dir.path());
-    let agent = match shared.spawner.launch(&inv, capture.clone()).await {
+    let live = Arc::new(Live::new(shared.agents.usage, &item.limits));
+    let agent = match shared
+        .spawner
+        .launch(&inv, capture.clone(), live.clone())
+        .await
+    {
         Ok(a) => a,
         Err(e) => {
             let why = format!("the agent could not be started: {e}");
             return fail_early(shared, item, run, "spawn", why).await;
         }
     };
-    let ended = supervise(shared, run, agent, &capture, &mut stop).await?;
-    let disposition = conclude(shared, item, run, ended, &files, &capture).await?;
+    let ended = supervise(shared, item, run, agent, &capture, &live, &mut stop).await?;
+    let disposition = conclude(shared, item, run, ended, &files, &capture, &live).await?;
     drop(dir);
     Ok(disposition)
 }
@@ -315,13 +325,15 @@ async fn with_checkout(
     Ok(None)
 }
 
-/// Step 4: records the start, waits for the agent's exit, the deadline or a stop
-/// (stopping its process group for the last two), and cleans up its group.
+/// Step 4: records the start, waits for the agent's exit, the deadline, a limit or a
+/// stop (stopping its process group for the last three), and cleans up its group.
 async fn supervise(
     shared: &Shared,
+    item: &WorkItem,
     run: &mut AgentRun,
     mut agent: super::launch::Agent,
     capture: &Mutex<Capture>,
+    live: &Live,
     stop: &mut watch::Receiver<Option<StopReason>>,
 ) -> anyhow::Result<Ended> {
     let started = Instant::now();
@@ -358,6 +370,16 @@ async fn supervise(
                 agent.stop(shared.agents.kill_grace).await?;
                 break Ended::Stopped(reason);
             }
+            reason = live.verdict() => {
+                tracing::warn!(reason = reason.as_str(), "a limit of the run is reached; stopping the agent");
+                agent.kill().await?;
+                break Ended::Limit(reason);
+            }
+            () = usage::idle(live, item.limits.idle_secs) => {
+                tracing::warn!("the agent is idle; stopping it");
+                agent.kill().await?;
+                break Ended::Limit(Limit::Idle);
+            }
             _ = snapshot.tick() => {
                 let text = outcome::mask_forms(&capture.lock().expect("capture lock").text(), &shared.secrets);
                 save_log(shared, &run.work_id, &text).await;
@@ -373,7 +395,7 @@ async fn supervise(
 }
 
 /// Step 5: the masked output is stored, the result decided and reported (unless a
-/// stop ended the run), the metrics counted.
+/// stop ended the run), the usage and the metrics counted.
 async fn conclude(
     shared: &Shared,
     item: &WorkItem,
@@ -381,6 +403,7 @@ async fn conclude(
     ended: Ended,
     files: &workdir::Files,
     capture: &Mutex<Capture>,
+    live: &Live,
 ) -> anyhow::Result<Disposition> {
     let id = item.id.to_string();
     let m = &shared.metrics.agents;
@@ -389,31 +412,49 @@ async fn conclude(
         (outcome::mask_forms(&c.text(), &shared.secrets), c.total())
     };
     run.output_bytes = Some(total);
+    let wall_ms = u64::try_from(now_ms() - run.started_ms.unwrap_or_else(now_ms)).unwrap_or(0);
     let finish = match ended {
         Ended::Exited(status) => Finish::Exited(status),
         Ended::Timeout => Finish::Timeout,
+        Ended::Limit(reason) => Finish::Limit(reason),
         Ended::Stopped(reason) => {
             save_log(shared, &id, &output).await;
+            // Nothing is reported, but what the agent spent is counted.
+            let spent = usage::final_usage(live.usage(), None, None, &run.model, wall_ms);
+            usage::count_metrics(m, run, &spent);
             let d = stopped(run, Some(reason));
             count_finished(m, run);
             return Ok(d);
         }
     };
-    let file = outcome::read_result_file_off_thread(files.result.clone()).await;
+    let file = match finish {
+        Finish::Limit(_) => Ok(None),
+        _ => outcome::read_result_file_off_thread(files.result.clone()).await,
+    };
     let result = outcome::decide(finish, file, &output);
+    let spent = usage::final_usage(
+        live.usage(),
+        result.tokens,
+        result.cost,
+        &run.model,
+        wall_ms,
+    );
+    usage::count_metrics(m, run, &spent);
     let log = match &result.log_note {
         Some(note) => format!("{output}\n{}", outcome::mask_forms(note, &shared.secrets)),
         None => output,
     };
     save_log(shared, &id, &log).await;
-    let labels = [run.kind.as_str(), run.tier_name.as_str()];
-    if let Some(t) = result.tokens {
-        m.tokens.with_label_values(&labels).inc_by(t);
-    }
-    if let Some(c) = result.cost {
-        m.cost.with_label_values(&labels).inc_by(c);
-    }
     let mut report = result.report;
+    if let Some(reason) = report.stopped {
+        m.stopped.with_label_values(&[reason.as_str()]).inc();
+        let why = usage::describe(reason, &spent, &item.limits);
+        tracing::warn!(reason = reason.as_str(), "{why}");
+        report.summary = Some(match report.summary.take() {
+            Some(s) => format!("{why}\n{s}"),
+            None => why,
+        });
+    }
     // A reviewer agent's verdict is posted now, as its own user; what that came to is
     // the result (the agent's own result file only adds its figures to the metrics). An
     // agent that failed without writing a verdict keeps its own failure (exit status).
@@ -437,6 +478,13 @@ async fn conclude(
     report.signature = report
         .signature
         .map(|s| outcome::mask_forms(&s, &shared.secrets));
+    // Whatever decided the outcome (the review's post included), the run's usage and
+    // its stop go with it.
+    report.usage = Some(spent);
+    report.stopped = match finish {
+        Finish::Limit(reason) => Some(reason),
+        _ => None,
+    };
     report_result(shared, item, run, &report).await?;
     run.state = RunState::Finished;
     count_finished(m, run);
@@ -479,6 +527,8 @@ enum Ended {
     Timeout,
     /// A stop request stopped it.
     Stopped(StopReason),
+    /// A limit of the run stopped it.
+    Limit(Limit),
 }
 
 /// The label of a finished run's outcome.

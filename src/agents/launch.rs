@@ -41,6 +41,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+use super::usage::Live;
+
 /// How long the output readers may take after the process group is gone (a process
 /// that left the group may still hold the pipes).
 const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
@@ -170,11 +172,13 @@ impl Spawner {
     }
 
     /// Starts `inv`: its own process group, the parent-death signal, the prompt on
-    /// stdin, stdout and stderr captured into `capture`.
+    /// stdin, stdout and stderr captured into `capture` and told to `live` (stdout's
+    /// events metered, both streams' bytes counting as activity for the idle guard).
     pub async fn launch(
         &self,
         inv: &Invocation,
         capture: Arc<Mutex<Capture>>,
+        live: Arc<Live>,
     ) -> io::Result<Agent> {
         let (program, args) = inv
             .argv
@@ -218,10 +222,15 @@ impl Spawner {
         }
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(drain(out, capture.clone())));
+            readers.push(tokio::spawn(drain(
+                out,
+                capture.clone(),
+                live.clone(),
+                true,
+            )));
         }
         if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(drain(err, capture)));
+            readers.push(tokio::spawn(drain(err, capture, live, false)));
         }
         let pgid = Pid::from_raw(i32::try_from(pid).map_err(io::Error::other)?);
         Ok(Agent {
@@ -257,13 +266,22 @@ fn set_parent_death_signal(cmd: &mut Command) {
     }
 }
 
-/// Reads one output pipe into the capture until it closes.
-async fn drain(mut pipe: impl AsyncRead + Unpin, capture: Arc<Mutex<Capture>>) {
+/// Reads one output pipe into the capture until it closes, telling `live` (its events
+/// metered when `events`).
+async fn drain(
+    mut pipe: impl AsyncRead + Unpin,
+    capture: Arc<Mutex<Capture>>,
+    live: Arc<Live>,
+    events: bool,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => capture.lock().expect("capture lock").push(&buf[..n]),
+            Ok(n) => {
+                capture.lock().expect("capture lock").push(&buf[..n]);
+                live.output(&buf[..n], events);
+            }
         }
     }
 }
@@ -350,6 +368,14 @@ impl Agent {
                 self.child.wait().await
             }
         }
+    }
+
+    /// Kills the whole process group at once (SIGKILL, no grace: a run stopped for a
+    /// limit must not spend more) and waits for the leader. In the sandbox the leader
+    /// is bwrap, whose death takes the agent's whole PID namespace with it.
+    pub async fn kill(&mut self) -> io::Result<ExitStatus> {
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.child.wait().await
     }
 
     /// After the leader exited: kills what is left of its group (background

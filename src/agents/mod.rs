@@ -15,6 +15,7 @@
 //!            number, kind, head, attempt, reviewer) → context (Forgejo) → prompt → files
 //!                         → launch (exec: own process group, parent-death signal,
 //!                           allow-listed environment) → wait | deadline | cancel
+//!                           | a runaway guard or the budget (live usage)
 //!                         → outcome (result file / exit status / timeout)
 //!                         → log (Redis, TTL) → bound to the record again (before a
 //!                           verdict is posted, pinned and only on the same head, and
@@ -33,6 +34,7 @@
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
 //! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
+//! | `usage.rs` | live usage from the agent's output (`SHEPHERD_AGENT_USAGE`), the runaway guards and the run's budget |
 //! | `sandbox.rs` | the bubblewrap sandbox each agent runs in (own PID and user namespace, own folder) |
 //!
 //! The `shepherd agents` process (`crate::app`) also serves `GET /healthz` and
@@ -49,6 +51,7 @@ pub mod prompt;
 pub mod review;
 pub mod runner;
 pub mod sandbox;
+pub mod usage;
 pub mod workdir;
 
 use std::ffi::OsString;

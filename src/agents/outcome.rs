@@ -5,6 +5,7 @@
 //! | how the run ended | result |
 //! |---|---|
 //! | the claim's deadline (minus the margin) came first | `failed`, signature `timeout` |
+//! | the runner stopped it for a limit ([`super::usage`]) | `failed`, signature the reason (`over-budget`, `over-steps`, `over-tool-calls`, `idle`, `loop`), `stopped` set |
 //! | a result file that is valid | as written (summary: the output's tail when none) |
 //! | a result file that is not JSON, too large, or has no valid `outcome` | `failed`, signature `result-file`, the reason in the summary |
 //! | no result file, exit 0 | `succeeded` |
@@ -227,6 +228,8 @@ pub enum Finish {
     Exited(ExitStatus),
     /// The deadline stopped it.
     Timeout,
+    /// The runner stopped it for a limit (the result file is not read).
+    Limit(crate::core::usage::StopReason),
 }
 
 /// The result to report, and what goes with it.
@@ -271,6 +274,12 @@ pub fn decide(
     let status = match (finish, file) {
         (Finish::Timeout, _) => {
             return plain(failed("timeout", "stopped at the claim's deadline".into()));
+        }
+        (Finish::Limit(reason), _) => {
+            let what = format!("stopped by the runner: {}", reason.as_str());
+            let mut report = failed(reason.as_str(), what);
+            report.stopped = Some(reason);
+            return plain(report);
         }
         (Finish::Exited(_), Err(bad)) => {
             let note = format!("--- result file (refused: {}) ---\n{}", bad.error, bad.head);
@@ -429,6 +438,25 @@ mod tests {
         let r = decide(Finish::Timeout, Ok(None), "working…");
         assert_eq!(r.report.signature.as_deref(), Some("timeout"));
         assert!(r.report.summary.unwrap().ends_with("working…"));
+        assert_eq!(r.report.stopped, None);
+    }
+
+    #[test]
+    fn a_run_stopped_for_a_limit_fails_with_its_reason_whatever_its_file_says() {
+        use crate::core::usage::StopReason;
+        let file = ResultFile {
+            outcome: WorkOutcome::Succeeded,
+            signature: None,
+            summary: Some("all done".into()),
+            tokens: Some(1),
+            cost: Some(0.0),
+        };
+        let r = decide(Finish::Limit(StopReason::Loop), Ok(Some(file)), "bash ls");
+        assert_eq!(r.report.outcome, WorkOutcome::Failed);
+        assert_eq!(r.report.signature.as_deref(), Some("loop"));
+        assert_eq!(r.report.stopped, Some(StopReason::Loop));
+        assert_eq!((r.tokens, r.cost), (None, None), "the file is not believed");
+        assert!(r.report.summary.unwrap().ends_with("bash ls"));
     }
 
     #[test]

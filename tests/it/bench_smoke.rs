@@ -212,6 +212,8 @@ fn bench_smoke_agents() {
         &[
             "machine: ",
             "BENCH overhead items=2 ",
+            "BENCH usage_parser events_per_item=400 ",
+            "BENCH usage_cpu events_per_sec=1000 secs=1 ",
             "BENCH throughput runners=1 items=2 ",
             "BENCH throughput runners=2 items=2 ",
             "BENCH webhook_to_start webhooks=2 ",

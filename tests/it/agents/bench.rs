@@ -16,6 +16,16 @@
 //!    and `on` in the same run (off, on, off, on; the means of each): the difference
 //!    per item is the sandbox's cost (bwrap, namespaces, the folder's ownership).
 //!    `BENCH_AGENTS_ONLY=sandbox` runs this part alone.
+//! 5. **Live usage** (issue 28): the parser of `SHEPHERD_AGENT_USAGE=opencode-json`.
+//!    (a) its cost per item in this process: a typical opencode run's output (100
+//!    steps: `step_start`, `step_finish`, a `tool_use` with 2 KiB of output, a `text`
+//!    each) fed to `agents::usage::Meter`, per item and per event; (b) the runner's CPU
+//!    at 1,000 events per second of agent output: one runner, one agent printing
+//!    opencode-shaped events (the same mix, 1,000 a second) for
+//!    `BENCH_AGENTS_USAGE_SECS`, with the setting `off` (the runner's baseline: capture,
+//!    masking, log saves) and `opencode-json`, alternating (off, on, off, on) in the
+//!    same run; the runner process's user + system CPU from `/proc/<pid>/stat`.
+//!    `BENCH_AGENTS_ONLY=usage` runs this part alone.
 //! 3. **Webhook → agent start**: `shepherd run` and one runner; per PR (CI already
 //!    red, the poll pushed a day away), the signed `action_run_failure` webhook, then
 //!    the time until the agent process writes its start time (p50/p99), at
@@ -53,10 +63,13 @@ async fn bench_agents() {
     let items = setting("BENCH_AGENTS_ITEMS", 200);
     let hooks = setting("BENCH_AGENTS_WEBHOOKS", 100);
     let rate = setting("BENCH_AGENTS_RATE", 20);
-    if std::env::var("BENCH_AGENTS_ONLY").as_deref() == Ok("sandbox") {
-        sandbox_cost(items).await;
-        return;
+    let usage_secs = setting("BENCH_AGENTS_USAGE_SECS", 20);
+    match std::env::var("BENCH_AGENTS_ONLY").as_deref() {
+        Ok("sandbox") => return sandbox_cost(items).await,
+        Ok("usage") => return live_usage(usage_secs).await,
+        _ => {}
     }
+    live_usage(usage_secs).await;
     overhead(items).await;
     sandbox_cost(items).await;
     for runners in [1, 2] {
@@ -281,5 +294,113 @@ async fn webhook_to_start(hooks: usize, rate: usize) {
         pct(&lags, 90),
         pct(&lags, 99),
         lags[lags.len() - 1]
+    );
+}
+
+/// One second of opencode-shaped agent output for part 5: 1,000 events, 250 each of
+/// `step_start`, `step_finish` (1,000 input and 100 output tokens, $0.0045), `tool_use`
+/// (2 KiB of output) and `text`.
+fn events_second() -> String {
+    let output = "x".repeat(2048);
+    let mut text = String::new();
+    for i in 0..250 {
+        text.push_str(&format!(
+            "{{\"type\":\"step_start\",\"timestamp\":{i},\"sessionID\":\"ses_b\",\"part\":{{\"id\":\"prt_{i}a\",\"type\":\"step-start\"}}}}\n"
+        ));
+        text.push_str(&format!(
+            "{{\"type\":\"tool_use\",\"timestamp\":{i},\"sessionID\":\"ses_b\",\"part\":{{\"id\":\"prt_{i}b\",\"type\":\"tool\",\"tool\":\"bash\",\"callID\":\"call_{i}\",\"state\":{{\"status\":\"completed\",\"input\":{{\"command\":\"ls {i}\"}},\"output\":\"{output}\",\"title\":\"ls\",\"metadata\":{{}},\"time\":{{\"start\":1,\"end\":2}}}}}}}}\n"
+        ));
+        text.push_str(&format!(
+            "{{\"type\":\"step_finish\",\"timestamp\":{i},\"sessionID\":\"ses_b\",\"part\":{{\"id\":\"prt_{i}c\",\"type\":\"step-finish\",\"reason\":\"tool-calls\",\"tokens\":{{\"total\":1100,\"input\":1000,\"output\":100,\"reasoning\":0,\"cache\":{{\"read\":0,\"write\":0}}}},\"cost\":0.0045}}}}\n"
+        ));
+        text.push_str(&format!(
+            "{{\"type\":\"text\",\"timestamp\":{i},\"sessionID\":\"ses_b\",\"part\":{{\"id\":\"prt_{i}d\",\"type\":\"text\",\"text\":\"Step {i} done.\"}}}}\n"
+        ));
+    }
+    text
+}
+
+/// User + system CPU seconds of process `pid` so far (`/proc/<pid>/stat`).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat has a command name")
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of stat(5); 13 and 14 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // `/proc` counts in USER_HZ, 100 a second on Linux whatever the kernel's HZ.
+    ticks as f64 / 100.0
+}
+
+/// Part 5.
+async fn live_usage(secs: usize) {
+    // (a) The parser alone, per item.
+    let second = events_second();
+    let item: String = second.lines().take(400).map(|l| format!("{l}\n")).collect();
+    let rounds = 200;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        let mut meter = shepherd::agents::usage::Meter::new(Default::default());
+        for chunk in item.as_bytes().chunks(16 * 1024) {
+            meter.feed(chunk);
+        }
+        assert_eq!(meter.usage().steps, 100);
+    }
+    let per_item_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+    println!(
+        "BENCH usage_parser events_per_item=400 item_bytes={} per_item_us={per_item_us:.1} per_event_ns={:.0}",
+        item.len(),
+        per_item_us * 1000.0 / 400.0
+    );
+    // (b) The runner's CPU at 1,000 events a second, setting off and on.
+    let mut cpu = [Vec::new(), Vec::new()];
+    for round in 0..4 {
+        let on = round % 2 == 1;
+        let rig = Rig::start().await;
+        std::fs::write(rig.path("events.jsonl"), &second).expect("events file");
+        let script = rig.script(
+            "events.sh",
+            r#"i=0; while [ "$i" -lt "$1" ]; do cat "$DIR/events.jsonl"; sleep 1; i=$((i+1)); done"#,
+        );
+        let n = rig.open_pr(REPO);
+        let runner = rig
+            .runner(&format!("{script} {secs}"))
+            .env("SHEPHERD_AGENTS_MAX", "1")
+            .env("SHEPHERD_LOG", "warn")
+            .env(
+                "SHEPHERD_AGENT_USAGE",
+                if on { "opencode-json" } else { "off" },
+            )
+            .start()
+            .await;
+        let before = cpu_secs(runner.pid());
+        let wall = Instant::now();
+        rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
+        let results = wait_results(&rig, 1).await;
+        let used = cpu_secs(runner.pid()) - before;
+        let wall = wall.elapsed().as_secs_f64();
+        assert_eq!(results[0]["outcome"], "succeeded", "{:?}", results[0]);
+        if on {
+            assert_eq!(
+                results[0]["usage"]["steps"],
+                250 * secs,
+                "every step counted"
+            );
+        }
+        cpu[usize::from(on)].push(100.0 * used / wall);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (off, on) = (mean(&cpu[0]), mean(&cpu[1]));
+    println!(
+        "BENCH usage_cpu events_per_sec=1000 secs={secs} runner_cpu_off_pct={off:.2} \
+         runner_cpu_on_pct={on:.2} parser_pct_of_runner={:.1}",
+        if off > 0.0 {
+            100.0 * (on - off) / off
+        } else {
+            0.0
+        }
     );
 }

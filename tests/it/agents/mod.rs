@@ -31,6 +31,7 @@ mod opencode_loop;
 mod review_e2e;
 mod review_runner;
 mod runner;
+mod usage;
 
 use std::path::PathBuf;
 use std::time::Duration;

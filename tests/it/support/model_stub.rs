@@ -9,9 +9,17 @@
 //! - tools offered and the last message is the user's: the agent's first turn → one
 //!   `bash` tool call running the stub's shell command (`tool_calls` deltas, then
 //!   `finish_reason: tool_calls`);
-//! - tools offered and the last message is a tool result → a final text answer.
+//! - tools offered and the last message is a tool result → a final text answer (or,
+//!   once [`ModelStub::set_looping`] is on, the same tool call again: an agent that
+//!   never stops).
+//!
+//! Every answer ends with a `usage` chunk of known token counts ([`StubUsage::of`],
+//! different for each request) which the stub records with the request, so a test can
+//! compare what opencode reports (priced with [`PRICE`] in the test's `opencode.json`)
+//! with the stub's own sums ([`ModelStub::served`]).
 
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix_web::dev::ServerHandle;
@@ -29,6 +37,64 @@ pub const FINAL_TEXT: &str = "Done: the work item is handled.";
 /// The title the stub gives sessions.
 pub const TITLE: &str = "Shepherd work item";
 
+/// The model's price in the test's `opencode.json`, USD per million tokens (opencode's
+/// `cost` keys: `input`, `output`, `cache_read`, `cache_write`). Whole micro-dollars
+/// per token × count, so every step's cost is an exact number of micro-dollars.
+pub const PRICE: [(&str, u64); 4] = [
+    ("input", 3),
+    ("output", 15),
+    ("cache_read", 1),
+    ("cache_write", 4),
+];
+
+/// The usage the stub reports for one response (OpenAI's `usage` object).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StubUsage {
+    /// `prompt_tokens` (cached ones included, as OpenAI counts).
+    pub prompt: u64,
+    /// `completion_tokens` (reasoning included).
+    pub completion: u64,
+    /// `prompt_tokens_details.cached_tokens`.
+    pub cached: u64,
+    /// `completion_tokens_details.reasoning_tokens`.
+    pub reasoning: u64,
+}
+
+impl StubUsage {
+    /// The usage of the `seq`-th request (1-based): different for each, so a sum
+    /// that missed or doubled one would show.
+    pub fn of(seq: usize) -> Self {
+        let seq = seq as u64;
+        Self {
+            prompt: 1000 + 37 * seq,
+            completion: 40 + 3 * seq,
+            cached: 100 + seq,
+            reasoning: 5 + seq,
+        }
+    }
+
+    /// The JSON `usage` object.
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning},
+        })
+    }
+
+    /// What this response costs at [`PRICE`], in micro-dollars, counted as opencode
+    /// counts (`session/index.ts` `getUsage`: input without the cached tokens, output
+    /// without reasoning, reasoning at the output price).
+    pub fn cost_micros(&self) -> u64 {
+        let price = |k: &str| PRICE.iter().find(|(n, _)| *n == k).map_or(0, |(_, p)| *p);
+        (self.prompt - self.cached) * price("input")
+            + self.completion * price("output")
+            + self.cached * price("cache_read")
+    }
+}
+
 /// One request the stub received.
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
@@ -36,6 +102,8 @@ pub struct ModelRequest {
     pub body: Value,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// The usage the stub answered it with.
+    pub usage: StubUsage,
 }
 
 impl ModelRequest {
@@ -86,6 +154,8 @@ struct StubState {
     requests: Mutex<Vec<ModelRequest>>,
     /// The shell command of the `bash` tool call.
     command: Mutex<String>,
+    /// Answer every agent turn with the tool call (an agent that never ends).
+    looping: AtomicBool,
 }
 
 /// A running stub model server. Dropping it stops the server.
@@ -104,6 +174,7 @@ impl ModelStub {
         let state = Arc::new(StubState {
             requests: Mutex::new(Vec::new()),
             command: Mutex::new(command.to_owned()),
+            looping: AtomicBool::new(false),
         });
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
         let port = listener.local_addr().expect("local addr").port();
@@ -140,6 +211,30 @@ impl ModelStub {
         *lock(&self.state.command) = command.to_owned();
     }
 
+    /// Makes every agent turn a tool call, even after a tool's result: the agent then
+    /// loops until something stops it.
+    pub fn set_looping(&self, on: bool) {
+        self.state.looping.store(on, Ordering::SeqCst);
+    }
+
+    /// The sums of the usage the stub answered agent turns with (`prompt`,
+    /// `completion`, `cached`, `reasoning`), their cost at [`PRICE`] in micro-dollars,
+    /// and how many there were. The session-title request is not included: opencode does
+    /// not count it.
+    pub fn served(&self) -> (StubUsage, u64, usize) {
+        let turns = self.agent_turns();
+        let mut sum = StubUsage::default();
+        let mut cost = 0;
+        for t in &turns {
+            sum.prompt += t.usage.prompt;
+            sum.completion += t.usage.completion;
+            sum.cached += t.usage.cached;
+            sum.reasoning += t.usage.reasoning;
+            cost += t.usage.cost_micros();
+        }
+        (sum, cost, turns.len())
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<ModelRequest> {
         lock(&self.state.requests).clone()
@@ -169,16 +264,18 @@ async fn completions(
     body: web::Json<Value>,
     state: web::Data<Arc<StubState>>,
 ) -> HttpResponse {
-    let request = ModelRequest {
+    let mut request = ModelRequest {
         body: body.into_inner(),
         authorization: req
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        usage: StubUsage::default(),
     };
     let seq = {
         let mut all = lock(&state.requests);
+        request.usage = StubUsage::of(all.len() + 1);
         all.push(request.clone());
         all.len()
     };
@@ -197,7 +294,7 @@ async fn completions(
             chunk(json!({"role": "assistant", "content": TITLE}), Value::Null),
             chunk(json!({}), json!("stop")),
         ]
-    } else if request.last_role() == "tool" {
+    } else if request.last_role() == "tool" && !state.looping.load(Ordering::SeqCst) {
         vec![
             chunk(
                 json!({"role": "assistant", "content": FINAL_TEXT}),
@@ -230,7 +327,7 @@ async fn completions(
     let usage = json!({
         "id": format!("chatcmpl-{seq}"), "object": "chat.completion.chunk", "created": 0,
         "model": model, "choices": [],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+        "usage": request.usage.json(),
     });
     text.push_str(&format!("data: {usage}\n\ndata: [DONE]\n\n"));
     HttpResponse::Ok()

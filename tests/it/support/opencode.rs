@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::model_stub::ModelStub;
+use super::model_stub::{ModelStub, PRICE};
 
 /// The opencode-ai version `scripts/test` installs and these tests are written for.
 pub const OPENCODE_VERSION: &str = "1.18.33";
@@ -78,7 +78,8 @@ pub struct OpencodeProject {
 
 impl OpencodeProject {
     /// Writes `opencode.json` (the `stub` provider at `stub`'s URL offering
-    /// `models`, bash allowed without asking) and `.opencode/agents/<AGENT>.md`.
+    /// `models`, each priced at [`PRICE`], bash allowed without asking) and
+    /// `.opencode/agents/<AGENT>.md`.
     pub fn prepare(stub: &ModelStub, models: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let project = dir.path().join("project");
@@ -86,7 +87,13 @@ impl OpencodeProject {
         std::fs::create_dir_all(dir.path().join("home")).expect("home dir");
         let model_table: serde_json::Map<String, serde_json::Value> = models
             .iter()
-            .map(|m| ((*m).to_owned(), json!({ "name": m })))
+            .map(|m| {
+                let cost: serde_json::Map<String, serde_json::Value> = PRICE
+                    .iter()
+                    .map(|(k, p)| ((*k).to_owned(), json!(p)))
+                    .collect();
+                ((*m).to_owned(), json!({ "name": m, "cost": cost }))
+            })
             .collect();
         let config = json!({
             "$schema": "https://opencode.ai/config.json",
@@ -176,6 +183,13 @@ impl OpencodeProject {
             "a word with whitespace cannot survive the split: {words:?}"
         );
         words.join(" ")
+    }
+
+    /// [`Self::command_line`] with `--format json`: opencode prints its events (steps
+    /// with their tokens and cost, tool calls) as JSON lines, which the runner meters
+    /// with `SHEPHERD_AGENT_USAGE=opencode-json`.
+    pub fn json_command_line(&self) -> String {
+        format!("{} --format json", self.command_line())
     }
 
     /// The command of [`Self::command_line`] with `agent` and `model` filled in, for a
