@@ -10,10 +10,12 @@ use std::fmt::Write as _;
 use chrono::{Days, NaiveDate};
 use serde::{Deserialize, Serialize};
 
+use super::status::PrSummary;
 use super::{Ops, OpsError, parse_repo};
 use crate::core::ids::RepoName;
-use crate::core::usage::micros_to_usd;
-use crate::store::ledger::{self, Bucket, Figures};
+use crate::core::policy::Policy;
+use crate::core::usage::{micros_to_usd, usd_to_micros};
+use crate::store::ledger::{self, Bucket, Figures, Scope, Window};
 
 /// Days read when the request names no start.
 pub const DEFAULT_DAYS: u32 = 7;
@@ -350,6 +352,152 @@ pub fn render_text(r: &CostsReport) -> String {
     out
 }
 
+/// What a repository's own caps (`budget_repo_daily_*`, `budget_repo_monthly_*`) leave
+/// of its budget: the tightest of them. Negative when spending went past a cap (a run
+/// can overshoot by its last step).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetLeft {
+    /// Micro-dollars left under the tightest dollar cap, when one is set.
+    pub usd_micros: Option<i64>,
+    /// That cap: `repo-daily` or `repo-monthly`.
+    pub usd_scope: Option<String>,
+    /// Input + output tokens left under the tightest token cap, when one is set.
+    pub tokens: Option<i64>,
+    /// That cap: `repo-daily` or `repo-monthly`.
+    pub tokens_scope: Option<String>,
+}
+
+/// The tightest of `caps` (`(scope, cap, spent)`, a cap of 0 is none): what is left
+/// and which cap.
+fn tightest(caps: [(&str, u64, u64); 2]) -> (Option<i64>, Option<String>) {
+    caps.iter()
+        .filter(|(_, cap, _)| *cap > 0)
+        .map(|(scope, cap, spent)| {
+            let left = i128::from(*cap) - i128::from(*spent);
+            (
+                i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX }),
+                (*scope).to_owned(),
+            )
+        })
+        .min_by_key(|(left, _)| *left)
+        .map_or((None, None), |(left, scope)| (Some(left), Some(scope)))
+}
+
+/// What the repository caps of `policy` leave after `today` and `month`; `None` when
+/// no repository cap is set. Only the repository's own caps: the organisation's and
+/// the instance's, and the rule that the tightest cap of all decides before a
+/// dispatch, are `core::budget`'s (issue 28, item 3).
+pub fn repo_budget_left(policy: &Policy, today: &Figures, month: &Figures) -> Option<BudgetLeft> {
+    let (usd_micros, usd_scope) = tightest([
+        (
+            "repo-daily",
+            usd_to_micros(policy.budget_repo_daily_usd),
+            today.usd_micros,
+        ),
+        (
+            "repo-monthly",
+            usd_to_micros(policy.budget_repo_monthly_usd),
+            month.usd_micros,
+        ),
+    ]);
+    let (tokens, tokens_scope) = tightest([
+        (
+            "repo-daily",
+            policy.budget_repo_daily_tokens,
+            today.budget_tokens(),
+        ),
+        (
+            "repo-monthly",
+            policy.budget_repo_monthly_tokens,
+            month.budget_tokens(),
+        ),
+    ]);
+    (usd_scope.is_some() || tokens_scope.is_some()).then_some(BudgetLeft {
+        usd_micros,
+        usd_scope,
+        tokens,
+        tokens_scope,
+    })
+}
+
+/// One repository's agent spending, for the status page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RepoSpend {
+    /// Repository.
+    pub repo: String,
+    /// Today (UTC).
+    pub today: Cost,
+    /// This month (UTC).
+    pub month: Cost,
+    /// What its own caps leave, when it has any.
+    pub budget_left: Option<BudgetLeft>,
+}
+
+/// One open PR's cost so far, for the status page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrSpend {
+    /// Repository.
+    pub repo: String,
+    /// PR number.
+    pub number: u64,
+    /// Title.
+    pub title: String,
+    /// Phase.
+    pub phase: String,
+    /// Lifetime figures.
+    pub cost: Cost,
+}
+
+/// The open PRs the status page lists by cost.
+pub const EXPENSIVE_PRS_SHOWN: usize = 10;
+
+/// The status page's spending figures: per known repository (with spending this month
+/// or a cap) today, this month and the budget left; and the most expensive of the
+/// open PRs `open`.
+pub async fn spend_overview(
+    ops: &Ops,
+    repos: &[RepoName],
+    open: &[PrSummary],
+    now_ms: i64,
+) -> Result<(Vec<RepoSpend>, Vec<PrSpend>), OpsError> {
+    let mut conn = ops.conn();
+    let mut out = Vec::new();
+    for repo in repos {
+        let scope = Scope::Repo(repo.clone());
+        let today = ledger::figures(&mut conn, &ops.keys, &scope, Window::Day, now_ms).await?;
+        let month = ledger::figures(&mut conn, &ops.keys, &scope, Window::Month, now_ms).await?;
+        let budget_left = repo_budget_left(&ops.policy.for_repo(repo), &today, &month);
+        if month.runs > 0 || budget_left.is_some() {
+            out.push(RepoSpend {
+                repo: repo.to_string(),
+                today: today.into(),
+                month: month.into(),
+                budget_left,
+            });
+        }
+    }
+    let named: Vec<(RepoName, u64)> = open
+        .iter()
+        .filter_map(|p| Some((p.repo.parse().ok()?, p.number)))
+        .collect();
+    let figures = ledger::subject_figures(&mut conn, &ops.keys, false, &named).await?;
+    let mut prs: Vec<PrSpend> = open
+        .iter()
+        .zip(figures)
+        .filter(|(_, f)| f.runs > 0)
+        .map(|(p, f)| PrSpend {
+            repo: p.repo.clone(),
+            number: p.number,
+            title: p.title.clone(),
+            phase: p.phase.clone(),
+            cost: f.into(),
+        })
+        .collect();
+    prs.sort_by(|a, b| b.cost.usd_micros.cmp(&a.cost.usd_micros));
+    prs.truncate(EXPENSIVE_PRS_SHOWN);
+    Ok((out, prs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +554,35 @@ mod tests {
             ..CostsRequest::default()
         };
         assert!(day_range(&longest, today).is_ok());
+    }
+
+    #[test]
+    fn budget_left_is_the_tightest_repository_cap() {
+        let mut policy = Policy::default();
+        let spent = |usd_micros, tokens| Figures {
+            usd_micros,
+            input_tokens: tokens,
+            ..Figures::default()
+        };
+        assert_eq!(
+            repo_budget_left(&policy, &spent(5, 5), &spent(9, 9)),
+            None,
+            "no cap, no budget line"
+        );
+        policy.budget_repo_daily_usd = 2.0;
+        policy.budget_repo_monthly_usd = 10.0;
+        policy.budget_repo_monthly_tokens = 1_000;
+        // Today 1.5 of 2 spent; this month 9.8 of 10: the monthly cap is tighter.
+        let left = repo_budget_left(&policy, &spent(1_500_000, 100), &spent(9_800_000, 400))
+            .unwrap();
+        assert_eq!(left.usd_micros, Some(200_000));
+        assert_eq!(left.usd_scope.as_deref(), Some("repo-monthly"));
+        assert_eq!(left.tokens, Some(600));
+        assert_eq!(left.tokens_scope.as_deref(), Some("repo-monthly"));
+        // Past the daily cap: negative, the daily cap named.
+        let over = repo_budget_left(&policy, &spent(2_100_000, 0), &spent(3_000_000, 0)).unwrap();
+        assert_eq!(over.usd_micros, Some(-100_000));
+        assert_eq!(over.usd_scope.as_deref(), Some("repo-daily"));
     }
 
     #[test]

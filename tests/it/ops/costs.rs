@@ -191,6 +191,47 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
         .unwrap();
     assert_eq!(anonymous.status().as_u16(), 401);
 
+    // `inspect` shows the PR's runs with their usage.
+    let inspected = s.cli_json(&["inspect", &format!("{REPO}#{m}"), "--json"]);
+    let runs = inspected["costs"]["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{inspected}");
+    assert_eq!(runs[0]["work_id"], w2);
+    assert_eq!(runs[0]["kind"], "ci-fix");
+    assert_eq!(runs[0]["usage"]["input_tokens"], 3_000);
+    assert_eq!(runs[0]["usage"]["model"], "stub/model");
+    assert_eq!(inspected["costs"]["total"]["usd_micros"], 2_500);
+    let text = String::from_utf8(s.cli(&["inspect", &format!("{REPO}#{m}")]).stdout).unwrap();
+    assert!(text.contains("cost      $0.002500 so far, 1 runs"), "{text}");
+    assert!(
+        text.contains(&format!("{w2} ci-fix tier 0 failed")) && text.contains("3000 in / 400 out"),
+        "{text}"
+    );
+
+    // The status page's figures: the repository today and this month, the open PRs by
+    // cost.
+    let status: Value = s
+        .http
+        .get(s.app.url("/api/v1/admin/status"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let spend = &status["spend"][0];
+    assert_eq!(spend["repo"], REPO, "{status}");
+    assert_eq!(spend["today"]["usd_micros"], 4_000);
+    assert_eq!(spend["month"]["runs"], 2);
+    assert_eq!(spend["budget_left"], Value::Null, "no cap in this policy");
+    let expensive: Vec<u64> = status["expensive_prs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(expensive, [m, n]);
+
     // Another repository filtered out, a day range with nothing.
     let other = s.cli_json(&["costs", "--repo", "other/repo", "--json"]);
     assert!(other["repos"].as_array().unwrap().is_empty());
