@@ -211,6 +211,8 @@ pub enum TimerKind {
     StatusSettle,
     /// The merge queue's head has waited `merge_queue_ci_timeout_secs` for its CI.
     QueueCi,
+    /// The spend caps that held the record in `over-budget` have reset (issue 28).
+    BudgetReset,
 }
 
 impl TimerKind {
@@ -224,6 +226,7 @@ impl TimerKind {
             TimerKind::StaleCheck => "stale-check",
             TimerKind::StatusSettle => "status-settle",
             TimerKind::QueueCi => "queue-ci",
+            TimerKind::BudgetReset => "budget-reset",
         }
     }
 }

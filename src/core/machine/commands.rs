@@ -260,6 +260,13 @@ fn execute(
         Command::Priority { level } => out.queue = Some(QueueCommand::Priority(*level)),
         Command::Dequeue => out.queue = Some(QueueCommand::Dequeue),
         Command::AgentsOn => out.agents_on = Some(by.clone()),
+        Command::Budget { usd_micros, tokens } => {
+            let more = crate::core::budget::Grant {
+                usd_micros: *usd_micros,
+                tokens: *tokens,
+            };
+            super::budget::grant(ws, more);
+        }
     }
 }
 
