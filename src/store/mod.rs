@@ -43,6 +43,7 @@ pub mod dead_letters;
 pub mod effects;
 mod error;
 pub mod event_entry;
+pub mod ledger;
 pub mod lock;
 pub mod markers;
 pub mod queue;

@@ -9,6 +9,7 @@ mod consumer_loop;
 mod economy;
 mod economy_bench;
 mod entry_layout;
+mod ledger;
 mod merge_queue;
 mod results;
 mod run;
