@@ -181,7 +181,9 @@ pub fn compare(
     let mut seen = item.clone();
     seen.limits.usd_micros = active.limits.usd_micros;
     seen.limits.tokens = active.limits.tokens;
-    seen.limits.budget_scope.clone_from(&active.limits.budget_scope);
+    seen.limits
+        .budget_scope
+        .clone_from(&active.limits.budget_scope);
     if *active != seen {
         return Err(Refusal::Item);
     }
@@ -420,10 +422,7 @@ mod tests {
         });
         assert_eq!(compare(&budgeted, &own, Some(&record)), Ok(()));
         let loosened = edit(&budgeted, |v| v["limits"]["max_steps"] = 3_000.into());
-        assert_eq!(
-            compare(&loosened, &own, Some(&record)),
-            Err(Refusal::Item)
-        );
+        assert_eq!(compare(&loosened, &own, Some(&record)), Err(Refusal::Item));
     }
 
     #[test]

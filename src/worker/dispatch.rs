@@ -220,8 +220,14 @@ pub async fn budget_gate(
         if cap.scope == budget::Scope::Run || spent.spent.iter().any(|(k, _)| *k == key) {
             continue;
         }
-        let s = ledger::spent(conn, keys, &ledger_scope(item, cap.scope), window(cap.window), now_ms)
-            .await?;
+        let s = ledger::spent(
+            conn,
+            keys,
+            &ledger_scope(item, cap.scope),
+            window(cap.window),
+            now_ms,
+        )
+        .await?;
         let s = budget::Spent {
             usd_micros: s.usd_micros,
             tokens: s.tokens,
@@ -230,16 +236,18 @@ pub async fn budget_gate(
     }
     let (grant, runs) = record_budget(conn, keys, item).await?;
     let expected = budget::expected(policy, &runs);
-    Ok(match budget::decide(policy, &spent, grant, expected, now_ms) {
-        budget::Verdict::Stop(stop) => Gate::Stop(stop),
-        budget::Verdict::Go(limits) => {
-            let mut item = item.clone();
-            item.limits.usd_micros = limits.usd_micros;
-            item.limits.tokens = limits.tokens;
-            item.limits.budget_scope = limits.scope;
-            Gate::Go(Box::new(item))
-        }
-    })
+    Ok(
+        match budget::decide(policy, &spent, grant, expected, now_ms) {
+            budget::Verdict::Stop(stop) => Gate::Stop(stop),
+            budget::Verdict::Go(limits) => {
+                let mut item = item.clone();
+                item.limits.usd_micros = limits.usd_micros;
+                item.limits.tokens = limits.tokens;
+                item.limits.budget_scope = limits.scope;
+                Gate::Go(Box::new(item))
+            }
+        },
+    )
 }
 
 /// The ledger's scope of a cap's scope for `item`.
