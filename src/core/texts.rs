@@ -123,7 +123,7 @@ pub fn over_budget(stop: &crate::core::budget::Stop) -> String {
     };
     let when = stop
         .resets_at_ms
-        .and_then(|ms| chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms))
+        .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_millis)
         .map(|t| format!("resumes at {} UTC, or when", t.format("%Y-%m-%d %H:%M")))
         .unwrap_or_else(|| "resumes when".to_owned());
     format!(

@@ -407,24 +407,6 @@ fn effect_order(id: &str) -> Option<(u64, u64)> {
     Some((version.parse().ok()?, index.parse().ok()?))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_stamps_round_trip_and_order() {
-        let id: crate::core::ids::EffectId = "o/r/pr/3@12.1".parse().unwrap();
-        let body = "**Shepherd status:** x\n\n<!-- SHEPHERD-STATE: {\"a\":1} -->\n---\nfooter";
-        let stamped = stamp(body, &id);
-        assert!(stamped.ends_with("---\nfooter"), "{stamped}");
-        assert_eq!(texts::find_effect_marker(&stamped), Some("o/r/pr/3@12.1"));
-        assert_eq!(unstamp(&stamped), body);
-        assert_eq!(effect_order("o/r/pr/3@12.1"), Some((12, 1)));
-        assert!(effect_order("o/r/pr/3@9.4") < effect_order("o/r/pr/3@12.0"));
-        assert_eq!(effect_order("nonsense"), None);
-    }
-}
-
 /// The event telling the record that `item` was held back by a spend cap.
 fn over_budget(
     effect: &Effect,
@@ -441,5 +423,23 @@ fn over_budget(
             work_id: item.id.clone(),
             stop,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_stamps_round_trip_and_order() {
+        let id: crate::core::ids::EffectId = "o/r/pr/3@12.1".parse().unwrap();
+        let body = "**Shepherd status:** x\n\n<!-- SHEPHERD-STATE: {\"a\":1} -->\n---\nfooter";
+        let stamped = stamp(body, &id);
+        assert!(stamped.ends_with("---\nfooter"), "{stamped}");
+        assert_eq!(texts::find_effect_marker(&stamped), Some("o/r/pr/3@12.1"));
+        assert_eq!(unstamp(&stamped), body);
+        assert_eq!(effect_order("o/r/pr/3@12.1"), Some((12, 1)));
+        assert!(effect_order("o/r/pr/3@9.4") < effect_order("o/r/pr/3@12.0"));
+        assert_eq!(effect_order("nonsense"), None);
     }
 }
