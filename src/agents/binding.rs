@@ -175,7 +175,16 @@ pub fn compare(
     if reviewer(active) != reviewer(item) {
         return Err(Refusal::Reviewer);
     }
-    if active != item {
+    // The dispatch path fills the budget part of `limits` after the record committed
+    // the item (from the ledger, issue 28): those three fields are not the record's.
+    // Every other limit (the runaway guards) must match.
+    let mut seen = item.clone();
+    seen.limits.usd_micros = active.limits.usd_micros;
+    seen.limits.tokens = active.limits.tokens;
+    seen.limits
+        .budget_scope
+        .clone_from(&active.limits.budget_scope);
+    if *active != seen {
         return Err(Refusal::Item);
     }
     Ok(())
@@ -397,6 +406,23 @@ mod tests {
         }
         // No active work in the record: the index is ahead of it, or it moved on.
         assert_eq!(compare(&record, &own, None), Err(Refusal::Ended));
+    }
+
+    #[test]
+    fn the_budget_limits_the_dispatch_path_sets_pass_and_other_limits_do_not() {
+        let record = edit(&item("ci-fix"), |v| {
+            v["limits"] = serde_json::json!({"max_steps": 30});
+        });
+        let own = owner(false);
+        let budgeted = edit(&record, |v| {
+            v["limits"] = serde_json::json!({
+                "max_steps": 30, "usd_micros": 2_000_000, "tokens": 9_000,
+                "budget_scope": "repo-daily-usd,run-tokens"
+            });
+        });
+        assert_eq!(compare(&budgeted, &own, Some(&record)), Ok(()));
+        let loosened = edit(&budgeted, |v| v["limits"]["max_steps"] = 3_000.into());
+        assert_eq!(compare(&loosened, &own, Some(&record)), Err(Refusal::Item));
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub mod binding;
 pub mod checkout;
 pub mod consume;
 pub mod context;
+pub mod fair;
 pub mod job;
 pub mod launch;
 pub mod outcome;

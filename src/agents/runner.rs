@@ -4,8 +4,11 @@
 //! The runner holds at most `3 × SHEPHERD_AGENTS_MAX` entries of the dispatch stream
 //! (running, and up to two waiting per slot; the reader takes no more), runs at most `SHEPHERD_AGENTS_MAX`
 //! agents at once and at most `SHEPHERD_AGENTS_PER_REPO` of one repository, and when
-//! a slot frees starts the waiting item of the highest `priority` (PR kinds before
-//! `issue-impl`), the oldest first among equals, whose repository has room.
+//! a slot frees starts a waiting item whose repository has room, repositories taking
+//! turns, and within one the highest `priority` (PR kinds before `issue-impl`), the
+//! oldest first among equals ([`super::fair`]: fair share, the entries held past a
+//! busy repository's share, and the volume caps `max_runs_per_hour` and
+//! `max_open_agent_prs`, refreshed by the heartbeat).
 //!
 //! Every third of the reclaim idle time, the heartbeat renews the hold on every held
 //! entry (so no other runner reclaims a running job) and refreshes the running table
@@ -26,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::consume::{Consumer, Delivery, Message};
+use super::fair;
 use super::job::{self, Disposition, Shared, StopReason};
 use crate::core::effect::WorkItem;
 use crate::store::agent_runs::{self, AgentRun};
@@ -45,6 +49,9 @@ struct Waiting {
     item: WorkItem,
     /// Its run record.
     run: AgentRun,
+    /// It took room when it was read (else it is held past its repository's share,
+    /// [`fair::counts_against_room`]).
+    counted: bool,
 }
 
 /// A held entry whose job runs.
@@ -61,6 +68,8 @@ struct Running {
     run: AgentRun,
     /// The job's task (to find it when it panics).
     task: Option<tokio::task::Id>,
+    /// It took room when it was read.
+    counted: bool,
 }
 
 /// A job's end, as the join set returns it.
@@ -82,6 +91,10 @@ struct Runner {
     jobs: JoinSet<JobEnd>,
     /// Arrival counter.
     seq: u64,
+    /// Each repository's last start (fair share).
+    turns: fair::Turns,
+    /// What the heartbeat last read of each repository's volume (and when, unix ms).
+    volume: HashMap<String, (fair::Volume, i64)>,
 }
 
 /// Runs the scheduler until `shutdown`, then stops every agent and hands the
@@ -119,6 +132,8 @@ pub async fn run(
         running: HashMap::new(),
         jobs: JoinSet::new(),
         seq: 0,
+        turns: fair::Turns::default(),
+        volume: HashMap::new(),
     };
     loop {
         tokio::select! {
@@ -175,12 +190,21 @@ impl Runner {
                 let run = job::new_run(&self.shared, &item, job::now_ms());
                 self.save(&run).await;
                 self.seq += 1;
+                let counted = self.takes_room(item.repo.as_str());
+                if !counted {
+                    // Held past its repository's share: the reader reads on.
+                    self.room.add_permits(1);
+                }
                 self.waiting.push(Waiting {
                     entry: d.id,
                     seq: self.seq,
                     item: *item,
                     run,
+                    counted,
                 });
+                // A repository seen for the first time has its volume read before
+                // any of its items can start.
+                self.refresh_volume(job::now_ms()).await;
             }
         }
     }
@@ -200,7 +224,7 @@ impl Runner {
             w.run.ended_ms = Some(job::now_ms());
             w.run.note = Some("cancelled before it started".into());
             self.save(&w.run).await;
-            self.ack(&w.entry).await;
+            self.ack_held(&w.entry, w.counted).await;
         }
     }
 
@@ -210,14 +234,14 @@ impl Runner {
             return;
         };
         match disposition {
-            Disposition::Ack => self.ack(&r.entry).await,
+            Disposition::Ack => self.ack_held(&r.entry, r.counted).await,
             Disposition::GiveBack => {
                 if let Err(e) = self.consumer.give_back(&[r.entry.as_str()]).await {
                     tracing::warn!(error = %e, "handing an entry back failed; it is reclaimed later");
                 }
-                self.room.add_permits(1);
+                self.release(r.counted);
             }
-            Disposition::Leave => self.room.add_permits(1),
+            Disposition::Leave => self.release(r.counted),
         }
     }
 
@@ -267,9 +291,10 @@ impl Runner {
             if let Some(i) = self.waiting.iter().position(|w| &w.entry == entry) {
                 let w = self.waiting.remove(i);
                 tracing::warn!(work = %w.run.work_id, "another runner holds this waiting work item now");
-                self.room.add_permits(1);
+                self.release(w.counted);
             }
         }
+        self.refresh_volume(now).await;
         let mut runs: Vec<AgentRun> = Vec::new();
         for r in self.running.values_mut() {
             r.run.seen_ms = now;
@@ -306,6 +331,11 @@ impl Runner {
         while self.running.len() < self.shared.agents.max {
             let Some(i) = self.next_waiting() else { return };
             let w = self.waiting.remove(i);
+            self.turns.started(w.item.repo.as_str());
+            if let Some((v, _)) = self.volume.get_mut(w.item.repo.as_str()) {
+                // Counted at once, so the cap holds before the next refresh.
+                v.runs_last_hour += 1;
+            }
             let (stop, stop_rx) = watch::channel(None);
             let id = w.run.work_id.clone();
             let mut run = w.run.clone();
@@ -319,11 +349,13 @@ impl Runner {
                     stop,
                     run: run.clone(),
                     task: None,
+                    counted: w.counted,
                 },
             );
             let shared = self.shared.clone();
             let work = id.clone();
             let handle = self.jobs.spawn(async move {
+                note_start(&shared, &w.item).await;
                 let (d, run) = job::run(shared, w.item, w.run, stop_rx).await;
                 (work, d, run)
             });
@@ -333,19 +365,86 @@ impl Runner {
         }
     }
 
-    /// The waiting item to start next: highest priority, then oldest, among those
-    /// whose repository is below its cap.
+    /// The waiting item to start next ([`fair::pick`]) among those whose repository
+    /// is below its cap, with no run of the same work id, and not held back by a
+    /// volume cap.
     fn next_waiting(&self) -> Option<usize> {
         let per_repo = self.shared.agents.per_repo;
         let busy = |repo: &str| self.running.values().filter(|r| r.repo == repo).count();
-        self.waiting
+        let candidates: Vec<fair::Candidate<'_>> = self
+            .waiting
             .iter()
-            .enumerate()
-            .filter(|(_, w)| busy(w.item.repo.as_str()) < per_repo)
-            // One run per work id at a time (two entries of one id wait in turn).
-            .filter(|(_, w)| !self.running.contains_key(w.item.id.as_str()))
-            .max_by_key(|(_, w)| (w.item.priority, std::cmp::Reverse(w.seq)))
-            .map(|(i, _)| i)
+            .map(|w| fair::Candidate {
+                repo: w.item.repo.as_str(),
+                priority: w.item.priority,
+                seq: w.seq,
+                eligible: busy(w.item.repo.as_str()) < per_repo
+                    // One run per work id at a time (two entries of one id wait in turn).
+                    && !self.running.contains_key(w.item.id.as_str())
+                    && self.held_back(w).is_none(),
+            })
+            .collect();
+        fair::pick(&candidates, &self.turns)
+    }
+
+    /// Whether a new entry of `repo` takes room ([`fair::counts_against_room`]), or is
+    /// held as an extra (while there are fewer than [`fair::EXTRA_HELD`]).
+    fn takes_room(&self, repo: &str) -> bool {
+        let held = self.shared.agents.max * (1 + WAITING_PER_SLOT);
+        let counted = self
+            .waiting
+            .iter()
+            .filter(|w| w.counted && w.item.repo.as_str() == repo)
+            .count()
+            + self
+                .running
+                .values()
+                .filter(|r| r.counted && r.repo == repo)
+                .count();
+        let extras = self.waiting.iter().filter(|w| !w.counted).count()
+            + self.running.values().filter(|r| !r.counted).count();
+        fair::counts_against_room(counted, held) || extras >= fair::EXTRA_HELD
+    }
+
+    /// Re-reads the volume of the repositories with waiting items whose policy caps
+    /// it (at most every [`VOLUME_REFRESH_MS`] each), and notes on each waiting item
+    /// the cap that holds it back.
+    async fn refresh_volume(&mut self, now: i64) {
+        let mut repos: Vec<crate::core::ids::RepoName> =
+            self.waiting.iter().map(|w| w.item.repo.clone()).collect();
+        repos.sort();
+        repos.dedup();
+        for repo in &repos {
+            let policy = self.shared.policy.for_repo(repo);
+            let fresh = self
+                .volume
+                .get(repo.as_str())
+                .is_some_and(|(_, at)| now.saturating_sub(*at) < VOLUME_REFRESH_MS);
+            if fresh || (policy.max_runs_per_hour == 0 && policy.max_open_agent_prs == 0) {
+                continue;
+            }
+            let v = read_volume(&self.shared, repo, &policy, now).await;
+            self.volume.insert(repo.to_string(), (v, now));
+        }
+        self.volume
+            .retain(|repo, _| repos.iter().any(|r| r.as_str() == repo));
+        let (waiting, running) = (&self.waiting, &self.running);
+        self.turns.retain(|repo| {
+            waiting.iter().any(|w| w.item.repo.as_str() == repo)
+                || running.values().any(|r| r.repo == repo)
+        });
+        let notes: Vec<Option<String>> = self.waiting.iter().map(|w| self.held_back(w)).collect();
+        for (w, note) in self.waiting.iter_mut().zip(notes) {
+            w.run.note = note;
+        }
+    }
+
+    /// The volume cap that holds `w` back now, from the last read volume and the
+    /// starts since ([`fair::held_back`]).
+    fn held_back(&self, w: &Waiting) -> Option<String> {
+        let (v, _) = self.volume.get(w.item.repo.as_str())?;
+        let policy = self.shared.policy.for_repo(&w.item.repo);
+        fair::held_back(&policy, w.item.kind, v)
     }
 
     /// Shutdown: stops every agent, waits for the jobs, hands back what is unfinished.
@@ -369,6 +468,21 @@ impl Runner {
         let refs: Vec<&str> = entries.iter().map(String::as_str).collect();
         if let Err(e) = self.consumer.give_back(&refs).await {
             tracing::warn!(error = %e, "handing entries back failed; they are reclaimed later");
+        }
+    }
+
+    /// Acks a held entry and frees its room if it took some.
+    async fn ack_held(&self, entry: &str, counted: bool) {
+        if let Err(e) = self.consumer.ack(entry).await {
+            tracing::warn!(entry, error = %e, "acknowledging a dispatch entry failed; it is redelivered later");
+        }
+        self.release(counted);
+    }
+
+    /// Frees the room a held entry took (an extra took none).
+    fn release(&self, counted: bool) {
+        if counted {
+            self.room.add_permits(1);
         }
     }
 
@@ -401,5 +515,66 @@ impl Runner {
         if let Err(e) = r {
             tracing::debug!(error = %e, "storing a run's state failed");
         }
+    }
+}
+
+/// How often a repository's volume is read again while it has waiting items.
+const VOLUME_REFRESH_MS: i64 = 30_000;
+
+/// A repository's volume: runs started in the last hour (the ledger), and the bot's
+/// open PRs when `max_open_agent_prs` is set (one Forgejo read). A failed read
+/// counts as nothing, logged: the caps hold back work, they never block it for good.
+async fn read_volume(
+    shared: &Shared,
+    repo: &crate::core::ids::RepoName,
+    policy: &crate::core::policy::Policy,
+    now: i64,
+) -> fair::Volume {
+    let store = &shared.store;
+    let runs = crate::store::ledger::runs_last_hour(&mut store.conn(), store.keys(), repo, now)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(repo = %repo, error = %e, "reading the runs of the last hour failed");
+            0
+        });
+    let open = match policy.max_open_agent_prs {
+        0 => None,
+        _ => match shared.forgejo.list_open_pulls(repo.as_str()).await {
+            Ok(prs) => Some(
+                prs.iter()
+                    .filter(|p| {
+                        p.user
+                            .login
+                            .parse::<crate::core::ids::Login>()
+                            .is_ok_and(|l| policy.is_bot_author(&l))
+                    })
+                    .count() as u64,
+            ),
+            Err(e) => {
+                tracing::warn!(repo = %repo, error = %e, "listing the open PRs failed");
+                None
+            }
+        },
+    };
+    fair::Volume {
+        runs_last_hour: runs,
+        open_agent_prs: open,
+    }
+}
+
+/// Notes a run's start in the ledger (`max_runs_per_hour`); a failure is logged.
+async fn note_start(shared: &Shared, item: &WorkItem) {
+    let store = &shared.store;
+    let id = item.id.to_string();
+    let r = crate::store::ledger::note_start(
+        &mut store.conn(),
+        store.keys(),
+        &item.repo,
+        &id,
+        job::now_ms(),
+    )
+    .await;
+    if let Err(e) = r {
+        tracing::warn!(work = %id, error = %e, "noting the run's start failed");
     }
 }

@@ -48,12 +48,30 @@ pub enum Command {
     /// `/shepherd agents on`: agent work for a PR whose author is outside the policy's
     /// `agent_authors` (PRs only; recorded with who and when).
     AgentsOn,
+    /// `/shepherd budget +<amount>`: this PR (or issue) may spend that much more beyond
+    /// the spend caps, and leaves `over-budget` (issue 28). `+5` or `+5usd` is five
+    /// dollars, `+20000tokens` twenty thousand input + output tokens.
+    Budget {
+        /// Micro-dollars granted.
+        #[serde(default)]
+        usd_micros: u64,
+        /// Tokens granted.
+        #[serde(default)]
+        tokens: u64,
+    },
 }
+
+/// Most one `/shepherd budget` may grant, in dollars (a typo of a few zeros stays
+/// bounded).
+pub const MAX_GRANT_USD: f64 = 100_000.0;
+
+/// Most one `/shepherd budget` may grant, in tokens.
+pub const MAX_GRANT_TOKENS: u64 = 10_000_000_000;
 
 /// The word that starts a command.
 const PREFIX: &str = "/shepherd";
 
-/// Most commands taken from one comment; the rest are ignored. There are twelve
+/// Most commands taken from one comment; the rest are ignored. There are thirteen
 /// commands, so a human never needs more, and the bound keeps what one comment can
 /// queue in a record small (a 1.8 MB comment once queued 100,000 commands).
 pub const MAX_COMMANDS_PER_COMMENT: usize = 10;
@@ -115,6 +133,7 @@ fn parse_line(line: &str) -> Option<Command> {
         "unfreeze" => Some(Command::Unfreeze {
             branch: branch_word(words.next()?)?,
         }),
+        "budget" => parse_grant(words.next()?, words.next()),
         "agents" => match words.next()?.to_ascii_lowercase().as_str() {
             "on" => Some(Command::AgentsOn),
             _ => None,
@@ -137,6 +156,34 @@ fn parse_line(line: &str) -> Option<Command> {
 /// command is ignored.
 fn branch_word(word: &str) -> Option<String> {
     (word.len() <= 255 && !word.contains('`')).then(|| word.to_owned())
+/// The amount of `/shepherd budget +<amount>` (`unit`: an optional next word,
+/// `usd` or `tokens`): positive, finite and at most the grant bounds.
+fn parse_grant(amount: &str, unit: Option<&str>) -> Option<Command> {
+    let amount = amount.strip_prefix('+')?.to_ascii_lowercase();
+    let (number, suffix) = match amount.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => amount.split_at(i),
+        None => (amount.as_str(), unit.unwrap_or("usd")),
+    };
+    let number = number.strip_prefix('$').unwrap_or(number);
+    match suffix.to_ascii_lowercase().as_str() {
+        "usd" | "$" => {
+            let usd: f64 = number.parse().ok()?;
+            let ok = usd.is_finite() && usd > 0.0 && usd <= MAX_GRANT_USD;
+            let usd_micros = super::usage::usd_to_micros(usd);
+            (ok && usd_micros > 0).then_some(Command::Budget {
+                usd_micros,
+                tokens: 0,
+            })
+        }
+        "tokens" | "token" => {
+            let tokens: u64 = number.parse().ok()?;
+            (tokens > 0 && tokens <= MAX_GRANT_TOKENS).then_some(Command::Budget {
+                usd_micros: 0,
+                tokens,
+            })
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +244,37 @@ mod tests {
         assert_eq!(parse("/shepherd agents on"), vec![Command::AgentsOn]);
         assert_eq!(parse("/Shepherd AGENTS On please"), vec![Command::AgentsOn]);
         assert_eq!(parse("/shepherd agents\n/shepherd agents off"), vec![]);
+    }
+
+    #[test]
+    fn parses_budget_grants_and_refuses_odd_amounts() {
+        let usd = |u: u64| Command::Budget {
+            usd_micros: u,
+            tokens: 0,
+        };
+        let body = "/shepherd budget +5\n/shepherd budget +2.5usd\n/shepherd budget +$3\n\
+                    /shepherd budget +20000tokens\n/shepherd budget +7 tokens";
+        assert_eq!(
+            parse(body),
+            vec![
+                usd(5_000_000),
+                usd(2_500_000),
+                usd(3_000_000),
+                Command::Budget {
+                    usd_micros: 0,
+                    tokens: 20_000
+                },
+                Command::Budget {
+                    usd_micros: 0,
+                    tokens: 7
+                },
+            ]
+        );
+        // No sign, zero, negative, not a number, too much, an unknown unit.
+        let bad = "/shepherd budget 5\n/shepherd budget +0\n/shepherd budget +-3\n\
+                   /shepherd budget +NaN\n/shepherd budget +inf\n/shepherd budget +1e9\n\
+                   /shepherd budget +5eur\n/shepherd budget +1.5tokens\n/shepherd budget";
+        assert_eq!(parse(bad), vec![]);
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub struct Effect {
 /// What an effect does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "type")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the work item (with its run limits, issue 28) is the effect that matters; \
+              effects are built a few per step, so the size costs nothing a box would save"
+)]
 pub enum EffectKind {
     /// Hand a work item to the agents (dispatch stream, optional HTTP sink).
     Dispatch(WorkItem),
@@ -232,6 +237,8 @@ pub enum TimerKind {
     StatusSettle,
     /// The merge queue's head has waited `merge_queue_ci_timeout_secs` for its CI.
     QueueCi,
+    /// The spend caps that held the record in `over-budget` have reset (issue 28).
+    BudgetReset,
 }
 
 impl TimerKind {
@@ -245,6 +252,7 @@ impl TimerKind {
             TimerKind::StaleCheck => "stale-check",
             TimerKind::StatusSettle => "status-settle",
             TimerKind::QueueCi => "queue-ci",
+            TimerKind::BudgetReset => "budget-reset",
         }
     }
 }

@@ -168,6 +168,13 @@ pub enum EffectOutcome {
         /// Why.
         message: String,
     },
+    /// The dispatch path held a work item back: a spend cap is reached (issue 28).
+    OverBudget {
+        /// The work item that was not handed to the agents.
+        work_id: WorkId,
+        /// Which cap, what was left and needed, and when it resets.
+        stop: crate::core::budget::Stop,
+    },
 }
 
 /// Everything that can happen to a PR or issue, normalized.

@@ -1,11 +1,12 @@
 //! The pure heart of Shepherd (DESIGN §2): identities, events, the per-PR record,
 //! `step`/`decide`, routing (which records an event reaches), effects, policy, the
-//! command parser, comment texts, and the rules of a target branch's merge queue
+//! command parser, comment texts, budget decisions (`budget`), and the rules of a target branch's merge queue
 //! (`queue`).
 //! No IO and no async here: no tokio, redis, reqwest or actix (checked by
 //! `tests/it/core_purity.rs`).
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod command;
 pub mod effect;
 pub mod event;

@@ -285,6 +285,43 @@ pub struct WorkState {
     /// however old, runs nothing (O(1) state for the life of the record).
     #[serde(default)]
     pub handled_floor: i64,
+    /// Spending and budget holds (issue 28).
+    #[serde(default, skip_serializing_if = "BudgetFacts::is_empty")]
+    pub budget: BudgetFacts,
+}
+
+/// What a record knows of its spending and budget (issue 28).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetFacts {
+    /// `over-budget`: no agent work until the stop's reset or a grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<BudgetHold>,
+    /// What `/shepherd budget +<amount>` granted this record and it has not spent.
+    #[serde(skip_serializing_if = "crate::core::budget::Grant::is_empty")]
+    pub grant: crate::core::budget::Grant,
+    /// Micro-dollars spent by every run whose result said (the cost so far).
+    pub spent_micros: u64,
+    /// Input + output tokens spent by those runs.
+    pub spent_tokens: u64,
+    /// Runs whose result carried usage.
+    pub runs: u64,
+}
+
+impl BudgetFacts {
+    /// Nothing known (records without budget facts keep their JSON as before).
+    pub fn is_empty(&self) -> bool {
+        *self == BudgetFacts::default()
+    }
+}
+
+/// Why a record is `over-budget`, and until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetHold {
+    /// The decision that stopped it (the cap, what was left and needed, the reset).
+    pub stop: crate::core::budget::Stop,
+    /// Since when (unix ms).
+    pub since_ms: i64,
 }
 
 /// Whether a counter is zero (kept out of the JSON, so records without dropped
@@ -456,6 +493,10 @@ pub enum AttemptOutcome {
     Cancelled,
     /// The work item never reached an agent (dispatch failed after retries).
     DispatchFailed,
+    /// The runner stopped the agent when its spending reached the run's budget
+    /// (issue 28): the record waits in `over-budget`; escalation and the stuck rule
+    /// pass over such attempts, so a budget stop never raises the tier.
+    OverBudget,
 }
 
 impl AttemptOutcome {
@@ -469,6 +510,7 @@ impl AttemptOutcome {
             AttemptOutcome::Superseded => "superseded",
             AttemptOutcome::Cancelled => "cancelled",
             AttemptOutcome::DispatchFailed => "dispatch-failed",
+            AttemptOutcome::OverBudget => "over-budget",
         }
     }
 }
@@ -496,6 +538,12 @@ pub struct Attempt {
     pub started_ms: i64,
     /// End time (unix ms).
     pub ended_ms: i64,
+    /// What the run cost in micro-dollars, when its result said (issue 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
+    /// Its input + output tokens, when its result said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// Why nothing is dispatched or merged.

@@ -58,6 +58,78 @@ pub struct StatusState {
     /// The PR's place in its branch's merge queue (absent when not in one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
+    /// What the PR's agent runs cost so far (absent until a result said; issue 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostStatus>,
+}
+
+/// The cost so far and per attempt, shown in the status comment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostStatus {
+    /// Micro-dollars spent by every run whose result said.
+    pub total_micros: u64,
+    /// Their input + output tokens.
+    pub tokens: u64,
+    /// How many runs said.
+    pub runs: u64,
+    /// The kept attempts that said: (attempt number, kind, micro-dollars).
+    pub attempts: Vec<(u64, crate::core::effect::WorkKind, u64)>,
+}
+
+/// Dollars for people: cents, or four decimals below a cent.
+pub fn dollars(micros: u64) -> String {
+    let usd = crate::core::usage::micros_to_usd(micros);
+    if micros > 0 && micros < 10_000 {
+        format!("${usd:.4}")
+    } else {
+        format!("${usd:.2}")
+    }
+}
+
+/// The cost line of the status comment.
+fn cost_line(c: &CostStatus) -> String {
+    let s = if c.runs == 1 { "" } else { "s" };
+    let mut text = format!(
+        "Cost so far: {} over {} run{s} ({} tokens)",
+        dollars(c.total_micros),
+        c.runs,
+        c.tokens
+    );
+    if !c.attempts.is_empty() {
+        let per: Vec<String> = c
+            .attempts
+            .iter()
+            .map(|(n, kind, micros)| format!("#{n} {} {}", kind.as_str(), dollars(*micros)))
+            .collect();
+        text.push_str(&format!(" · per attempt: {}", per.join(", ")));
+    }
+    text
+}
+
+/// Why a record is `over-budget`, with the way out.
+pub fn over_budget(stop: &crate::core::budget::Stop) -> String {
+    let amount = |v: u64| match stop.tokens {
+        true => format!("{v} tokens"),
+        false => dollars(v),
+    };
+    let why = match (stop.left, stop.needed) {
+        (0, 0) => format!("the spend cap `{}` is reached", one_line(&stop.cap)),
+        (left, needed) => format!(
+            "the spend cap `{}` has {} left and a run needs {}",
+            one_line(&stop.cap),
+            amount(left),
+            amount(needed)
+        ),
+    };
+    let when = stop
+        .resets_at_ms
+        .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_millis)
+        .map(|t| format!("resumes at {} UTC, or when", t.format("%Y-%m-%d %H:%M")))
+        .unwrap_or_else(|| "resumes when".to_owned());
+    format!(
+        "over budget: {why}; {when} a user with write access comments \
+         `/shepherd budget +<amount>`"
+    )
 }
 
 /// A PR's place in its branch's merge queue, shown in the status comment.
@@ -189,6 +261,9 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
             code(&one_line(&q.branch)),
             q.priority.as_str()
         ));
+    }
+    if let Some(c) = &state.cost {
+        text.push_str(&format!("\n\n{}", cost_line(c)));
     }
     format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
 }
@@ -354,8 +429,20 @@ mod tests {
                 parked: Some(crate::core::queue::Ejection::CiFailed),
                 priority: crate::core::queue::Priority::High,
             }),
+            cost: Some(CostStatus {
+                total_micros: 1_234_567,
+                tokens: 4_200,
+                runs: 2,
+                attempts: vec![(2, crate::core::effect::WorkKind::CiFix, 1_230_000)],
+            }),
         };
         let body = status_comment(&state, "--footer");
+        assert!(
+            body.contains(
+                "Cost so far: $1.23 over 2 runs (4200 tokens) · per attempt: #2 ci-fix $1.23"
+            ),
+            "{body}"
+        );
         assert!(
             body.contains("Merge queue of `main`: parked (ci-failed)"),
             "{body}"
@@ -387,6 +474,7 @@ mod tests {
             agents: None,
             review: None,
             queue: None,
+            cost: None,
         };
         let body = status_comment(&state, "--footer");
         assert!(body.contains("`sock9`, and 10 more"), "{body}");

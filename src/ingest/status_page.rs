@@ -408,7 +408,7 @@ fn running_agents(h: &mut String, o: &Overview) {
             a.tier,
             esc(&a.tier_name),
             esc(&a.model),
-            a.state.as_str(),
+            agent_state(a),
             duration(o.now_ms - since),
             duration(a.deadline_ms - o.now_ms),
             esc(&a.runner),
@@ -496,6 +496,15 @@ fn budget_cell(b: Option<&BudgetLeft>) -> String {
         });
     }
     parts.join(" · ")
+/// A held work item's state, with the volume cap that holds a waiting one back
+/// (issue 28: its run record's note says which).
+fn agent_state(a: &crate::store::agent_runs::AgentRun) -> String {
+    match (&a.state, &a.note) {
+        (crate::store::agent_runs::RunState::Waiting, Some(note)) => {
+            format!("{} ({})", a.state.as_str(), esc(note))
+        }
+        _ => a.state.as_str().to_owned(),
+    }
 }
 
 /// Queue depth and lag per stream and group.

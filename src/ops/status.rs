@@ -483,6 +483,7 @@ pub fn by_phase(prs: &[PrSummary]) -> Vec<(String, Vec<&PrSummary>)> {
         Phase::AwaitingReview,
         Phase::AwaitingCi,
         Phase::Paused,
+        Phase::OverBudget,
         Phase::Merged,
         Phase::Closed,
     ];

@@ -10,6 +10,11 @@
 //!   The POST is at least once (a retry after a crash may repeat it): receivers
 //!   deduplicate on the work item's `id`. Transient failures (connection, timeout,
 //!   429, 5xx) are retried by the executor with backoff, honouring `Retry-After`.
+//! - Before either, [`budget_gate`] checks the spend caps (issue 28): it reads what
+//!   every applicable scope spent from the ledger, and the record's grant and past
+//!   runs, and asks [`crate::core::budget::decide`]. A stop is reported back to the
+//!   record (`over-budget`) and nothing is sent; a go sends the item with the tightest
+//!   remaining budget in `limits` (`usd_micros`, `tokens`, `budget_scope`).
 
 use std::time::Duration;
 
@@ -22,9 +27,12 @@ use sha2::Sha256;
 use tracing::instrument;
 
 use crate::config::Config;
-use crate::core::effect::WorkItem;
+use crate::core::budget;
+use crate::core::effect::{WorkItem, WorkKind};
 use crate::core::ids::{RepoName, WorkId};
-use crate::store::{Keys, StoreError, effects};
+use crate::core::policy::Policy;
+use crate::core::record::{IssueRecord, PrRecord};
+use crate::store::{Keys, StoreError, commit, effects, ledger};
 
 /// Header carrying the HMAC of an HTTP dispatch.
 pub const SIGNATURE_HEADER: &str = "X-Shepherd-Signature";
@@ -182,6 +190,112 @@ impl HttpSink {
             _ => Err(SinkError::Refused(format!("HTTP {status}"))),
         }
     }
+}
+
+/// What the budget check decided for a work item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Send this item (the dispatched one with its budget limits filled in).
+    Go(Box<WorkItem>),
+    /// Do not send it: a cap is reached.
+    Stop(budget::Stop),
+}
+
+/// The budget check of `item` before it is sent (see the module docs). With no cap
+/// in the repository's policy it reads nothing.
+pub async fn budget_gate(
+    conn: &mut Conn,
+    keys: &Keys,
+    policy: &Policy,
+    item: &WorkItem,
+    now_ms: i64,
+) -> Result<Gate, StoreError> {
+    let caps = budget::caps(policy);
+    if caps.is_empty() {
+        return Ok(Gate::Go(Box::new(item.clone())));
+    }
+    let mut spent = budget::Ledger::default();
+    for cap in &caps {
+        let key = (cap.scope, cap.window);
+        if cap.scope == budget::Scope::Run || spent.spent.iter().any(|(k, _)| *k == key) {
+            continue;
+        }
+        let s = ledger::spent(
+            conn,
+            keys,
+            &ledger_scope(item, cap.scope),
+            window(cap.window),
+            now_ms,
+        )
+        .await?;
+        let s = budget::Spent {
+            usd_micros: s.usd_micros,
+            tokens: s.tokens,
+        };
+        spent.spent.push((key, s));
+    }
+    let (grant, runs) = record_budget(conn, keys, item).await?;
+    let expected = budget::expected(policy, &runs);
+    Ok(
+        match budget::decide(policy, &spent, grant, expected, now_ms) {
+            budget::Verdict::Stop(stop) => Gate::Stop(stop),
+            budget::Verdict::Go(limits) => {
+                let mut item = item.clone();
+                item.limits.usd_micros = limits.usd_micros;
+                item.limits.tokens = limits.tokens;
+                item.limits.budget_scope = limits.scope;
+                Gate::Go(Box::new(item))
+            }
+        },
+    )
+}
+
+/// The ledger's scope of a cap's scope for `item`.
+fn ledger_scope(item: &WorkItem, scope: budget::Scope) -> ledger::Scope {
+    let (repo, number) = (item.repo.clone(), item.number);
+    match scope {
+        budget::Scope::Pr | budget::Scope::Run if item.kind == WorkKind::IssueImpl => {
+            ledger::Scope::Issue { repo, number }
+        }
+        budget::Scope::Pr | budget::Scope::Run => ledger::Scope::Pr { repo, number },
+        budget::Scope::Repo => ledger::Scope::Repo(repo),
+        budget::Scope::Org => ledger::Scope::Org(item.repo.owner().to_ascii_lowercase()),
+        budget::Scope::Instance => ledger::Scope::Instance,
+    }
+}
+
+/// The ledger's window of a cap's window.
+fn window(w: budget::Window) -> ledger::Window {
+    match w {
+        budget::Window::Lifetime => ledger::Window::Lifetime,
+        budget::Window::Day => ledger::Window::Day,
+        budget::Window::Month => ledger::Window::Month,
+    }
+}
+
+/// The grant left and the past runs' costs of `item`'s record (none when it has no
+/// record, or one this build cannot read: the caps alone decide then).
+async fn record_budget(
+    conn: &mut Conn,
+    keys: &Keys,
+    item: &WorkItem,
+) -> Result<(budget::Grant, Vec<budget::Spent>), StoreError> {
+    let repo = item.repo.as_str();
+    let issue = item.kind == WorkKind::IssueImpl;
+    let key = match issue {
+        true => keys.issue_record(repo, item.number),
+        false => keys.pr_record(repo, item.number),
+    };
+    let Some(stored) = commit::load(conn, &key).await? else {
+        return Ok((budget::Grant::default(), Vec::new()));
+    };
+    let work = match issue {
+        true => IssueRecord::from_json(&stored.data).map(|r| r.work).ok(),
+        false => PrRecord::from_json(&stored.data).map(|r| r.work).ok(),
+    };
+    Ok(work.map_or_else(Default::default, |w| {
+        (w.budget.grant, crate::core::machine::past_runs(&w))
+    }))
 }
 
 /// `sha256=<lowercase hex HMAC-SHA256 of body keyed with secret>`.

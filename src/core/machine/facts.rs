@@ -114,11 +114,19 @@ pub(crate) fn apply(
             outcome,
             signature,
             summary,
-            ..
+            usage,
+            stopped,
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Pr, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());
-            mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx)
+            let scope = super::budget::active_scope(&r.work, work_id);
+            let recorded =
+                mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx);
+            if recorded {
+                let (u, s) = (usage.as_ref(), *stopped);
+                super::budget::on_result(&mut r.work, work_id, u, s, scope.as_deref(), now, fx);
+            }
+            recorded
         }
         Event::EffectOutcome {
             repo,
@@ -662,6 +670,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         },
         TimerKind::StaleCheck => r.is_open(),
         TimerKind::QueueCi => super::queue::on_ci_timer(r, now, policy),
+        TimerKind::BudgetReset => super::budget::on_reset_timer(&mut r.work, now),
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,
@@ -754,6 +763,9 @@ fn on_outcome(
             let reason = format!("Merging failed: {message}");
             work::enter_needs_human(&mut r.work, &reason, r.number, now, policy, fx);
             true
+        }
+        EffectOutcome::OverBudget { work_id, stop } => {
+            super::budget::on_dispatch_held(&mut r.work, work_id, stop, now, fx)
         }
         EffectOutcome::Failed { kind, work_id, .. } => match kind {
             EffectKindName::Dispatch => {

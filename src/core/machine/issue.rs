@@ -12,7 +12,7 @@ use super::super::event::{EffectOutcome, Event, PrState};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
-use super::{Fx, commands, work};
+use super::{Fx, budget, commands, work};
 
 /// Where an issue stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,8 @@ pub enum IssuePhase {
     NeedsHuman,
     /// Paused by a command.
     Paused,
+    /// Implementation is wanted, but a spend cap is reached (issue 28).
+    OverBudget,
 }
 
 impl IssuePhase {
@@ -48,6 +50,7 @@ impl IssuePhase {
             IssuePhase::Closed => "closed",
             IssuePhase::NeedsHuman => "needs-human",
             IssuePhase::Paused => "paused",
+            IssuePhase::OverBudget => "over-budget",
         }
     }
 }
@@ -142,6 +145,10 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
             policy.stuck_after
         );
         return (IssuePhase::NeedsHuman, why, Some(false));
+    }
+    // The reset timer ends the hold (the issue's decision has no clock).
+    if let Some(h) = &r.work.budget.hold {
+        return (IssuePhase::OverBudget, budget::reason(h), None);
     }
     (
         IssuePhase::Implementing,
@@ -424,17 +431,28 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             | TimerKind::StaleCheck
             | TimerKind::StatusSettle
             | TimerKind::QueueCi => false,
+            TimerKind::BudgetReset => {
+                is_this(r, repo, *scope, *number) && budget::on_reset_timer(&mut r.work, now)
+            }
         },
         Event::WorkResult {
             work_id,
             outcome,
             signature,
             summary,
-            ..
+            usage,
+            stopped,
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Issue, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());
-            mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx)
+            let scope = budget::active_scope(&r.work, work_id);
+            let recorded =
+                mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx);
+            if recorded {
+                let (u, s) = (usage.as_ref(), *stopped);
+                budget::on_result(&mut r.work, work_id, u, s, scope.as_deref(), now, fx);
+            }
+            recorded
         }
         Event::EffectOutcome {
             repo,
@@ -443,16 +461,22 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             outcome,
             ..
         } => {
+            if !is_this(r, repo, *scope, *number) {
+                return false;
+            }
             let failed_dispatch = match outcome {
                 EffectOutcome::Failed {
                     work_id: Some(id), ..
                 } => r.work.active.as_ref().is_some_and(|a| &a.item.id == id),
+                EffectOutcome::OverBudget { work_id, stop } => {
+                    return budget::on_dispatch_held(&mut r.work, work_id, stop, now, fx);
+                }
                 EffectOutcome::Failed { work_id: None, .. }
                 | EffectOutcome::Merge(_)
                 | EffectOutcome::Queue(_)
                 | EffectOutcome::QueueEjected(_) => false,
             };
-            if !is_this(r, repo, *scope, *number) || !failed_dispatch {
+            if !failed_dispatch {
                 return false;
             }
             work::end_active(&mut r.work, AttemptOutcome::DispatchFailed, now, false, fx);

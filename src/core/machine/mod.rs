@@ -10,8 +10,10 @@
 //! Files: `facts` (events → facts), `plan` (`decide`: phase, reason, wanted action),
 //! `work` (claims, attempts, escalation, stuck), `review` (reviewer agents: when a
 //! `review` is wanted, whose approvals count, rounds), `reconcile` (wanted vs in flight →
-//! effects), `commands` (`/shepherd …` with trust), `issue` (`step_issue`).
+//! effects), `commands` (`/shepherd …` with trust), `issue` (`step_issue`), `budget`
+//! (over-budget holds, grants and the cost so far).
 
+mod budget;
 mod commands;
 mod facts;
 mod issue;
@@ -26,6 +28,7 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
+pub use budget::past_runs;
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
 pub use plan::{
     CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,
@@ -68,6 +71,9 @@ pub enum Phase {
     NeedsHuman,
     /// Paused by a command.
     Paused,
+    /// Agent work is wanted, but a spend cap is reached (issue 28): it resumes at the
+    /// cap's reset or on `/shepherd budget +<amount>`.
+    OverBudget,
 }
 
 impl Phase {
@@ -86,6 +92,7 @@ impl Phase {
             Phase::Closed => "closed",
             Phase::NeedsHuman => "needs-human",
             Phase::Paused => "paused",
+            Phase::OverBudget => "over-budget",
         }
     }
 }

@@ -636,6 +636,12 @@ fn want_work(
             want: Want::NeedsHuman { reason },
         };
     }
+    if let Some(hold) = super::budget::active_hold(&r.work, now) {
+        return Plan::idle(
+            Phase::OverBudget,
+            format!("{why}; {}", super::budget::reason(hold)),
+        );
+    }
     if work::is_stuck(&r.work, kind, &signature, policy) {
         let reason = format!(
             "{why}: {} attempts of {} at the top tier ({}) did not fix it.",

@@ -317,7 +317,8 @@ fn wish(r: &PrRecord, plan: &Plan, policy: &Policy) -> Wish {
         | Phase::Merged
         | Phase::Closed
         | Phase::NeedsHuman
-        | Phase::Paused => Ejection::NotReady,
+        | Phase::Paused
+        | Phase::OverBudget => Ejection::NotReady,
     };
     Wish::Park(reason)
 }

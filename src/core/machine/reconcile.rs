@@ -221,6 +221,7 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
                 priority: m.priority,
             }
         }),
+        cost: cost_status(&r.work),
     };
     let mut key = serde_json::json!([
         state.phase,
@@ -263,6 +264,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
     {
         parts.push(serde_json::json!([review.round, review.verdict]));
     }
+    // Likewise only once a run's result said what it cost.
+    if let Some(c) = &state.cost
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!(["cost", c.total_micros, c.runs]));
+    }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {
         r.status_pending_since_ms = None;
@@ -282,6 +289,25 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         body: texts::status_comment(&state, &policy.comment_footer),
         first,
     });
+}
+
+/// The cost so far and per kept attempt (`None` until a result said what it cost).
+fn cost_status(ws: &super::super::record::WorkState) -> Option<texts::CostStatus> {
+    if ws.budget.runs == 0 {
+        return None;
+    }
+    let attempts = ws
+        .attempts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| Some((ws.attempt_number(i), a.kind, a.cost_micros?)))
+        .collect();
+    Some(texts::CostStatus {
+        total_micros: ws.budget.spent_micros,
+        tokens: ws.budget.spent_tokens,
+        runs: ws.budget.runs,
+        attempts,
+    })
 }
 
 /// Whether a new status for `phase` waits instead of being written now: a
@@ -337,7 +363,8 @@ fn short_lived(r: &PrRecord, phase: Phase) -> bool {
         | Phase::Merged
         | Phase::Closed
         | Phase::NeedsHuman
-        | Phase::Paused => false,
+        | Phase::Paused
+        | Phase::OverBudget => false,
     }
 }
 

@@ -27,7 +27,15 @@ use super::Fx;
 pub(crate) fn next_tier(ws: &WorkState, kind: WorkKind, signature: &str, policy: &Policy) -> u8 {
     let top = policy.top_tier();
     let current = ws.tier.min(top);
-    match ws.attempts.iter().rev().find(|a| a.kind == kind) {
+    // A run stopped for its budget says nothing about the problem's difficulty.
+    let counted = |a: &&Attempt| a.outcome != AttemptOutcome::OverBudget;
+    match ws
+        .attempts
+        .iter()
+        .rev()
+        .filter(counted)
+        .find(|a| a.kind == kind)
+    {
         Some(last) if last.signature == signature => {
             current.max(last.tier.saturating_add(1).min(top))
         }
@@ -41,7 +49,7 @@ pub(crate) fn is_stuck(ws: &WorkState, kind: WorkKind, signature: &str, policy: 
     let same = ws.attempts[ws.stuck_base.min(ws.attempts.len())..]
         .iter()
         .rev()
-        .filter(|a| a.kind == kind)
+        .filter(|a| a.kind == kind && a.outcome != AttemptOutcome::OverBudget)
         .take_while(|a| a.signature == signature && a.tier >= top)
         .count();
     same >= policy.stuck_after as usize
@@ -107,6 +115,7 @@ pub(crate) fn dispatch(
 ) {
     let tier = next_tier(ws, spec.kind, &spec.signature, policy);
     ws.tier = ws.tier.max(tier);
+    super::budget::on_dispatch(ws);
     ws.seq += 1;
     let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
     let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
@@ -203,6 +212,8 @@ pub(crate) fn end_active(
         summary: None,
         started_ms: active.dispatched_ms,
         ended_ms: now,
+        cost_micros: None,
+        tokens: None,
     });
 }
 

@@ -17,7 +17,7 @@ use crate::core::event::{Event, Permission};
 use crate::core::texts;
 use crate::forgejo::{Cause, ForgejoError};
 use crate::store::{lock, status_comment};
-use crate::worker::dispatch::{CancelNotice, SinkError};
+use crate::worker::dispatch::{CancelNotice, Gate, SinkError, budget_gate};
 
 use super::Executor;
 use super::observe;
@@ -115,8 +115,15 @@ impl Executor {
             EffectKind::Observe(what) => self.observe(effect, what, queued_ms, reads).await,
             EffectKind::Dispatch(item) => {
                 let mut conn = self.ctx.store.conn();
+                let policy = self.ctx.policy.for_repo(&effect.repo);
+                let keys = self.ctx.store.keys();
+                let now = super::merge::now_ms();
+                let item = match budget_gate(&mut conn, keys, &policy, item, now).await? {
+                    Gate::Go(item) => item,
+                    Gate::Stop(stop) => return Ok(vec![over_budget(effect, item, stop)]),
+                };
                 self.sinks
-                    .send_work(&mut conn, effect.id.as_str(), item)
+                    .send_work(&mut conn, effect.id.as_str(), &item)
                     .await?;
                 Ok(Vec::new())
             }
@@ -401,6 +408,25 @@ fn effect_order(id: &str) -> Option<(u64, u64)> {
     let (_, tail) = id.rsplit_once('@')?;
     let (version, index) = tail.split_once('.')?;
     Some((version.parse().ok()?, index.parse().ok()?))
+}
+
+/// The event telling the record that `item` was held back by a spend cap.
+fn over_budget(
+    effect: &Effect,
+    item: &crate::core::effect::WorkItem,
+    stop: crate::core::budget::Stop,
+) -> Event {
+    tracing::info!(work = %item.id, cap = %stop.cap, "dispatch held back: over budget");
+    Event::EffectOutcome {
+        repo: effect.repo.clone(),
+        scope: effect.scope,
+        number: effect.number,
+        effect_id: effect.id.clone(),
+        outcome: crate::core::event::EffectOutcome::OverBudget {
+            work_id: item.id.clone(),
+            stop,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -210,6 +210,52 @@ async fn a_full_runner_starts_higher_priority_work_first() {
     assert_eq!(order(&rig), [a, c, b]);
 }
 
+/// Fair share (issue 28): one slot, twenty items of one repository queued before two
+/// of another; the other repository's items start at its turns (second and fourth),
+/// not after the twenty — the runner reads past the busy repository's entries.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_slot_takes_repositories_in_turn_so_a_quiet_one_is_not_starved() {
+    let rig = Rig::start().await;
+    let script = rig.script("wait.sh", WAIT_FOR_RELEASE);
+    let quiet = "acme/quiet";
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENTS_MAX", "1")
+        .start()
+        .await;
+    let mut busy = Vec::new();
+    for _ in 0..20 {
+        let n = rig.open_pr(REPO);
+        busy.push(rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await);
+    }
+    let mut calm = Vec::new();
+    for _ in 0..2 {
+        let n = rig.open_pr(quiet);
+        calm.push(rig.dispatch(quiet, n, "ci-fix", 0, HOUR).await);
+    }
+    rig.wait_state(&busy[0], "running").await;
+    // The runner holds the quiet repository's items although twenty came first.
+    rig.wait_state(&calm[1], "waiting").await;
+    release(&rig, &busy[0]);
+    rig.wait_state(&calm[0], "running").await;
+    release(&rig, &calm[0]);
+    rig.wait_state(&busy[1], "running").await;
+    release(&rig, &busy[1]);
+    rig.wait_state(&calm[1], "running").await;
+    release(&rig, &calm[1]);
+    rig.wait_results(4).await;
+    // (The next busy item may have started already: only the first four are fixed.)
+    assert_eq!(
+        order(&rig)[..4],
+        [&busy[0], &calm[0], &busy[1], &calm[1]].map(String::clone),
+        "the quiet repository's items start at its turns"
+    );
+    for id in &busy[2..] {
+        release(&rig, id);
+    }
+    rig.wait_results(22).await;
+}
+
 /// Two slots, one agent per repository: the second item of a repository waits while
 /// another repository's item runs.
 #[tokio::test(flavor = "multi_thread")]

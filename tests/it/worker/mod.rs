@@ -4,6 +4,7 @@
 //! mid-run).
 
 mod bounds;
+mod budget;
 mod consume;
 mod consumer_loop;
 mod economy;

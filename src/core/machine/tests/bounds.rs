@@ -155,6 +155,8 @@ fn work_items_carry_only_the_most_recent_attempts() {
             summary: Some(format!("attempt {i}")),
             started_ms: T0,
             ended_ms: T0,
+            cost_micros: None,
+            tokens: None,
         })
         .collect();
     h.r.work.stuck_base = 50;

@@ -5,6 +5,7 @@
 mod attempts;
 mod authors;
 mod bounds;
+mod budget;
 mod economy;
 mod hostile;
 mod issues;
