@@ -87,6 +87,8 @@ pub struct AgentContext {
     pub checks_omitted: usize,
     /// The failing checks the work item was dispatched for (`ci-fix`).
     pub failing_checks: Vec<CheckContext>,
+    /// The logs of the failing Forgejo Actions checks ([`super::ci_logs`]).
+    pub ci_logs: Vec<super::ci_logs::CheckLog>,
     /// Active change requests (official, not dismissed, not stale, on the head).
     pub change_requests: Vec<ChangeRequestContext>,
     /// Active change requests not shown.
@@ -381,6 +383,13 @@ async fn gather_pr(
         }
         Err(e) => unavailable(ctx, "checks", &e),
     }
+    let failing: Vec<CheckContext> = ctx
+        .failing_checks
+        .iter()
+        .chain(&ctx.checks)
+        .cloned()
+        .collect();
+    ctx.ci_logs = super::ci_logs::gather(forgejo, repo, &failing).await;
     let active = match reviews {
         Ok(list) => {
             (ctx.reviews, ctx.reviews_omitted) = super::review::earlier_reviews(&list);

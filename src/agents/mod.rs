@@ -32,6 +32,7 @@
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
+//! | `ci_logs.rs` | the tails and error lines of the failing Actions jobs' logs (Forgejo v16+) |
 //! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
 //! | `sandbox.rs` | the bubblewrap sandbox each agent runs in (own PID and user namespace, own folder) |
 //!
@@ -40,6 +41,7 @@
 
 pub mod binding;
 pub mod checkout;
+pub mod ci_logs;
 pub mod consume;
 pub mod context;
 pub mod job;

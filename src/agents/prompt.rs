@@ -24,10 +24,14 @@ use crate::core::policy::PolicyFile;
 
 /// The built-in templates: their names (as `{% extends %}`/`{% include %}` see them)
 /// and sources.
-const BUILTIN: [(&str, &str); 10] = [
+const BUILTIN: [(&str, &str); 11] = [
     (
         "builtin/parameters.md.j2",
         include_str!("templates/parameters.md.j2"),
+    ),
+    (
+        "builtin/ci-logs.md.j2",
+        include_str!("templates/ci-logs.md.j2"),
     ),
     (
         "builtin/data-note.md.j2",
@@ -457,6 +461,23 @@ mod samples {
             }],
             checks_omitted: 1,
             failing_checks: Vec::new(),
+            ci_logs: vec![
+                crate::agents::ci_logs::CheckLog {
+                    context: text("ci / test"),
+                    url: text("https://forgejo.example/o/r/actions/runs/1/jobs/0"),
+                    job: text("test"),
+                    tail: text("error: it broke\n"),
+                    tail_note: text("the whole log (16 bytes)"),
+                    errors: text("error: earlier\n"),
+                    unavailable: String::new(),
+                },
+                crate::agents::ci_logs::CheckLog {
+                    context: text("ci / lint"),
+                    url: text("https://forgejo.example/o/r/actions/runs/1/jobs/1"),
+                    unavailable: text("Forgejo 15.0.3 does not serve job logs over its API"),
+                    ..Default::default()
+                },
+            ],
             change_requests: vec![ChangeRequestContext {
                 review_id: 9,
                 reviewer: text("reviewer"),

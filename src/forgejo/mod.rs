@@ -1,6 +1,7 @@
 //! Forgejo REST client for exactly the endpoints effects need, with typed errors.
 //!
 //! ```text
+//! actions.rs    Forgejo Actions: the version (read once), runs, a run's jobs, a job's log tail
 //! client.rs     ForgejoClient: auth, timeout, user agent, one request, decoding, paging
 //! endpoints.rs  PRs, reviews, combined status / statuses, comments, permission, version
 //! context.rs    the agents' context: raw diff, changed files, review comments, comments since
@@ -19,6 +20,7 @@
 //! `forgejo-facts.md` §4 (e.g. `state=open` on every PR listing, commit statuses under
 //! the key `status`, merge body keys `Do` / `head_commit_id`, never `force_merge`).
 
+mod actions;
 mod breaker;
 mod calls;
 mod client;
@@ -32,6 +34,7 @@ mod queue;
 mod reviews;
 mod types;
 
+pub use actions::{ActionRun, ActionRunJob, ForgejoVersion, JOB_LOGS_SINCE, LogTail};
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use calls::{Cause, endpoint};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};

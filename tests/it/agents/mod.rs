@@ -23,6 +23,7 @@
 
 mod bench;
 mod binding;
+mod ci_logs;
 mod context;
 mod e2e;
 mod hostile_agent;

@@ -17,6 +17,7 @@
 //! [`FakeForgejo::push`], [`FakeForgejo::set_status`], …), build the matching webhook
 //! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
 
+pub mod actions;
 mod api_log;
 pub mod faults;
 mod merge;

@@ -416,6 +416,8 @@ pub struct Model {
     pub merges: Vec<MergeRecord>,
     /// Users by login → id (assigned on first sight).
     pub users: BTreeMap<String, i64>,
+    /// The version, Actions runs, jobs and logs.
+    pub actions: super::actions::Actions,
 }
 
 impl Model {
