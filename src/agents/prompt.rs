@@ -704,3 +704,7 @@ mod samples {
 #[cfg(test)]
 #[path = "prompt_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "profile_tests.rs"]
+mod profile_tests;
