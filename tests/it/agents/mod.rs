@@ -29,6 +29,7 @@ mod e2e;
 mod hostile_agent;
 mod opencode;
 mod opencode_loop;
+mod profile_v2;
 mod review_e2e;
 mod review_runner;
 mod runner;
