@@ -162,7 +162,10 @@ fn fill(log: &mut CheckLog, text: &str, total: Option<u64>, budget: usize) -> us
     let tail_max = MAX_TAIL_BYTES.min(budget);
     let (head, tail) = split_tail(text, tail_max);
     log.tail = tail.to_owned();
-    let whole = total.map_or_else(|| "a log of unknown length".into(), |t| format!("{t} bytes"));
+    let whole = total.map_or_else(
+        || "a log of unknown length".into(),
+        |t| format!("{t} bytes"),
+    );
     log.tail_note = if head.is_empty() && total.is_none_or(|t| t as usize <= text.len()) {
         format!("the whole log ({whole})")
     } else {
@@ -219,7 +222,9 @@ pub fn error_lines(text: &str, max: usize) -> String {
     let mut out: String = kept.iter().map(|l| format!("{l}\n")).collect();
     let left_out = found.len() - kept.len();
     if left_out > 0 && used + note_room <= max {
-        out.push_str(&format!("{TRUNCATION_MARK} {left_out} earlier error lines]\n"));
+        out.push_str(&format!(
+            "{TRUNCATION_MARK} {left_out} earlier error lines]\n"
+        ));
     }
     out
 }
@@ -261,7 +266,10 @@ mod tests {
             job_link("https://f.example/sub/o/r/actions/runs/12/jobs/3", repo),
             Some((12, 3))
         );
-        assert_eq!(job_link("https://f.example/o/r/actions/runs/12", repo), None);
+        assert_eq!(
+            job_link("https://f.example/o/r/actions/runs/12", repo),
+            None
+        );
         assert_eq!(
             job_link("https://f.example/x/o/r2/actions/runs/1/jobs/0", repo),
             None
@@ -285,7 +293,11 @@ mod tests {
         assert!(log.tail.len() <= MAX_TAIL_BYTES, "{}", log.tail.len());
         assert!(log.tail.ends_with("error: two\n"));
         assert_eq!(log.errors, "error: one\n");
-        assert!(log.tail_note.ends_with("of 1000000 bytes"), "{}", log.tail_note);
+        assert!(
+            log.tail_note.ends_with("of 1000000 bytes"),
+            "{}",
+            log.tail_note
+        );
         assert_eq!(left, MAX_TOTAL_BYTES - log.tail.len() - log.errors.len());
         let mut small = CheckLog::default();
         let left_small = fill(&mut small, &log_text, None, 100);
@@ -295,7 +307,9 @@ mod tests {
 
     #[test]
     fn error_lines_are_bounded_and_say_so() {
-        let text: String = (0..5000).map(|i| format!("ERROR case {i}\nok {i}\n")).collect();
+        let text: String = (0..5000)
+            .map(|i| format!("ERROR case {i}\nok {i}\n"))
+            .collect();
         let lines = error_lines(&text, MAX_ERROR_BYTES);
         assert!(lines.len() <= MAX_ERROR_BYTES, "{}", lines.len());
         assert!(lines.contains("ERROR case 4999"), "the last ones are kept");

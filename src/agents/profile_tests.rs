@@ -176,13 +176,22 @@ fn check_contract(item: &WorkItem, text: &str, credentials: Option<&str>) -> Par
     match credentials {
         Some(token) => {
             let creds = p.section(HEADINGS[0]);
-            assert!(creds.contains(&format!("forgejo_pat: {token}\n")), "{creds}");
+            assert!(
+                creds.contains(&format!("forgejo_pat: {token}\n")),
+                "{creds}"
+            );
             assert!(creds.contains("git_user_name: HAL9000\n"), "{creds}");
-            assert!(creds.contains("git_user_email: hal9000@example.org\n"), "{creds}");
+            assert!(
+                creds.contains("git_user_email: hal9000@example.org\n"),
+                "{creds}"
+            );
         }
         None => {
             want.remove(0);
-            assert!(!text.contains("forgejo_pat"), "no token without credentials");
+            assert!(
+                !text.contains("forgejo_pat"),
+                "no token without credentials"
+            );
         }
     }
     assert_eq!(p.headings(), want, "004's headings, exact and in order");
@@ -190,7 +199,10 @@ fn check_contract(item: &WorkItem, text: &str, credentials: Option<&str>) -> Par
         assert!(!body.trim().is_empty(), "{h} is empty: a section says why");
     }
     let last = text.trim_end().lines().last().unwrap_or_default();
-    assert_eq!(last, V2_STANDING_LINE, "the standing instruction line ends it");
+    assert_eq!(
+        last, V2_STANDING_LINE,
+        "the standing instruction line ends it"
+    );
     let forwarded = p.forwarded();
     let base = text.len() - p.wrapper_bytes;
     assert!(
@@ -224,20 +236,31 @@ fn every_implementer_kind_renders_the_v2_contract() {
 fn v2_sections_carry_what_shepherd_knows() {
     let templates = v2("");
     let (item, ctx) = samples::items(WorkKind::CiFix)[0].clone();
-    let text = templates.render(&item, &ctx, &params(None)).expect("prompt");
+    let text = templates
+        .render(&item, &ctx, &params(None))
+        .expect("prompt");
     let p = check_contract(&item, &text, None);
     let fenced = p.fenced.join("\n");
     assert!(fenced.contains("Closes #2"), "the description, fenced");
     assert!(fenced.contains("diff --git a/x b/x"), "the diff, fenced");
     assert!(fenced.contains("error: it broke"), "the CI log, fenced");
-    assert!(p.section("## Pre-fetched CI per-check detail").contains("### Log of ci / test"));
-    assert!(p.section("## Pre-fetched PR comments").contains("### Attempt-history digest"));
+    assert!(
+        p.section("## Pre-fetched CI per-check detail")
+            .contains("### Log of ci / test")
+    );
+    assert!(
+        p.section("## Pre-fetched PR comments")
+            .contains("### Attempt-history digest")
+    );
     assert!(p.section("## Pre-fetched Epic").contains("cannot be read"));
     let gates = p.section("## Pre-flight gate summary");
     assert!(gates.contains("- approvals: 0 of 2 needed"), "{gates}");
     assert!(gates.contains("0 of 1 contexts green"), "{gates}");
     let gaps = p.section("## Compliance gap report");
-    assert!(gaps.contains("check **ci / test** is not green: failure"), "{gaps}");
+    assert!(
+        gaps.contains("check **ci / test** is not green: failure"),
+        "{gaps}"
+    );
 }
 
 #[test]
@@ -247,7 +270,9 @@ fn compliance_gaps_list_unticked_items_of_the_issues() {
     if let Some(issue) = ctx.issue.as_mut() {
         issue.body = "Plan:\n- [x] done already\n- [ ] write the parser\n  * [ ] test it\n".into();
     }
-    let text = templates.render(&item, &ctx, &params(None)).expect("prompt");
+    let text = templates
+        .render(&item, &ctx, &params(None))
+        .expect("prompt");
     let p = check_contract(&item, &text, None);
     let gaps = p.section("## Compliance gap report");
     assert!(gaps.contains("- issue #1: write the parser\n"), "{gaps}");

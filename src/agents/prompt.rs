@@ -335,8 +335,14 @@ impl Templates {
             release_claim_on_exit: "false",
             forgejo_pat: params.forgejo_pat.as_ref().map(|t| t.expose_secret()),
             work_title: work_title(ctx),
-            git_user_name: params.git_user_name.as_deref().map(super::context::one_line),
-            git_user_email: params.git_user_email.as_deref().map(super::context::one_line),
+            git_user_name: params
+                .git_user_name
+                .as_deref()
+                .map(super::context::one_line),
+            git_user_email: params
+                .git_user_email
+                .as_deref()
+                .map(super::context::one_line),
             tier_hint: self.tier_hint(item),
             checkout: params.checkout.as_deref().map(super::context::one_line),
         };

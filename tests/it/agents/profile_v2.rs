@@ -43,7 +43,10 @@ git config user.email > "$DIR/gitemail""#,
     rig.wait_results(1).await;
     let read = |f: &str| std::fs::read_to_string(rig.path(f)).unwrap_or_default();
     let prompt = read("prompt");
-    assert!(prompt.starts_with(&format!("forgejo_url: {}\n", rig.fake.url())), "{prompt}");
+    assert!(
+        prompt.starts_with(&format!("forgejo_url: {}\n", rig.fake.url())),
+        "{prompt}"
+    );
     for line in [
         "forgejo_owner: acme\n",
         "forgejo_repo: agents\n",
@@ -59,7 +62,10 @@ git config user.email > "$DIR/gitemail""#,
         assert!(prompt.contains(line), "{line:?} missing: {prompt}");
     }
     assert!(prompt.contains("work_title: "), "{prompt}");
-    assert!(!prompt.contains(rig.fake.token()), "never Shepherd's own token");
+    assert!(
+        !prompt.contains(rig.fake.token()),
+        "never Shepherd's own token"
+    );
     let pwd = read("pwd");
     let cloned = prompt
         .split("## Pre-cloned working copy\n")

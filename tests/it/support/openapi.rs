@@ -1258,11 +1258,16 @@ fn infer_method(after: &str) -> Option<String> {
             .collect();
         (i, name)
     });
-    let get = ["get_json(", "get_all(", "get_text_capped(", "get_text_tail("]
-        .iter()
-        .filter_map(|f| body.find(f))
-        .min()
-        .map(|i| (i, "GET".to_owned()));
+    let get = [
+        "get_json(",
+        "get_all(",
+        "get_text_capped(",
+        "get_text_tail(",
+    ]
+    .iter()
+    .filter_map(|f| body.find(f))
+    .min()
+    .map(|i| (i, "GET".to_owned()));
     match (method, get) {
         (Some(a), Some(b)) => Some(if a.0 < b.0 { a.1 } else { b.1 }),
         (a, b) => a.or(b).map(|x| x.1).filter(|m| !m.is_empty()),

@@ -191,28 +191,19 @@ fn log(
         return Reply::not_found();
     }
     let size = text.len();
-    let mut reply = match range.map(|r| byte_range(r, size)) {
+    let reply = match range.map(|r| byte_range(r, size)) {
         None => Reply::text(200, text.clone()),
         Some(None) => {
-            let mut r = Reply::text(416, String::new());
-            r.headers
-                .push(("Content-Range".into(), format!("bytes */{size}")));
-            return r;
+            return Reply::text(416, String::new())
+                .header("Content-Range", format!("bytes */{size}"));
         }
         Some(Some((start, end))) => {
             let body = String::from_utf8_lossy(&text.as_bytes()[start..end]).into_owned();
-            let mut r = Reply::text(206, body);
-            r.headers.push((
-                "Content-Range".into(),
-                format!("bytes {start}-{}/{size}", end - 1),
-            ));
-            r
+            Reply::text(206, body)
+                .header("Content-Range", format!("bytes {start}-{}/{size}", end - 1))
         }
     };
-    reply
-        .headers
-        .push(("Accept-Ranges".into(), "bytes".into()));
-    reply
+    reply.header("Accept-Ranges", "bytes".into())
 }
 
 /// One range of `Range: bytes=…` over `size` bytes as `[start, end)`, as Go's

@@ -54,8 +54,9 @@ pub struct Reply {
     pub retry_after: Option<String>,
     /// A `text/plain` body instead of JSON (a raw diff).
     pub text: Option<String>,
-    /// Further headers (`Content-Range`, `Accept-Ranges`).
-    pub headers: Vec<(String, String)>,
+    /// Further headers (`Content-Range`, `Accept-Ranges`); boxed to keep a `Reply`
+    /// small (it is the error type of some routes' helpers).
+    pub headers: Box<[(String, String)]>,
 }
 
 impl Reply {
@@ -67,7 +68,7 @@ impl Reply {
             total: None,
             retry_after: None,
             text: None,
-            headers: Vec::new(),
+            headers: Box::default(),
         }
     }
 
@@ -79,7 +80,7 @@ impl Reply {
             total: None,
             retry_after: None,
             text: None,
-            headers: Vec::new(),
+            headers: Box::default(),
         }
     }
 
@@ -97,6 +98,14 @@ impl Reply {
             text: Some(text),
             ..Self::empty(status)
         }
+    }
+
+    /// The answer with one more header.
+    pub fn header(mut self, name: &str, value: String) -> Self {
+        let mut all = self.headers.into_vec();
+        all.push((name.to_owned(), value));
+        self.headers = all.into_boxed_slice();
+        self
     }
 
     /// 404 as Forgejo words it.
@@ -310,7 +319,7 @@ fn to_response(reply: Reply) -> HttpResponse {
     if let Some(ra) = reply.retry_after {
         builder.insert_header(("Retry-After", ra));
     }
-    for (k, v) in reply.headers {
+    for (k, v) in reply.headers.into_vec() {
         builder.insert_header((k, v));
     }
     match (reply.text, reply.body) {
