@@ -111,6 +111,9 @@ pub struct AgentContext {
     pub linked_issues: Vec<IssueContext>,
     /// Linked issues not read.
     pub linked_issues_omitted: usize,
+    /// The Epic: an open issue the work's issue blocks ([`super::epic`]); `None` when
+    /// there is none or it could not be read (`unavailable["epic"]`).
+    pub epic: Option<IssueContext>,
     /// Earlier attempts, oldest first.
     pub attempts: Vec<AttemptContext>,
     /// Pieces that could not be read, by name (`diff`, `files`, `checks`, `reviews`,
@@ -425,6 +428,8 @@ async fn gather_pr(
         ctx.unavailable
             .insert("linked_issues".into(), failed.join("; "));
     }
+    let read: Vec<u64> = ctx.linked_issues.iter().map(|i| i.number).collect();
+    super::epic::gather(forgejo, repo, &read, ctx).await;
     Ok(())
 }
 
@@ -453,6 +458,7 @@ async fn gather_issue(
         }
         Err(e) => unavailable(ctx, "comments", &e),
     }
+    super::epic::gather(forgejo, repo, &[item.number], ctx).await;
     Ok(())
 }
 
@@ -546,7 +552,7 @@ fn pr_context(pr: &PullRequest, base: &str, repo: &str) -> PrContext {
     }
 }
 
-fn issue_context(issue: &Issue, base: &str, repo: &str, max_body: usize) -> IssueContext {
+pub(super) fn issue_context(issue: &Issue, base: &str, repo: &str, max_body: usize) -> IssueContext {
     let kind = if issue.pull_request.is_some() {
         "pulls"
     } else {

@@ -32,6 +32,7 @@
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
+//! | `epic.rs` | the Epic: an open issue the work's issue blocks (issue dependencies) |
 //! | `ci_logs.rs` | the tails and error lines of the failing Actions jobs' logs (Forgejo v16+) |
 //! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
 //! | `sandbox.rs` | the bubblewrap sandbox each agent runs in (own PID and user namespace, own folder) |
@@ -44,6 +45,7 @@ pub mod checkout;
 pub mod ci_logs;
 pub mod consume;
 pub mod context;
+pub mod epic;
 pub mod job;
 pub mod launch;
 pub mod outcome;

@@ -663,6 +663,10 @@ mod samples {
             comments_since: Some(text("2020-01-01T00:00:00.000Z")),
             linked_issues: vec![issue(2)],
             linked_issues_omitted: 1,
+            epic: Some(IssueContext {
+                body: text("Parts:\n- [x] #2\n- [ ] #3 the rest\n"),
+                ..issue(4)
+            }),
             attempts: vec![AttemptContext {
                 kind: text(kind.as_str()),
                 tier: 0,
@@ -689,6 +693,7 @@ mod samples {
             "reviews",
             "comments",
             "linked_issues",
+            "epic",
         ] {
             degraded.unavailable.insert(piece.into(), text("HTTP 500"));
         }

@@ -9,6 +9,7 @@
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
 //! queue.rs      the merge queue: POST …/pulls/{n}/update, a branch's tip, merge settings
 //! reviews.rs    POST …/pulls/{n}/reviews: a reviewer agent's formal review
+//! dependencies.rs  the issues an issue blocks (where its Epic is)
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
 //! calls.rs      why a call was made (Cause) and its endpoint template, for the call metrics
@@ -26,6 +27,7 @@ mod calls;
 mod client;
 mod context;
 mod convert;
+mod dependencies;
 mod endpoints;
 mod error;
 mod labels;
