@@ -552,7 +552,12 @@ fn pr_context(pr: &PullRequest, base: &str, repo: &str) -> PrContext {
     }
 }
 
-pub(super) fn issue_context(issue: &Issue, base: &str, repo: &str, max_body: usize) -> IssueContext {
+pub(super) fn issue_context(
+    issue: &Issue,
+    base: &str,
+    repo: &str,
+    max_body: usize,
+) -> IssueContext {
     let kind = if issue.pull_request.is_some() {
         "pulls"
     } else {

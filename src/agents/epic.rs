@@ -24,7 +24,12 @@ pub async fn gather(forgejo: &ForgejoClient, repo: &str, numbers: &[u64], ctx: &
         ctx.unavailable.insert("epic".into(), failed.join("; "));
     }
     if let Some(epic) = pick(&found) {
-        ctx.epic = Some(issue_context(epic, forgejo.base_url(), repo, MAX_LINKED_BODY_BYTES));
+        ctx.epic = Some(issue_context(
+            epic,
+            forgejo.base_url(),
+            repo,
+            MAX_LINKED_BODY_BYTES,
+        ));
     }
 }
 
@@ -37,7 +42,11 @@ pub fn pick(blocked: &[Issue]) -> Option<&Issue> {
             .filter(|i| i.state == "open" && i.pull_request.is_none())
     };
     open()
-        .find(|i| i.labels.iter().any(|l| l.name.to_lowercase().contains("epic")))
+        .find(|i| {
+            i.labels
+                .iter()
+                .any(|l| l.name.to_lowercase().contains("epic"))
+        })
         .or_else(|| open().next())
 }
 

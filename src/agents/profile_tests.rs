@@ -254,7 +254,10 @@ fn v2_sections_carry_what_shepherd_knows() {
     );
     let epic = p.section("## Pre-fetched Epic");
     assert!(epic.contains("### #4 An issue (open)"), "{epic}");
-    assert!(fenced.contains("- [ ] #3 the rest"), "the Epic's body, fenced");
+    assert!(
+        fenced.contains("- [ ] #3 the rest"),
+        "the Epic's body, fenced"
+    );
     let gates = p.section("## Pre-flight gate summary");
     assert!(gates.contains("- approvals: 0 of 2 needed"), "{gates}");
     assert!(gates.contains("0 of 1 contexts green"), "{gates}");

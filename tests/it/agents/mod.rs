@@ -26,6 +26,7 @@ mod binding;
 mod ci_logs;
 mod context;
 mod e2e;
+mod epic;
 mod hostile_agent;
 mod opencode;
 mod opencode_loop;

@@ -19,6 +19,7 @@
 
 pub mod actions;
 mod api_log;
+mod dependencies;
 pub mod faults;
 mod merge;
 pub mod model;

@@ -204,6 +204,7 @@ async fn answer(
         let repo = format!("{owner}/{name}");
         if model.repos.contains_key(&repo)
             && let Some(reply) = super::actions::route(&mut model, &repo, rest, query, range)
+                .or_else(|| super::dependencies::route(&model, &repo, rest, query))
         {
             return reply;
         }
