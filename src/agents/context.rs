@@ -2,7 +2,8 @@
 //! before the agent starts: the PR (or the issue of `issue-impl` work), its diff and
 //! changed files, the CI contexts of the head, the active change requests with their
 //! inline comments, the conversation since the previous attempt, the linked issues,
-//! and the attempt history the work item carries.
+//! the attempt history the work item carries, the failing Actions jobs' logs
+//! ([`super::ci_logs`]) and the Epic ([`super::epic`]).
 //!
 //! Every piece is bounded (bytes per text, items per list) and a cut is always
 //! visible: texts end with [`TRUNCATION_MARK`] and lists say how many were left out.
@@ -117,7 +118,7 @@ pub struct AgentContext {
     /// Earlier attempts, oldest first.
     pub attempts: Vec<AttemptContext>,
     /// Pieces that could not be read, by name (`diff`, `files`, `checks`, `reviews`,
-    /// `comments`, `linked_issues`), with why; the prompt says so in their place.
+    /// `comments`, `linked_issues`, `epic`), with why; the prompt says so in their place.
     pub unavailable: BTreeMap<String, String>,
     /// The PR's head moved since the work item was made: the sha it has now.
     pub head_moved_to: Option<String>,
