@@ -282,6 +282,21 @@ pub struct AgentSettings {
     #[arg(long, env = "SHEPHERD_AGENT_CREDENTIALS", default_value_t = false, action = clap::ArgAction::Set)]
     pub agent_credentials: bool,
 
+    /// The git author name the agents commit as (`git_user_name` of the
+    /// `cleveragents-v2` prompt, `GIT_USER_NAME`, and the checkout's `user.name`).
+    #[arg(long, env = "SHEPHERD_AGENT_GIT_NAME")]
+    pub agent_git_name: Option<String>,
+
+    /// The git author e-mail the agents commit as (`git_user_email`,
+    /// `GIT_USER_EMAIL`, the checkout's `user.email`).
+    #[arg(long, env = "SHEPHERD_AGENT_GIT_EMAIL")]
+    pub agent_git_email: Option<String>,
+
+    /// The agent (`{agent}`) `review` work runs under the `cleveragents-v2` prompt
+    /// profile: the implementation worker never reviews.
+    #[arg(long, env = "SHEPHERD_REVIEW_AGENT")]
+    pub review_agent: Option<String>,
+
     /// Run each agent in a fresh clone of the repository, on the PR's head branch
     /// (with SHEPHERD_AGENT_FORGEJO_TOKEN, git authenticates with it through the
     /// environment, and so does the agent's own `git push`).
@@ -424,6 +439,10 @@ pub struct AgentsConfig {
     pub forgejo_token: Option<SecretString>,
     /// Whether the agent token is handed to the agent (prompt and environment).
     pub credentials: bool,
+    /// The agents' git identity (`SHEPHERD_AGENT_GIT_NAME`, `…_EMAIL`).
+    pub git_identity: (Option<String>, Option<String>),
+    /// The reviewer agent's name under `cleveragents-v2` (`SHEPHERD_REVIEW_AGENT`).
+    pub review_agent: Option<String>,
     /// The clone URL template, when each agent gets a fresh checkout.
     pub checkout: Option<String>,
     /// The reviewer agents' tokens by login (`SHEPHERD_REVIEWER_TOKENS[_FILE]`).
@@ -575,6 +594,8 @@ impl AgentSettings {
                 .unwrap_or_else(std::env::temp_dir),
             forgejo_token: self.agent_forgejo_token.clone(),
             credentials: self.agent_credentials,
+            git_identity: (self.agent_git_name.clone(), self.agent_git_email.clone()),
+            review_agent: self.review_agent.clone(),
             checkout: self.agent_checkout.then(|| self.agent_clone_url.clone()),
         })
     }

@@ -57,6 +57,28 @@ pub fn clone_url(template: &str, forgejo_url: &str, repo: &str) -> String {
         .replace("{repo}", name)
 }
 
+/// Sets the agents' git identity (`SHEPHERD_AGENT_GIT_NAME`, `…_EMAIL`) as
+/// `user.name` / `user.email` in the working copy's own config, so the agent's commits
+/// carry it whatever its environment; returns git's output.
+pub async fn set_identity(
+    env: &[(OsString, OsString)],
+    work: &Path,
+    identity: &(Option<String>, Option<String>),
+) -> anyhow::Result<String> {
+    let mut log = String::new();
+    for (key, value) in [("user.name", &identity.0), ("user.email", &identity.1)] {
+        if let Some(v) = value {
+            git(env, work, &["config", key, v], &mut log).await?;
+        }
+    }
+    Ok(log)
+}
+
+/// Where [`checkout`] puts the working copy of the work item whose folder is `dir`.
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join("checkout")
+}
+
 /// Makes the working copy of `item` in `dir/checkout`; returns its path and git's
 /// output (for the agent's log).
 pub async fn checkout(
@@ -66,7 +88,7 @@ pub async fn checkout(
     dir: &Path,
     env: &[(OsString, OsString)],
 ) -> anyhow::Result<(PathBuf, String)> {
-    let work = dir.join("checkout");
+    let work = path(dir);
     let mut log = String::new();
     let w = work.display().to_string();
     git(env, dir, &["init", "-q", &w], &mut log).await?;

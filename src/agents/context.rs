@@ -2,7 +2,8 @@
 //! before the agent starts: the PR (or the issue of `issue-impl` work), its diff and
 //! changed files, the CI contexts of the head, the active change requests with their
 //! inline comments, the conversation since the previous attempt, the linked issues,
-//! and the attempt history the work item carries.
+//! the attempt history the work item carries, the failing Actions jobs' logs
+//! ([`super::ci_logs`]) and the Epic ([`super::epic`]).
 //!
 //! Every piece is bounded (bytes per text, items per list) and a cut is always
 //! visible: texts end with [`TRUNCATION_MARK`] and lists say how many were left out.
@@ -87,6 +88,8 @@ pub struct AgentContext {
     pub checks_omitted: usize,
     /// The failing checks the work item was dispatched for (`ci-fix`).
     pub failing_checks: Vec<CheckContext>,
+    /// The logs of the failing Forgejo Actions checks ([`super::ci_logs`]).
+    pub ci_logs: Vec<super::ci_logs::CheckLog>,
     /// Active change requests (official, not dismissed, not stale, on the head).
     pub change_requests: Vec<ChangeRequestContext>,
     /// Active change requests not shown.
@@ -109,10 +112,13 @@ pub struct AgentContext {
     pub linked_issues: Vec<IssueContext>,
     /// Linked issues not read.
     pub linked_issues_omitted: usize,
+    /// The Epic: an open issue the work's issue blocks ([`super::epic`]); `None` when
+    /// there is none or it could not be read (`unavailable["epic"]`).
+    pub epic: Option<IssueContext>,
     /// Earlier attempts, oldest first.
     pub attempts: Vec<AttemptContext>,
     /// Pieces that could not be read, by name (`diff`, `files`, `checks`, `reviews`,
-    /// `comments`, `linked_issues`), with why; the prompt says so in their place.
+    /// `comments`, `linked_issues`, `epic`), with why; the prompt says so in their place.
     pub unavailable: BTreeMap<String, String>,
     /// The PR's head moved since the work item was made: the sha it has now.
     pub head_moved_to: Option<String>,
@@ -381,6 +387,13 @@ async fn gather_pr(
         }
         Err(e) => unavailable(ctx, "checks", &e),
     }
+    let failing: Vec<CheckContext> = ctx
+        .failing_checks
+        .iter()
+        .chain(&ctx.checks)
+        .cloned()
+        .collect();
+    ctx.ci_logs = super::ci_logs::gather(forgejo, repo, &failing).await;
     let active = match reviews {
         Ok(list) => {
             (ctx.reviews, ctx.reviews_omitted) = super::review::earlier_reviews(&list);
@@ -416,6 +429,8 @@ async fn gather_pr(
         ctx.unavailable
             .insert("linked_issues".into(), failed.join("; "));
     }
+    let read: Vec<u64> = ctx.linked_issues.iter().map(|i| i.number).collect();
+    super::epic::gather(forgejo, repo, &read, ctx).await;
     Ok(())
 }
 
@@ -444,6 +459,7 @@ async fn gather_issue(
         }
         Err(e) => unavailable(ctx, "comments", &e),
     }
+    super::epic::gather(forgejo, repo, &[item.number], ctx).await;
     Ok(())
 }
 
@@ -537,7 +553,12 @@ fn pr_context(pr: &PullRequest, base: &str, repo: &str) -> PrContext {
     }
 }
 
-fn issue_context(issue: &Issue, base: &str, repo: &str, max_body: usize) -> IssueContext {
+pub(super) fn issue_context(
+    issue: &Issue,
+    base: &str,
+    repo: &str,
+    max_body: usize,
+) -> IssueContext {
     let kind = if issue.pull_request.is_some() {
         "pulls"
     } else {

@@ -121,7 +121,8 @@ pub fn new_run(shared: &Shared, item: &WorkItem, now_ms: i64) -> AgentRun {
         tier: item.tier,
         tier_name: item.tier_name.clone(),
         model: policy.model_for(item.tier),
-        agent: policy.agent_for(item.kind).to_owned(),
+        agent: super::prompt::agent_for(&policy, item.kind, shared.agents.review_agent.as_deref())
+            .to_owned(),
         runner: shared.runner.clone(),
         state: RunState::Waiting,
         pid: None,
@@ -202,7 +203,10 @@ async fn execute(
     let dir = tempfile::Builder::new()
         .prefix("shepherd-agent-")
         .tempdir_in(&shared.agents.work_dir)?;
-    let prompt = match shared.templates.render(item, &ctx, &prompt_params(shared)) {
+    let prompt = match shared
+        .templates
+        .render(item, &ctx, &prompt_params(shared, dir.path()))
+    {
         Ok(p) => p,
         // A template problem is the operator's to fix; the attempt says so.
         Err(e) => {
@@ -261,7 +265,8 @@ fn reviewer_of<'a>(
 }
 
 /// What the prompt is told besides the item and its context.
-fn prompt_params(shared: &Shared) -> PromptParams {
+fn prompt_params(shared: &Shared, dir: &std::path::Path) -> PromptParams {
+    let (name, email) = &shared.agents.git_identity;
     PromptParams {
         forgejo_url: shared.config.forgejo_url.clone().unwrap_or_default(),
         forgejo_pat: shared
@@ -269,6 +274,13 @@ fn prompt_params(shared: &Shared) -> PromptParams {
             .credentials
             .then(|| shared.agents.forgejo_token.clone())
             .flatten(),
+        git_user_name: name.clone(),
+        git_user_email: email.clone(),
+        checkout: shared
+            .agents
+            .checkout
+            .is_some()
+            .then(|| super::checkout::path(dir).display().to_string()),
     }
 }
 
@@ -318,7 +330,8 @@ async fn with_checkout(
         r = checkout::checkout(&shared.forgejo, item, &url, dir, &env) => r,
         reason = stopped_by(stop) => return Ok(Some(reason)),
     };
-    let (work, log) = made.context("making the agent's checkout")?;
+    let (work, mut log) = made.context("making the agent's checkout")?;
+    log += &checkout::set_identity(&env, &work, &shared.agents.git_identity).await?;
     capture.lock().expect("capture lock").push(log.as_bytes());
     inv.dir = work;
     inv.env.extend(git_env);

@@ -33,6 +33,8 @@
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
+//! | `epic.rs` | the Epic: an open issue the work's issue blocks (issue dependencies) |
+//! | `ci_logs.rs` | the tails and error lines of the failing Actions jobs' logs (Forgejo v16+) |
 //! | `review.rs` | `review` work: the verdict file, posted as the reviewer's own review |
 //! | `usage.rs` | live usage from the agent's output (`SHEPHERD_AGENT_USAGE`), the runaway guards and the run's budget |
 //! | `sandbox.rs` | the bubblewrap sandbox each agent runs in (own PID and user namespace, own folder) |
@@ -42,9 +44,11 @@
 
 pub mod binding;
 pub mod checkout;
+pub mod ci_logs;
 pub mod consume;
 pub mod context;
 pub mod fair;
+pub mod epic;
 pub mod job;
 pub mod launch;
 pub mod outcome;

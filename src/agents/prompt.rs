@@ -20,14 +20,26 @@ use serde::Serialize;
 
 use super::context::AgentContext;
 use crate::core::effect::{WorkItem, WorkKind};
-use crate::core::policy::PolicyFile;
+use crate::core::policy::{PolicyFile, PromptProfile};
 
 /// The built-in templates: their names (as `{% extends %}`/`{% include %}` see them)
 /// and sources.
-const BUILTIN: [(&str, &str); 10] = [
+const BUILTIN: [(&str, &str); 13] = [
+    (
+        "builtin/cleveragents-v2.md.j2",
+        include_str!("templates/cleveragents-v2.md.j2"),
+    ),
+    (
+        "builtin/v2-task.md.j2",
+        include_str!("templates/v2-task.md.j2"),
+    ),
     (
         "builtin/parameters.md.j2",
         include_str!("templates/parameters.md.j2"),
+    ),
+    (
+        "builtin/ci-logs.md.j2",
+        include_str!("templates/ci-logs.md.j2"),
     ),
     (
         "builtin/data-note.md.j2",
@@ -64,6 +76,13 @@ const BUILTIN: [(&str, &str); 10] = [
     ),
 ];
 
+/// The template of every work kind but `review` under the `cleveragents-v2` profile.
+pub const V2_TEMPLATE: &str = "builtin/cleveragents-v2.md.j2";
+
+/// The standing instruction line that ends a `cleveragents-v2` prompt (004's example
+/// prompt and its tier-dispatcher template).
+pub const V2_STANDING_LINE: &str = "Implement or fix the indicated issue or pull request.";
+
 /// Prefix of the built-in templates' names; no override file may be named so.
 const BUILTIN_PREFIX: &str = "builtin/";
 
@@ -86,6 +105,25 @@ pub struct PromptParams {
     /// The `forgejo_pat` parameter line: only when the operator opted in to hand the
     /// agents a token; otherwise no token is anywhere in the prompt.
     pub forgejo_pat: Option<SecretString>,
+    /// The agents' git author name (`SHEPHERD_AGENT_GIT_NAME`).
+    pub git_user_name: Option<String>,
+    /// The agents' git author e-mail (`SHEPHERD_AGENT_GIT_EMAIL`).
+    pub git_user_email: Option<String>,
+    /// The path of the agent's pre-cloned working copy (`SHEPHERD_AGENT_CHECKOUT`).
+    pub checkout: Option<String>,
+}
+
+impl PromptParams {
+    /// Parameters with only the instance's URL (no token, identity or checkout).
+    pub fn new(forgejo_url: &str) -> Self {
+        Self {
+            forgejo_url: forgejo_url.to_owned(),
+            forgejo_pat: None,
+            git_user_name: None,
+            git_user_email: None,
+            checkout: None,
+        }
+    }
 }
 
 /// Why a prompt could not be rendered.
@@ -141,6 +179,28 @@ struct Params<'a> {
     release_claim_on_exit: &'static str,
     /// The token, only when opted in.
     forgejo_pat: Option<&'a str>,
+    /// The PR's or issue's title (one line).
+    work_title: String,
+    /// The git author name (one line), when configured.
+    git_user_name: Option<String>,
+    /// The git author e-mail (one line), when configured.
+    git_user_email: Option<String>,
+    /// `escalation_tier_hint` of the `cleveragents-v2` profile: `None` on a first
+    /// attempt when the policy lets the agents estimate the tier.
+    tier_hint: Option<u8>,
+    /// The pre-cloned working copy's path.
+    checkout: Option<String>,
+}
+
+/// The merge gates' figures the `cleveragents-v2` pre-flight summary shows.
+#[derive(Serialize)]
+struct Gates {
+    /// Current approvals (official, not stale, not dismissed; one per reviewer).
+    approvals_had: usize,
+    /// Approvals the PR needs (the policy's, for a bot or a human PR).
+    approvals_needed: u32,
+    /// CI contexts that are green.
+    checks_green: usize,
 }
 
 impl Templates {
@@ -161,6 +221,7 @@ impl Templates {
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.add_filter("fence", fence);
         env.add_filter("one_line", |s: String| super::context::one_line(&s));
+        env.add_filter("unticked", unticked);
         for (name, source) in BUILTIN {
             env.add_template(name, source)
                 .with_context(|| format!("built-in prompt template {name}"))?;
@@ -192,6 +253,7 @@ impl Templates {
         }
         for kind in KINDS {
             templates.check(kind, &builtin_name(kind))?;
+            templates.check(kind, &builtin_for(kind, PromptProfile::CleveragentsV2))?;
         }
         Ok(templates)
     }
@@ -216,10 +278,7 @@ impl Templates {
 
     /// Renders `template` over the sample work items of `kind`.
     fn check(&self, kind: WorkKind, template: &str) -> anyhow::Result<()> {
-        let params = PromptParams {
-            forgejo_url: "https://forgejo.example".into(),
-            forgejo_pat: None,
-        };
+        let params = PromptParams::new("https://forgejo.example");
         for (item, ctx) in samples::items(kind) {
             self.render_with(template, &item, &ctx, &params)
                 .map_err(anyhow::Error::new)?;
@@ -240,7 +299,7 @@ impl Templates {
             .prompt_templates
             .get(&item.kind)
             .cloned()
-            .unwrap_or_else(|| builtin_name(item.kind));
+            .unwrap_or_else(|| builtin_for(item.kind, policy.prompt_profile));
         let ctx = mark_commenters(ctx, item, &policy);
         self.render_with(&name, item, &ctx, params)
     }
@@ -275,11 +334,58 @@ impl Templates {
             escalation_tier_hint: item.tier,
             release_claim_on_exit: "false",
             forgejo_pat: params.forgejo_pat.as_ref().map(|t| t.expose_secret()),
+            work_title: work_title(ctx),
+            git_user_name: params
+                .git_user_name
+                .as_deref()
+                .map(super::context::one_line),
+            git_user_email: params
+                .git_user_email
+                .as_deref()
+                .map(super::context::one_line),
+            tier_hint: self.tier_hint(item),
+            checkout: params.checkout.as_deref().map(super::context::one_line),
         };
+        let gates = self.gates(item, ctx);
         let template = self.env.get_template(name).map_err(fail)?;
         template
-            .render(context! { work => item, ctx => ctx, params => values })
+            .render(context! { work => item, ctx => ctx, params => values, gates => gates })
             .map_err(fail)
+    }
+
+    /// `escalation_tier_hint` under `cleveragents-v2`: the item's tier, except on a
+    /// first attempt when the policy's `tier_estimator` lets the worker estimate it.
+    fn tier_hint(&self, item: &WorkItem) -> Option<u8> {
+        let estimator = self.policy.for_repo(&item.repo).tier_estimator;
+        let first = item.attempt <= 1 && item.context.attempts.is_empty();
+        (!(estimator && first)).then_some(item.tier)
+    }
+
+    /// The merge gates' figures of `item`'s PR.
+    fn gates(&self, item: &WorkItem, ctx: &AgentContext) -> Gates {
+        let policy = self.policy.for_repo(&item.repo);
+        let bot_pr = ctx
+            .pr
+            .as_ref()
+            .and_then(|p| p.author.parse::<crate::core::ids::Login>().ok())
+            .is_some_and(|l| policy.is_bot_author(&l));
+        let mut approvers: Vec<&str> = ctx
+            .reviews
+            .iter()
+            .filter(|r| r.state == "APPROVED" && !r.stale && !r.dismissed)
+            .map(|r| r.reviewer.as_str())
+            .collect();
+        approvers.sort_unstable();
+        approvers.dedup();
+        Gates {
+            approvals_had: approvers.len(),
+            approvals_needed: if bot_pr {
+                policy.approvals_bot
+            } else {
+                policy.approvals_human
+            },
+            checks_green: ctx.checks.iter().filter(|c| c.state == "success").count(),
+        }
     }
 }
 
@@ -319,6 +425,52 @@ fn mark_commenters(
 /// The built-in template of `kind`.
 fn builtin_name(kind: WorkKind) -> String {
     format!("{BUILTIN_PREFIX}{}.md.j2", kind.as_str())
+}
+
+/// The built-in template of `kind` under `profile`: `review` work keeps Shepherd's
+/// reviewer prompt (it goes to the reviewer agent, never to the v2 worker).
+pub fn builtin_for(kind: WorkKind, profile: PromptProfile) -> String {
+    match profile {
+        PromptProfile::CleveragentsV2 if kind != WorkKind::Review => V2_TEMPLATE.to_owned(),
+        PromptProfile::CleveragentsV2 | PromptProfile::Shepherd => builtin_name(kind),
+    }
+}
+
+/// The agent of `item` under `profile`: under `cleveragents-v2`, `review` work goes to
+/// the reviewer agent (`SHEPHERD_REVIEW_AGENT`) when one is named; otherwise the
+/// policy's agent of the kind.
+pub fn agent_for<'a>(
+    policy: &'a crate::core::policy::Policy,
+    kind: WorkKind,
+    review_agent: Option<&'a str>,
+) -> &'a str {
+    match (policy.prompt_profile, kind, review_agent) {
+        (PromptProfile::CleveragentsV2, WorkKind::Review, Some(agent)) => agent,
+        _ => policy.agent_for(kind),
+    }
+}
+
+/// The title of the PR, or of the issue of `issue-impl` work (one line).
+fn work_title(ctx: &AgentContext) -> String {
+    ctx.pr
+        .as_ref()
+        .map(|p| p.title.clone())
+        .or_else(|| ctx.issue.as_ref().map(|i| i.title.clone()))
+        .unwrap_or_default()
+}
+
+/// The `unticked` filter: the unticked task-list items (`- [ ] …`, `* [ ] …`) of a
+/// text, each flattened to one line.
+pub fn unticked(text: Option<String>) -> Vec<String> {
+    text.unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            l.strip_prefix("- [ ]")
+                .or_else(|| l.strip_prefix("* [ ]"))
+                .map(super::context::one_line)
+        })
+        .collect()
 }
 
 /// minijinja's message with the chain of causes (an include's failure names the
@@ -362,182 +514,13 @@ pub fn fence_text(text: &str, lang: Option<&str>) -> String {
 }
 
 /// The sample work items overrides are checked against at start.
-mod samples {
-    use crate::agents::context::*;
-    use crate::core::effect::{
-        AttemptSummary, ChangeRequest, FailingCheck, ReviewRequest, WorkContext, WorkItem, WorkKind,
-    };
-    use crate::core::observation::CiState;
-
-    /// A full and a degraded sample of `kind`.
-    pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
-        let item = WorkItem {
-            id: "sample-owner:sample-repo:pr:1:2"
-                .parse()
-                .expect("a work id"),
-            kind,
-            repo: "sample-owner/sample-repo".parse().expect("a repository"),
-            number: 1,
-            head_sha: Some(
-                "0123456789abcdef0123456789abcdef01234567"
-                    .parse()
-                    .expect("a sha"),
-            ),
-            tier: 1,
-            tier_name: "codex".into(),
-            attempt: 2,
-            priority: kind.priority(),
-            claim_expires_at: 0,
-            limits: Default::default(),
-            context: WorkContext {
-                failing_checks: vec![FailingCheck {
-                    context: "ci / test".into(),
-                    state: CiState::Failure,
-                    description: "Failing after 1m".into(),
-                    target_url: "/o/r/actions/runs/1/jobs/0".into(),
-                }],
-                change_requests: vec![ChangeRequest {
-                    review_id: 9,
-                    reviewer: "reviewer".parse().expect("a login"),
-                    body: "Please rename it.".into(),
-                }],
-                attempts: vec![AttemptSummary {
-                    kind,
-                    tier: 0,
-                    outcome: "failed".into(),
-                    signature: "ci / test=failure".into(),
-                    summary: Some("Tried a fix.".into()),
-                    started_at: Some(0),
-                }],
-                note: None,
-                review: (kind == WorkKind::Review).then(|| ReviewRequest {
-                    reviewer: "reviewer-agent".parse().expect("a login"),
-                    round: 2,
-                    max_rounds: 3,
-                }),
-                author_trusted: Some(false),
-            },
-        };
-        let text = |s: &str| s.to_owned();
-        let full = AgentContext {
-            repo: text("sample-owner/sample-repo"),
-            owner: text("sample-owner"),
-            name: text("sample-repo"),
-            pr: (kind != WorkKind::IssueImpl).then(|| PrContext {
-                number: 1,
-                title: text("A change"),
-                body: text("Closes #2"),
-                author: text("author"),
-                head_ref: text("feature"),
-                head_sha: text("0123456789abcdef0123456789abcdef01234567"),
-                base_ref: text("main"),
-                base_sha: text("89abcdef0123456789abcdef0123456789abcdef"),
-                state: text("open"),
-                draft: false,
-                url: text("https://forgejo.example/o/r/pulls/1"),
-                untrusted: text(UNTRUSTED_AUTHOR),
-            }),
-            issue: (kind == WorkKind::IssueImpl).then(|| issue(1)),
-            diff: Some(text("diff --git a/x b/x\n")),
-            diff_truncated: false,
-            files: vec![FileContext {
-                filename: text("x"),
-                status: text("changed"),
-                additions: 1,
-                ..FileContext::default()
-            }],
-            files_omitted: 1,
-            ci_state: text("failure"),
-            checks: vec![CheckContext {
-                context: text("ci / test"),
-                state: text("failure"),
-                description: text("Failing after 1m"),
-                target_url: text("https://forgejo.example/o/r/actions/runs/1/jobs/0"),
-                failing: true,
-            }],
-            checks_omitted: 1,
-            failing_checks: Vec::new(),
-            change_requests: vec![ChangeRequestContext {
-                review_id: 9,
-                reviewer: text("reviewer"),
-                body: text("Please rename it."),
-                comments: vec![ReviewCommentContext {
-                    author: text("reviewer"),
-                    path: text("x"),
-                    line: 3,
-                    body: text("here"),
-                    diff_hunk: text("@@ -1 +1 @@"),
-                }],
-                comments_omitted: 1,
-                comments_unavailable: Some(text("HTTP 500")),
-            }],
-            change_requests_omitted: 1,
-            reviews: vec![crate::agents::review::EarlierReview {
-                id: 8,
-                reviewer: text("reviewer-agent"),
-                state: text("REQUEST_CHANGES"),
-                commit_id: text("89abcdef0123456789abcdef0123456789abcdef"),
-                submitted_at: text("2020-01-01T00:00:00+00:00"),
-                stale: true,
-                dismissed: false,
-                body: text("Handle the empty list."),
-            }],
-            reviews_omitted: 1,
-            comments: vec![CommentContext {
-                id: 5,
-                author: text("someone"),
-                created_at: text("2020-01-01T00:00:00+00:00"),
-                body: text("A comment"),
-                untrusted: text(UNTRUSTED_COMMENTER),
-            }],
-            comments_omitted: 1,
-            comments_since: Some(text("2020-01-01T00:00:00.000Z")),
-            linked_issues: vec![issue(2)],
-            linked_issues_omitted: 1,
-            attempts: vec![AttemptContext {
-                kind: text(kind.as_str()),
-                tier: 0,
-                outcome: text("failed"),
-                signature: text("ci / test=failure"),
-                summary: text("Tried a fix."),
-                started_at: text("2020-01-01T00:00:00.000Z"),
-            }],
-            unavailable: Default::default(),
-            head_moved_to: Some(text("fedcba9876543210fedcba9876543210fedcba98")),
-        };
-        let mut degraded = AgentContext {
-            repo: full.repo.clone(),
-            owner: full.owner.clone(),
-            name: full.name.clone(),
-            pr: full.pr.clone(),
-            issue: full.issue.clone(),
-            ..AgentContext::default()
-        };
-        for piece in [
-            "diff",
-            "files",
-            "checks",
-            "reviews",
-            "comments",
-            "linked_issues",
-        ] {
-            degraded.unavailable.insert(piece.into(), text("HTTP 500"));
-        }
-        [(item.clone(), full), (item, degraded)]
-    }
-
-    fn issue(number: u64) -> IssueContext {
-        IssueContext {
-            number,
-            title: "An issue".into(),
-            body: "Something to do.".into(),
-            author: "reporter".into(),
-            state: "open".into(),
-            url: format!("https://forgejo.example/o/r/issues/{number}"),
-        }
-    }
-}
+#[path = "prompt_samples.rs"]
+mod samples;
 
 #[cfg(test)]
 #[path = "prompt_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "profile_tests.rs"]
+mod profile_tests;

@@ -16,10 +16,7 @@ const PR_SECTIONS: [&str; 7] = [
 ];
 
 fn params() -> PromptParams {
-    PromptParams {
-        forgejo_url: "https://forge.example.org/".into(),
-        forgejo_pat: None,
-    }
+    PromptParams::new("https://forge.example.org/")
 }
 
 fn sample(kind: WorkKind) -> (WorkItem, AgentContext) {

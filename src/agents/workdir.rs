@@ -2,6 +2,7 @@
 //! the result file's path, the command line with its placeholders filled in, and the
 //! environment (the allow-listed part of the runner's, plus the item's variables).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use secrecy::SecretString;
@@ -130,6 +131,11 @@ pub fn invocation(
     {
         env.push(("SHEPHERD_AGENT_FORGEJO_TOKEN".into(), expose(token).into()));
     }
+    if shared.policy.for_repo(&item.repo).prompt_profile
+        == crate::core::policy::PromptProfile::CleveragentsV2
+    {
+        env.extend(worker_env(&shared.agents));
+    }
     Invocation {
         argv: expand(&shared.agents.command, &placeholders),
         env,
@@ -137,6 +143,27 @@ pub fn invocation(
         stdin: prompt,
         run_as: None,
     }
+}
+
+/// The variables the `cleveragents-v2` worker's `printenv` fallback reads (seed 004,
+/// "Fallback to environment variables"): `GIT_USER_NAME` and `GIT_USER_EMAIL` when
+/// configured, `FORGEJO_PAT` (the agent user's token, never Shepherd's) only when
+/// credentials are opted in.
+pub fn worker_env(agents: &crate::config::AgentsConfig) -> Vec<(OsString, OsString)> {
+    let (name, email) = &agents.git_identity;
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    if let Some(n) = name {
+        env.push(("GIT_USER_NAME".into(), n.into()));
+    }
+    if let Some(e) = email {
+        env.push(("GIT_USER_EMAIL".into(), e.into()));
+    }
+    if agents.credentials
+        && let Some(token) = &agents.forgejo_token
+    {
+        env.push(("FORGEJO_PAT".into(), expose(token).into()));
+    }
+    env
 }
 
 /// The work item's variables ([`AGENT_VARS`], in that order).

@@ -335,6 +335,23 @@ policy_settings! {
     /// The model id (`{model}` of `shepherd agents`) of each tier, by tier name; a
     /// tier not listed uses its name as the model id.
     models: BTreeMap<String, String> = BTreeMap::new();
+    /// The prompt contract: `shepherd` (Shepherd's sections) or `cleveragents-v2`
+    /// (the `implementation-worker` v2 contract; docs/cleveragents-v2.md).
+    prompt_profile: PromptProfile = PromptProfile::Shepherd;
+    /// The agents estimate the first attempt's tier themselves: under
+    /// `cleveragents-v2` a first attempt's prompt has no `escalation_tier_hint`.
+    tier_estimator: bool = false;
+}
+
+/// Which prompt contract the agents get (`prompt_profile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptProfile {
+    /// Shepherd's own prompt (templates per work kind).
+    Shepherd,
+    /// The cleveragents `implementation-worker` v2 contract.
+    #[serde(rename = "cleveragents-v2")]
+    CleveragentsV2,
 }
 
 /// The agent of a work kind the policy's `agents` table does not name.
@@ -849,6 +866,29 @@ mod tests {
     fn out_of_range_values_are_named() {
         let err = PolicyFile::from_toml("[repos.\"a/b\"]\ntiers = []\n").unwrap_err();
         assert!(err.to_string().contains("repos.\"a/b\".tiers"), "{err}");
+    }
+
+    #[test]
+    fn prompt_profile_and_tier_estimator() {
+        let file = PolicyFile::from_toml(
+            r#"
+            [defaults]
+            prompt_profile = "cleveragents-v2"
+            tier_estimator = true
+            [repos."o/plain"]
+            prompt_profile = "shepherd"
+            "#,
+        )
+        .expect("valid");
+        let repo = "o/r".parse().expect("a repository");
+        let p = file.for_repo(&repo);
+        assert_eq!(p.prompt_profile, PromptProfile::CleveragentsV2);
+        assert!(p.tier_estimator);
+        let plain = file.for_repo(&"o/plain".parse().expect("a repository"));
+        assert_eq!(plain.prompt_profile, PromptProfile::Shepherd);
+        assert_eq!(Policy::default().prompt_profile, PromptProfile::Shepherd);
+        assert!(!Policy::default().tier_estimator);
+        assert!(PolicyFile::from_toml("[defaults]\nprompt_profile = \"v3\"").is_err());
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub fn endpoint(method: &str, path: &str) -> String {
             (_, _, "pulls" | "issues") if seg.parse::<u64>().is_ok() => "{index}",
             (_, _, "comments" | "reviews" | "labels") if seg.parse::<u64>().is_ok() => "{id}",
             (_, _, "labels") if i + 1 == segs.len() && prev_is_issue_labels(&segs, i) => "{id}",
+            (_, _, "runs") if seg.parse::<u64>().is_ok() => "{run_id}",
+            (_, _, "jobs") if seg.parse::<u64>().is_ok() => "{job_id}",
             (_, _, "commits") => "{ref}",
             (_, _, "statuses") => "{sha}",
             (_, _, "collaborators") => "{collaborator}",

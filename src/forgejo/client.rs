@@ -66,6 +66,9 @@ pub(super) struct Inner {
     pub(super) labels: Mutex<HashMap<String, Arc<LabelCache>>>,
     /// `shepherd_forgejo_api_calls_total{endpoint, cause}`, when metrics are on.
     calls: Option<prometheus::IntCounterVec>,
+    /// The instance's version (`GET /version`), read once on first need
+    /// ([`super::actions`]): which Actions routes exist depends on it.
+    pub(super) version: tokio::sync::OnceCell<String>,
 }
 
 /// A successful answer: status, `X-Total-Count`, and the body.
@@ -120,6 +123,7 @@ impl ForgejoClient {
                 breaker: CircuitBreaker::new(host, options.breaker, gauge),
                 labels: Mutex::new(HashMap::new()),
                 calls: options.metrics.as_ref().map(|m| m.forgejo_calls.clone()),
+                version: tokio::sync::OnceCell::new(),
             }),
             cause: Cause::Other,
         })
@@ -304,6 +308,63 @@ impl ForgejoClient {
             text.truncate(trimmed);
         }
         Ok((text, longer))
+    }
+
+    /// `GET path` (text/plain) asking for its last `tail` bytes (`Range: bytes=-N`,
+    /// which Go's `http.ServeContent` answers with 206 and `Content-Range`), through
+    /// the circuit breaker: at most `tail` bytes (the end of the body when a server
+    /// ignores the range and answers 200, reading on without keeping more), and the
+    /// body's whole length when the answer says it. 416 (an empty log) is empty text.
+    #[instrument(skip_all, fields(path = %path))]
+    pub(super) async fn get_text_tail(
+        &self,
+        path: &str,
+        tail: usize,
+    ) -> Result<(Vec<u8>, Option<u64>), ForgejoError> {
+        self.inner.breaker.acquire()?;
+        self.count(&Method::GET, path);
+        let result = self.get_text_tail_once(path, tail).await;
+        self.inner.breaker.record(&result);
+        result
+    }
+
+    async fn get_text_tail_once(
+        &self,
+        path: &str,
+        tail: usize,
+    ) -> Result<(Vec<u8>, Option<u64>), ForgejoError> {
+        let method = Method::GET;
+        let transport = |e: reqwest::Error| transport_error(&method, path, e);
+        let mut resp = self
+            .request(&method, path, &[], "text/plain")?
+            .header(reqwest::header::RANGE, format!("bytes=-{tail}"))
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = resp.status().as_u16();
+        if status == 416 {
+            return Ok((Vec::new(), Some(0)));
+        }
+        let retry_after = retry_after_of(&resp);
+        // `Content-Range: bytes a-b/total` (206), else `Content-Length` (200).
+        let total = resp
+            .headers()
+            .get(reqwest::header::CONTENT_RANGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit_once('/'))
+            .and_then(|(_, t)| t.trim().parse().ok())
+            .or_else(|| (status == 200).then(|| resp.content_length()).flatten());
+        let mut bytes: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() > tail {
+                bytes.drain(..bytes.len() - tail);
+            }
+        }
+        if !(200..300).contains(&status) {
+            return Err(status_error(status, &method, path, &bytes, retry_after));
+        }
+        Ok((bytes, total))
     }
 
     /// `GET path` decoded as `T`.

@@ -1,6 +1,7 @@
 //! Forgejo REST client for exactly the endpoints effects need, with typed errors.
 //!
 //! ```text
+//! actions.rs    Forgejo Actions: the version (read once), runs, a run's jobs, a job's log tail
 //! client.rs     ForgejoClient: auth, timeout, user agent, one request, decoding, paging
 //! endpoints.rs  PRs, reviews, combined status / statuses, comments, permission, version
 //! context.rs    the agents' context: raw diff, changed files, review comments, comments since
@@ -8,6 +9,7 @@
 //! merge.rs      POST …/merge → MergeOutcome; GET …/merge
 //! queue.rs      the merge queue: POST …/pulls/{n}/update, a branch's tip, merge settings
 //! reviews.rs    POST …/pulls/{n}/reviews: a reviewer agent's formal review
+//! dependencies.rs  the issues an issue blocks (where its Epic is)
 //! convert.rs    answers as core::payload structs (From impls)
 //! breaker.rs    circuit breaker per host (fail fast while the host is down)
 //! calls.rs      why a call was made (Cause) and its endpoint template, for the call metrics
@@ -20,11 +22,13 @@
 //! the key `status`, merge body keys `Do` / `head_commit_id`, never `force_merge`).
 
 mod batch;
+mod actions;
 mod breaker;
 mod calls;
 mod client;
 mod context;
 mod convert;
+mod dependencies;
 mod endpoints;
 mod error;
 mod labels;
@@ -34,6 +38,7 @@ mod reviews;
 mod types;
 
 pub use batch::{BranchCreated, ManualMerge};
+pub use actions::{ActionRun, ActionRunJob, ForgejoVersion, JOB_LOGS_SINCE, LogTail};
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use calls::{Cause, endpoint};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};

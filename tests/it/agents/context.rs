@@ -33,10 +33,7 @@ pub(super) fn client(fake: &FakeForgejo) -> ForgejoClient {
 
 /// The parameters of the test prompts (no token handed to agents).
 pub(super) fn params(fake: &FakeForgejo) -> PromptParams {
-    PromptParams {
-        forgejo_url: fake.url(),
-        forgejo_pat: None,
-    }
+    PromptParams::new(&fake.url())
 }
 
 /// A work item of `kind` for `number` at `head`, with one earlier attempt that

@@ -23,11 +23,14 @@
 
 mod bench;
 mod binding;
+mod ci_logs;
 mod context;
 mod e2e;
+mod epic;
 mod hostile_agent;
 mod opencode;
 mod opencode_loop;
+mod profile_v2;
 mod review_e2e;
 mod review_runner;
 mod runner;

@@ -17,8 +17,10 @@
 //! [`FakeForgejo::push`], [`FakeForgejo::set_status`], …), build the matching webhook
 //! with the payload builders, and assert on [`FakeForgejo::calls`] and the model.
 
+pub mod actions;
 mod api_log;
 pub mod batch;
+mod dependencies;
 pub mod faults;
 mod merge;
 pub mod model;

@@ -421,6 +421,10 @@ pub struct Model {
     pub merges: Vec<MergeRecord>,
     /// Users by login → id (assigned on first sight).
     pub users: BTreeMap<String, i64>,
+    /// The version, Actions runs, jobs and logs.
+    pub actions: super::actions::Actions,
+    /// Issue dependencies: `(repo, blocker, blocked)` (blocked depends on blocker).
+    pub dependencies: Vec<(String, u64, u64)>,
 }
 
 impl Model {

@@ -54,6 +54,9 @@ pub struct Reply {
     pub retry_after: Option<String>,
     /// A `text/plain` body instead of JSON (a raw diff).
     pub text: Option<String>,
+    /// Further headers (`Content-Range`, `Accept-Ranges`); boxed to keep a `Reply`
+    /// small (it is the error type of some routes' helpers).
+    pub headers: Box<[(String, String)]>,
 }
 
 impl Reply {
@@ -65,6 +68,7 @@ impl Reply {
             total: None,
             retry_after: None,
             text: None,
+            headers: Box::default(),
         }
     }
 
@@ -76,6 +80,7 @@ impl Reply {
             total: None,
             retry_after: None,
             text: None,
+            headers: Box::default(),
         }
     }
 
@@ -93,6 +98,14 @@ impl Reply {
             text: Some(text),
             ..Self::empty(status)
         }
+    }
+
+    /// The answer with one more header.
+    pub fn header(mut self, name: &str, value: String) -> Self {
+        let mut all = self.headers.into_vec();
+        all.push((name.to_owned(), value));
+        self.headers = all.into_boxed_slice();
+        self
     }
 
     /// 404 as Forgejo words it.
@@ -155,7 +168,7 @@ async fn answer(
     }
     // `GET /version` needs no token (Forgejo's miscellaneous routes).
     if method == "GET" && path == "/version" && request_token(req, query).is_none() {
-        return version();
+        return super::actions::version(&lock(&shared.model));
     }
     let Some(doer) = authorized(req, query, shared) else {
         return Reply::error(401, "token is required");
@@ -185,6 +198,17 @@ async fn answer(
         None => {}
     }
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if let ("GET", ["repos", owner, name, rest @ ..]) = (method, segs.as_slice()) {
+        let range = req.headers().get("range").and_then(|v| v.to_str().ok());
+        let mut model = lock(&shared.model);
+        let repo = format!("{owner}/{name}");
+        if model.repos.contains_key(&repo)
+            && let Some(reply) = super::actions::route(&mut model, &repo, rest, query, range)
+                .or_else(|| super::dependencies::route(&model, &repo, rest, query))
+        {
+            return reply;
+        }
+    }
     let reply = {
         let mut model = lock(&shared.model);
         let reply = route(&mut model, &doer, method, &segs, query, body);
@@ -287,11 +311,6 @@ fn scope_refusal(
     ))
 }
 
-/// `GET /version`.
-fn version() -> Reply {
-    Reply::json(200, json!({"version": "15.0.3+gitea-1.22.0"}))
-}
-
 fn to_response(reply: Reply) -> HttpResponse {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut builder = HttpResponse::build(status);
@@ -300,6 +319,9 @@ fn to_response(reply: Reply) -> HttpResponse {
     }
     if let Some(ra) = reply.retry_after {
         builder.insert_header(("Retry-After", ra));
+    }
+    for (k, v) in reply.headers.into_vec() {
+        builder.insert_header((k, v));
     }
     match (reply.text, reply.body) {
         (Some(t), _) => builder.content_type("text/plain; charset=utf-8").body(t),
@@ -341,7 +363,7 @@ fn route(
     body: &Value,
 ) -> Reply {
     match (method, segs) {
-        ("GET", ["version"]) => version(),
+        ("GET", ["version"]) => super::actions::version(model),
         ("GET", ["user"]) => Reply::json(200, render::user(model, bot)),
         ("GET", ["repos", "search"]) => search_repos(model, query),
         ("GET", ["repos", "issues", "search"]) => search_issues(model, query),
