@@ -156,6 +156,8 @@ fn parse_line(line: &str) -> Option<Command> {
 /// command is ignored.
 fn branch_word(word: &str) -> Option<String> {
     (word.len() <= 255 && !word.contains('`')).then(|| word.to_owned())
+}
+
 /// The amount of `/shepherd budget +<amount>` (`unit`: an optional next word,
 /// `usd` or `tokens`): positive, finite and at most the grant bounds.
 fn parse_grant(amount: &str, unit: Option<&str>) -> Option<Command> {

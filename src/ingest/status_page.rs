@@ -496,6 +496,8 @@ fn budget_cell(b: Option<&BudgetLeft>) -> String {
         });
     }
     parts.join(" · ")
+}
+
 /// A held work item's state, with the volume cap that holds a waiting one back
 /// (issue 28: its run record's note says which).
 fn agent_state(a: &crate::store::agent_runs::AgentRun) -> String {

@@ -279,6 +279,7 @@ fn execute(
                 by: by.to_string(),
                 action: FreezeAction::Unfreeze,
             });
+        }
         Command::Budget { usd_micros, tokens } => {
             let more = crate::core::budget::Grant {
                 usd_micros: *usd_micros,
