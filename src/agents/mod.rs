@@ -103,6 +103,16 @@ pub async fn run(
     let forgejo = ForgejoClient::from_config(&config, Some(metrics.clone()))
         .context("shepherd agents reads each work item's context from Forgejo")?
         .with_cause(crate::forgejo::Cause::Agent);
+    // The version decides once whether job logs can be read (`ci_logs`); a failed
+    // read is tried again on the first failing Actions check.
+    match forgejo.forgejo_version().await {
+        Ok(v) => tracing::info!(
+            version = %v.text,
+            job_logs = v.serves_job_logs(),
+            "Forgejo version read"
+        ),
+        Err(e) => tracing::warn!(error = %e, "the Forgejo version could not be read"),
+    }
     let policy = Arc::new(crate::config::load_policy(&config)?);
     let reviewers = reviewer_clients(&config, &agents, &policy, &metrics)?;
     let templates = prompt::Templates::load(&policy)?;
