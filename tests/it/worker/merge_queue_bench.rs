@@ -186,9 +186,12 @@ async fn one_run(set: &Settings, k: usize, p: f64, f: f64) -> Figures {
         // The serial queue: the share of its CI runs that passed.
         None => (green_after - green_before) as f64 / runs.max(1) as f64,
     };
+    // A pair breaks whichever of the two is tested on top of the other: the one
+    // ejected while its partner merged is a culprit, any other ejection is a flake's.
     let culprits: Vec<u64> = (breaks.iter())
+        .flat_map(|&(a, b)| [(a, b), (b, a)])
         .filter(|(_, other)| merged.contains(other))
-        .map(|(c, _)| *c)
+        .map(|(c, _)| c)
         .collect();
     let flaky_alone = parked.iter().filter(|n| !culprits.contains(n)).count();
     let flaky_runs = s.fake.with_model(|m| {
