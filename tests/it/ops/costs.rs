@@ -117,7 +117,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     assert_eq!(report(&s, &w1, &usage(9_999, 9_999, 999_999)).await, 409);
     // A replayed result event goes through the core again, not through the ledger.
     let replay = s.cli_json(&["replay", "--delivery", &format!("result:{w1}"), "--json"]);
-    let original = replay["replayed"][0]["original"].as_str().unwrap().to_owned();
+    let original = replay["replayed"][0]["original"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     s.wait_history(n, "the replayed result is committed", |h| {
         h.get("replay") == Some(&original)
     })
@@ -173,7 +176,12 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     };
     let served: Value = admin("?days=1").await.unwrap().json().await.unwrap();
     assert_eq!(served, costs);
-    let csv = admin("?days=1&format=csv").await.unwrap().text().await.unwrap();
+    let csv = admin("?days=1&format=csv")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let cli_csv = String::from_utf8(s.cli(&["costs", "--days", "1", "--csv"]).stdout).unwrap();
     assert_eq!(csv, cli_csv);
     assert!(
@@ -182,7 +190,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
         "{csv}"
     );
     assert_eq!(admin("?days=nope").await.unwrap().status().as_u16(), 400);
-    assert_eq!(admin("?days=1&bogus=1").await.unwrap().status().as_u16(), 400);
+    assert_eq!(
+        admin("?days=1&bogus=1").await.unwrap().status().as_u16(),
+        400
+    );
     let anonymous = s
         .http
         .get(s.app.url("/api/v1/admin/costs"))
@@ -201,7 +212,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     assert_eq!(runs[0]["usage"]["model"], "stub/model");
     assert_eq!(inspected["costs"]["total"]["usd_micros"], 2_500);
     let text = String::from_utf8(s.cli(&["inspect", &format!("{REPO}#{m}")]).stdout).unwrap();
-    assert!(text.contains("cost      $0.002500 so far, 1 runs"), "{text}");
+    assert!(
+        text.contains("cost      $0.002500 so far, 1 runs"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("{w2} ci-fix tier 0 failed")) && text.contains("3000 in / 400 out"),
         "{text}"
@@ -236,6 +250,74 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     let other = s.cli_json(&["costs", "--repo", "other/repo", "--json"]);
     assert!(other["repos"].as_array().unwrap().is_empty());
     assert_eq!(other["total"]["runs"], 0);
-    let long_ago = s.cli_json(&["costs", "--from", "2001-01-01", "--to", "2001-01-31", "--json"]);
+    let long_ago = s.cli_json(&[
+        "costs",
+        "--from",
+        "2001-01-01",
+        "--to",
+        "2001-01-31",
+        "--json",
+    ]);
     assert!(long_ago["prs"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn budget_left_shows_on_the_status_page_and_in_the_remaining_budget_gauge() {
+    use std::io::Write as _;
+    let mut policy = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        policy,
+        "{}budget_repo_daily_usd = 1.0\nbudget_instance_monthly_usd = 50.0\n",
+        crate::support::QUIET_POLICY
+    )
+    .unwrap();
+    let config = policy.path().to_str().unwrap().to_owned();
+    let s = Scenario::start(&[
+        ("SHEPHERD_AGENT_TOKEN", AGENT),
+        ("SHEPHERD_CONFIG", config.as_str()),
+    ])
+    .await;
+    let (n, w) = pr_with_work(&s, "Costly").await;
+    assert_eq!(report(&s, &w, &usage(10, 10, 250_000)).await, 202);
+    wait_folded(&s, n, &w).await;
+
+    let metrics = || async {
+        s.http
+            .get(s.app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let repo_line = format!("shepherd_budget_remaining_usd{{scope=\"repo-daily:{REPO}\"}} 0.75");
+    poll_until_named(WAIT, "the gauge is sampled after the run", || async {
+        metrics().await.contains(&repo_line)
+    })
+    .await;
+    let text = metrics().await;
+    assert!(
+        text.contains("shepherd_budget_remaining_usd{scope=\"instance-monthly\"} 49.75"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("scope=\"repo-monthly"),
+        "no series for a cap that is not set"
+    );
+
+    let status: Value = s
+        .http
+        .get(s.app.url("/api/v1/admin/status"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let left = &status["spend"][0]["budget_left"];
+    assert_eq!(left["usd_micros"], 750_000, "{status}");
+    assert_eq!(left["usd_scope"], "repo-daily");
+    drop(policy);
 }
