@@ -43,6 +43,9 @@ pub enum Command {
     Resync(ResyncArgs),
     /// Inspect and act on dead-lettered entries.
     Dlq(DlqArgs),
+    /// What the agents cost, from the ledger: per repository per UTC day, the PRs with
+    /// runs in the range by lifetime cost, per work kind and tier.
+    Costs(CostsArgs),
     /// Run the agent runner: consume work items (group `agents` on `<prefix>:dispatch`),
     /// run SHEPHERD_AGENT_COMMAND for each, report the results.
     Agents(AgentsArgs),
@@ -161,6 +164,33 @@ pub struct InspectArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Arguments of `costs`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("format").args(["json", "csv"])))]
+pub struct CostsArgs {
+    /// First day, YYYY-MM-DD (UTC); default: --days days up to --to.
+    #[arg(long, conflicts_with = "days")]
+    pub from: Option<String>,
+    /// Last day, YYYY-MM-DD (UTC); default: today.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Days up to --to (today included) when --from is not given [default: 7].
+    #[arg(long)]
+    pub days: Option<u32>,
+    /// Only this repository (`owner/name`).
+    #[arg(long)]
+    pub repo: Option<String>,
+    /// Most PRs (and issues) listed, most expensive first; 0 lists all [default: 20].
+    #[arg(long)]
+    pub top: Option<usize>,
+    /// Machine-readable output (JSON) on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// CSV on stdout: one header, one row per figure (column `section`).
+    #[arg(long)]
+    pub csv: bool,
 }
 
 /// Arguments of `rebuild`.

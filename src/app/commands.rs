@@ -3,7 +3,10 @@
 //! report (progress and summaries on stderr, `--json` or data on stdout). The admin API
 //! (`crate::ingest::admin`) runs the same `ops` functions and answers JSON.
 
-use crate::cli::{DlqAction, DlqArgs, InspectArgs, RebuildArgs, ReplayArgs, ResyncArgs};
+use crate::cli::{
+    CostsArgs, DlqAction, DlqArgs, InspectArgs, RebuildArgs, ReplayArgs, ResyncArgs,
+};
+use crate::ops::costs::{self, CostsRequest};
 use crate::ops::dlq::{drop_entries, list, replay_dead_letters, show};
 use crate::ops::inspect::{InspectReport, inspect, render_line, render_pr};
 use crate::ops::rebuild::{RebuildRequest, rebuild};
@@ -172,6 +175,27 @@ pub async fn dlq_cmd(ops: &Ops, args: &DlqArgs) -> anyhow::Result<()> {
                 print_json(&serde_json::json!({ "dropped": n }))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// `shepherd costs`: text tables, `--csv` or `--json` on stdout.
+pub async fn costs_cmd(ops: &Ops, args: &CostsArgs) -> anyhow::Result<()> {
+    let req = CostsRequest {
+        from: args.from.clone(),
+        to: args.to.clone(),
+        days: args.days,
+        repo: args.repo.clone(),
+        top: args.top,
+    };
+    let report = costs::costs(ops, &req, now_ms()).await?;
+    if args.json {
+        return print_json(&report);
+    }
+    if args.csv {
+        print!("{}", costs::render_csv(&report));
+    } else {
+        print!("{}", costs::render_text(&report));
     }
     Ok(())
 }

@@ -48,6 +48,7 @@ pub async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Rebuild(args) => commands::rebuild_cmd(&operator(config)?, &args).await,
         Command::Resync(args) => commands::resync_cmd(&operator(config)?, &args).await,
         Command::Dlq(args) => commands::dlq_cmd(&operator(config)?, &args).await,
+        Command::Costs(args) => commands::costs_cmd(&operator(config)?, &args).await,
         Command::Agents(args) => {
             let agents = args.settings.validate()?;
             agents_process(config, agents, args.consumer).await

@@ -30,6 +30,7 @@
 //! | `POST /api/v1/admin/dlq/retry` | `{"id": …}` or `{"all": true}` |
 //! | `POST /api/v1/admin/dlq/drop` | `{"id": …}` or `{"all": true}` |
 //! | `GET /api/v1/admin/status` | the status page's figures as JSON |
+//! | `GET /api/v1/admin/costs` | [`CostsRequest`] as query parameters (`from`, `to`, `days`, `repo`, `top`; `format=csv` for CSV) → `CostsReport` |
 
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ use subtle::ConstantTimeEq;
 use crate::config::Config;
 use crate::ingest::AppState;
 use crate::ingest::webhook::{IngestError, read_api_body};
+use crate::ops::costs::{self, CostsRequest};
 use crate::ops::rebuild::{self, RebuildRequest};
 use crate::ops::replay::{self, ReplayRequest};
 use crate::ops::resync::{self, ResyncRequest};
@@ -166,6 +168,7 @@ pub fn routes(
                     .route("/rebuild", web::post().to(rebuild_handler))
                     .route("/resync", web::post().to(resync_handler))
                     .route("/status", web::get().to(status_handler))
+                    .route("/costs", web::get().to(costs_handler))
                     .route("/dlq", web::get().to(dlq_list))
                     .route("/dlq/retry", web::post().to(dlq_retry))
                     .route("/dlq/drop", web::post().to(dlq_drop))
@@ -258,6 +261,51 @@ async fn resync_handler(
 async fn status_handler(ops: web::Data<Ops>, req: HttpRequest) -> Result<HttpResponse, AdminError> {
     check(&ops.config, &req, None)?;
     Ok(ok(&status::overview(&ops).await?))
+}
+
+/// The query of `GET /api/v1/admin/costs`: the [`CostsRequest`]'s fields, and
+/// `format=csv` for CSV. (Spelled out, not `flatten`ed: a flattened struct would read
+/// the query's numbers as strings and refuse them.)
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct CostsQuery {
+    /// `json` (the default) or `csv`.
+    format: Option<String>,
+    /// [`CostsRequest::from`].
+    from: Option<String>,
+    /// [`CostsRequest::to`].
+    to: Option<String>,
+    /// [`CostsRequest::days`].
+    days: Option<u32>,
+    /// [`CostsRequest::repo`].
+    repo: Option<String>,
+    /// [`CostsRequest::top`].
+    top: Option<usize>,
+}
+
+async fn costs_handler(ops: web::Data<Ops>, req: HttpRequest) -> Result<HttpResponse, AdminError> {
+    check(&ops.config, &req, None)?;
+    // Parsed after the token matched, like every admin request.
+    let query = web::Query::<CostsQuery>::from_query(req.query_string())
+        .map_err(|e| AdminError::Ops(OpsError::BadRequest(format!("invalid query: {e}"))))?
+        .into_inner();
+    let request = CostsRequest {
+        from: query.from,
+        to: query.to,
+        days: query.days,
+        repo: query.repo,
+        top: query.top,
+    };
+    let report = costs::costs(&ops, &request, crate::ops::timefmt::now_ms()).await?;
+    match query.format.as_deref() {
+        None | Some("json") => Ok(ok(&report)),
+        Some("csv") => Ok(HttpResponse::Ok()
+            .content_type("text/csv; charset=utf-8")
+            .body(costs::render_csv(&report))),
+        Some(other) => Err(AdminError::Ops(OpsError::BadRequest(format!(
+            "format {other:?} is neither json nor csv"
+        )))),
+    }
 }
 
 async fn dlq_list(ops: web::Data<Ops>, req: HttpRequest) -> Result<HttpResponse, AdminError> {

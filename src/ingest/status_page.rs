@@ -3,8 +3,9 @@
 //!
 //! It shows open PRs grouped by phase (reason, age of the phase, tier, active work
 //! and claim expiry), the PRs that need a human, the agents running in the agent
-//! runners, queue depth and lag of every consumer group, the dead-letter count and the
-//! last resync time — the figures of [`crate::ops::status::overview`].
+//! runners, the agents' spending (per repository today, this month and the budget
+//! left; the most expensive open PRs), queue depth and lag of every consumer group,
+//! the dead-letter count and the last resync time — the figures of [`crate::ops::status::overview`].
 //!
 //! Access: off (404, stated in a log line at start) when no `SHEPHERD_ADMIN_TOKEN` is
 //! set, never public; otherwise the admin token as
@@ -19,6 +20,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 
 use super::admin::{AdminError, check};
+use crate::ops::costs::{BudgetLeft, Cost, dollars};
 use crate::ops::status::{Overview, PrSummary, by_phase};
 use crate::ops::timefmt::{duration, rfc3339};
 use crate::ops::{Ops, OpsError};
@@ -122,6 +124,7 @@ pub fn render(o: &Overview) -> String {
     merge_queues(&mut h, o);
     active_work(&mut h, o);
     running_agents(&mut h, o);
+    spend(&mut h, o);
     queues(&mut h, o);
     h.push_str("</body></html>\n");
     h
@@ -370,6 +373,86 @@ fn agent_state(a: &crate::store::agent_runs::AgentRun) -> String {
     }
 }
 
+/// Agent spending: per repository today, this month and the budget its caps leave;
+/// the most expensive open PRs.
+fn spend(h: &mut String, o: &Overview) {
+    h.push_str("<h2 id=\"spend\">Agent spending</h2>");
+    if o.spend.is_empty() {
+        h.push_str("<p class=\"muted\">No agent run counted this month.</p>");
+    } else {
+        h.push_str(
+            "<table><tr><th>Repository</th><th>Today</th><th>This month</th>\
+             <th>Budget left</th></tr>",
+        );
+        for r in &o.spend {
+            let _ = write!(
+                h,
+                "<tr class=\"spend\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.repo),
+                cost_cell(&r.today),
+                cost_cell(&r.month),
+                budget_cell(r.budget_left.as_ref())
+            );
+        }
+        h.push_str("</table>");
+    }
+    if o.expensive_prs.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h3 id=\"expensive-prs\">Most expensive open PRs</h3><table><tr><th>PR</th>\
+         <th>Title</th><th>Phase</th><th>Cost so far</th></tr>",
+    );
+    for p in &o.expensive_prs {
+        let _ = write!(
+            h,
+            "<tr class=\"expensive\"><td>{}#{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&p.repo),
+            p.number,
+            esc(&p.title),
+            esc(&p.phase),
+            cost_cell(&p.cost)
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// `$1.234567 · 3 runs · 12000 tokens`.
+fn cost_cell(c: &Cost) -> String {
+    format!(
+        "${} · {} runs · {} tokens",
+        dollars(c.usd_micros),
+        c.runs,
+        c.input_tokens.saturating_add(c.output_tokens)
+    )
+}
+
+/// What the repository's caps leave (`—` without a cap); past a cap in red.
+fn budget_cell(b: Option<&BudgetLeft>) -> String {
+    let Some(b) = b else {
+        return "—".to_owned();
+    };
+    let mut parts = Vec::new();
+    if let (Some(left), Some(scope)) = (b.usd_micros, &b.usd_scope) {
+        parts.push(if left < 0 {
+            format!(
+                "<span class=\"alert\">over by ${} ({scope})</span>",
+                dollars(left.unsigned_abs())
+            )
+        } else {
+            format!("${} ({scope})", dollars(left.unsigned_abs()))
+        });
+    }
+    if let (Some(left), Some(scope)) = (b.tokens, &b.tokens_scope) {
+        parts.push(if left < 0 {
+            format!("<span class=\"alert\">over by {} tokens ({scope})</span>", -left)
+        } else {
+            format!("{left} tokens ({scope})")
+        });
+    }
+    parts.join(" · ")
+}
+
 /// Queue depth and lag per stream and group.
 fn queues(h: &mut String, o: &Overview) {
     h.push_str(
@@ -595,5 +678,67 @@ mod tests {
             "{idle}"
         );
         assert!(idle.contains("No agent runner holds work."), "{idle}");
+    }
+
+    #[test]
+    fn renders_spending_per_repository_and_the_most_expensive_prs() {
+        use crate::ops::costs::{PrSpend, RepoSpend};
+        let cost = |usd_micros, runs| Cost {
+            usd_micros,
+            runs,
+            input_tokens: 100,
+            output_tokens: 20,
+            ..Cost::default()
+        };
+        let quiet = render(&Overview::default());
+        assert!(quiet.contains("No agent run counted this month."), "{quiet}");
+        assert!(!quiet.contains("Most expensive open PRs"));
+        let o = Overview {
+            spend: vec![
+                RepoSpend {
+                    repo: "o/r".into(),
+                    today: cost(1_500_000, 2),
+                    month: cost(9_000_000, 7),
+                    budget_left: Some(BudgetLeft {
+                        usd_micros: Some(-250_000),
+                        usd_scope: Some("repo-daily".into()),
+                        tokens: Some(800),
+                        tokens_scope: Some("repo-monthly".into()),
+                    }),
+                },
+                RepoSpend {
+                    repo: "o/<x>".into(),
+                    today: cost(0, 0),
+                    month: cost(12, 1),
+                    budget_left: None,
+                },
+            ],
+            expensive_prs: vec![PrSpend {
+                repo: "o/r".into(),
+                number: 4,
+                title: "Big <one>".into(),
+                phase: "ci-fix".into(),
+                cost: cost(4_000_000, 3),
+            }],
+            ..Overview::default()
+        };
+        let page = render(&o);
+        assert!(
+            page.contains(
+                "<tr class=\"spend\"><td>o/r</td><td>$1.500000 · 2 runs · 120 tokens</td>\
+                 <td>$9.000000 · 7 runs · 120 tokens</td><td><span class=\"alert\">over by \
+                 $0.250000 (repo-daily)</span> · 800 tokens (repo-monthly)</td></tr>"
+            ),
+            "{page}"
+        );
+        assert!(page.contains("<td>o/&lt;x&gt;</td>"), "escaped: {page}");
+        assert!(page.contains("<td>—</td></tr>"), "no cap: {page}");
+        assert!(
+            page.contains(
+                "<tr class=\"expensive\"><td>o/r#4</td><td>Big &lt;one&gt;</td><td>ci-fix</td>\
+                 <td>$4.000000 · 3 runs · 120 tokens</td></tr>"
+            ),
+            "{page}"
+        );
     }
 }

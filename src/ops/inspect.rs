@@ -11,6 +11,7 @@ use crate::store::Conn;
 use serde::{Deserialize, Serialize};
 
 use super::archive::{self, Archived};
+use super::costs::{Cost, dollars};
 use super::status::{self, PrSummary};
 use super::timefmt::{duration, now_ms, rfc3339};
 use super::{Ops, OpsError, PrTarget, parse_pr, parse_repo};
@@ -20,6 +21,7 @@ use crate::core::record::{Attempt, Hold, PrRecord};
 use crate::store::agent_runs::{self, AgentRun};
 use crate::store::commit::effect_fields;
 use crate::store::keys::EXECUTORS_GROUP;
+use crate::store::ledger::{self, RunEntry};
 use crate::store::streams;
 use crate::store::timers as store_timers;
 
@@ -63,8 +65,21 @@ pub struct Inspection {
     /// the latest attempt's, when a runner took it.
     #[serde(default)]
     pub agent: Option<AgentView>,
+    /// What the PR's agent runs cost (the ledger): its lifetime figures and each run
+    /// counted, with its usage, oldest first.
+    #[serde(default)]
+    pub costs: Option<PrCosts>,
     /// The record itself.
     pub record: serde_json::Value,
+}
+
+/// A PR's agent runs and what they cost (`store::ledger`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PrCosts {
+    /// The PR's lifetime figures.
+    pub total: Cost,
+    /// Each run counted, oldest first.
+    pub runs: Vec<RunEntry>,
 }
 
 /// A work item as an agent runner sees it.
@@ -160,8 +175,13 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         Some(id) => agent_view(ops, &mut conn, &id).await?,
         None => None,
     };
+    let (total, runs) = ledger::subject(&mut conn, &ops.keys, false, &t.repo, t.number).await?;
     Ok(Inspection {
         agent,
+        costs: (!runs.is_empty()).then(|| PrCosts {
+            total: total.into(),
+            runs,
+        }),
         summary,
         head_sha: head.map(|h| h.to_string()),
         ci,
@@ -310,6 +330,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
     if let Some(a) = &i.agent {
         out += &render_agent(a, now);
     }
+    if let Some(c) = &i.costs {
+        out += &render_costs(c);
+    }
     if let Some(h) = &i.hold {
         out += &format!(
             "hold      {}\n",
@@ -348,6 +371,41 @@ fn render_agent(a: &AgentView, now: i64) -> String {
         for line in tail.lines() {
             out += &format!("  | {line}\n");
         }
+    }
+    out
+}
+
+/// The `cost` lines of [`render_pr`]: the PR's cost so far and each run's usage.
+fn render_costs(c: &PrCosts) -> String {
+    let t = &c.total;
+    let mut out = format!(
+        "cost      ${} so far, {} runs ({} input, {} output tokens)\n",
+        dollars(t.usd_micros),
+        t.runs,
+        t.input_tokens,
+        t.output_tokens
+    );
+    for r in &c.runs {
+        let u = &r.usage;
+        out += &format!(
+            "  run     {} {} tier {} {} at {}: ${}, {} in / {} out / {} reasoning / {} cache-read / \
+             {} cache-write tokens, {} steps, {} tool calls, {}, model {}\n",
+            r.work_id,
+            r.kind,
+            r.tier,
+            r.outcome,
+            rfc3339(r.at_ms),
+            dollars(u.cost_micros),
+            u.input_tokens,
+            u.output_tokens,
+            u.reasoning_tokens,
+            u.cache_read_tokens,
+            u.cache_write_tokens,
+            u.steps,
+            u.tool_calls,
+            duration(i64::try_from(u.wall_ms).unwrap_or(i64::MAX)),
+            u.model.as_deref().unwrap_or("-")
+        );
     }
     out
 }

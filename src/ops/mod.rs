@@ -1,4 +1,4 @@
-//! Operator tools: replay, inspect, rebuild, resync, dead letters, status.
+//! Operator tools: replay, inspect, rebuild, resync, dead letters, status, costs.
 //!
 //! Every tool is a function of [`Ops`] (Redis, key layout, policy, configuration)
 //! taking a request and returning a serializable report, so the CLI (`crate::app::commands`,
@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! archive   reading the events streams (the archive) and decoding entries
+//! costs     what the agents cost, from the ledger: per repository and day, PRs, kinds, tiers
 //! replay    re-inject archived deliveries (or dead letters); --dry-run
 //! inspect   a PR's record, phase and why, CI, reviews, work, effects, timers, history
 //! rebuild   fold a PR's archived events from an empty record; diff; --apply (CAS)
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod archive;
+pub mod costs;
 pub mod diff;
 pub mod dlq;
 pub mod doctor;

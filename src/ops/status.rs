@@ -1,7 +1,8 @@
 //! The figures behind the status page and `inspect owner/repo`: one summary line per
 //! open PR (phase, reason, age of the phase, active work, tier), queue depth and lag
 //! of every consumer group, dead-letter counts, the last resync time, and the work
-//! items the agent runners (`shepherd agents`) hold.
+//! items the agent runners (`shepherd agents`) hold, and the agents' spending (the
+//! ledger: per repository, and the most expensive open PRs).
 
 use std::collections::HashMap;
 
@@ -258,6 +259,13 @@ pub struct Overview {
     /// The merge queues of every known repository (policy `merge_queue`).
     #[serde(default)]
     pub merge_queues: Vec<BranchQueueSummary>,
+    /// Agent spending per repository (the ledger): today, this month, what its caps
+    /// leave; repositories with no spending this month and no cap are left out.
+    #[serde(default)]
+    pub spend: Vec<super::costs::RepoSpend>,
+    /// The most expensive open PRs (lifetime cost), most expensive first.
+    #[serde(default)]
+    pub expensive_prs: Vec<super::costs::PrSpend>,
 }
 
 /// How old a runner's heartbeat may be for its items to show as live: its heartbeat
@@ -403,10 +411,13 @@ pub async fn overview(ops: &Ops) -> Result<Overview, OpsError> {
     out.agents = agent_runs::live(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
     out.unsandboxed_runners =
         agent_runs::unsandboxed_runners(&mut conn, &ops.keys, now, agents_fresh(ops)).await?;
-    for repo in super::resync::known(ops).await? {
-        out.prs.extend(repo_prs(ops, &repo).await?);
-        out.merge_queues.extend(repo_queues(ops, &repo).await?);
+    let repos = super::resync::known(ops).await?;
+    for repo in &repos {
+        out.prs.extend(repo_prs(ops, repo).await?);
+        out.merge_queues.extend(repo_queues(ops, repo).await?);
     }
+    (out.spend, out.expensive_prs) =
+        super::costs::spend_overview(ops, &repos, &out.prs, now).await?;
     Ok(out)
 }
 

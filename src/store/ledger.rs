@@ -450,17 +450,18 @@ pub async fn subject(
     Ok((f, runs))
 }
 
-/// The lifetime figures of several PRs of the ledger (one pipeline on the ledger's
-/// slot), in the order asked; absent PRs read as zero.
-pub async fn pr_figures(
+/// The lifetime figures of several PRs (or issues) (one pipeline on the ledger's
+/// slot), in the order asked; absent ones read as zero.
+pub async fn subject_figures(
     conn: &mut Conn,
     keys: &Keys,
-    prs: &[(RepoName, u64)],
+    issue: bool,
+    subjects: &[(RepoName, u64)],
 ) -> Result<Vec<Figures>, StoreError> {
     let mut pipe = redis::pipe();
-    for (repo, number) in prs {
+    for (repo, number) in subjects {
         let mut cmd = redis::cmd("HMGET");
-        cmd.arg(subject_key(keys, false, repo, *number));
+        cmd.arg(subject_key(keys, issue, repo, *number));
         for m in METRICS {
             cmd.arg(m);
         }

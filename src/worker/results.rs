@@ -17,8 +17,13 @@ use tracing::instrument;
 
 use super::Context;
 use crate::core::event::{Event, WorkOutcome};
-use crate::core::ids::WorkId;
-use crate::core::record::{MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, bounded_text};
+use crate::core::ids::{RepoName, Scope, WorkId};
+use crate::core::record::{
+    MAX_REPORTED_SIGNATURE_BYTES, MAX_SUMMARY_BYTES, WorkState, bounded_text,
+};
+use crate::core::usage::Usage;
+use crate::store::commit;
+use crate::store::ledger::{self, RunEntry};
 use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::keys::RESULTS_GROUP;
 use crate::store::streams::{self, Entry};
@@ -46,7 +51,7 @@ pub struct ResultReport {
     pub summary: Option<String>,
     /// What the run consumed (issue 28), when the runner or the agent said.
     #[serde(default)]
-    pub usage: Option<crate::core::usage::Usage>,
+    pub usage: Option<Usage>,
     /// Why the runner stopped the agent, when it did.
     #[serde(default)]
     pub stopped: Option<crate::core::usage::StopReason>,
@@ -75,13 +80,21 @@ pub async fn submit(
     report: &ResultReport,
     marker_ttl: Duration,
 ) -> Result<Submitted, StoreError> {
-    let owner = match work::lookup(conn, keys, work_id).await? {
-        WorkLookup::Active(owner) | WorkLookup::Superseded(owner) => owner,
-        WorkLookup::Ended => return Ok(Submitted::Ended),
-        WorkLookup::Unknown => return Ok(Submitted::Unknown),
-    };
+    let lookup = work::lookup(conn, keys, work_id).await?;
+    if matches!(lookup, WorkLookup::Unknown) {
+        return Ok(Submitted::Unknown);
+    }
     let Ok(id) = work_id.parse::<WorkId>() else {
         return Ok(Submitted::Unknown);
+    };
+    // The money was spent whatever becomes of the report: counted before it (and even
+    // for work that has ended), once per work id.
+    if let Some(usage) = &report.usage {
+        count_usage(conn, keys, &id, &lookup, report.outcome, usage).await?;
+    }
+    let owner = match lookup {
+        WorkLookup::Active(owner) | WorkLookup::Superseded(owner) => owner,
+        WorkLookup::Ended | WorkLookup::Unknown => return Ok(Submitted::Ended),
     };
     let event = Event::WorkResult {
         work_id: id,
@@ -116,6 +129,84 @@ pub async fn submit(
             ReportOutcome::AlreadyReported => Submitted::AlreadyReported,
         },
     )
+}
+
+/// Adds a reported run's usage to the ledger (`store::ledger`), once per work id: a
+/// re-reported result finds its run already counted. The record (when it still has the
+/// work, active or among its attempts) gives the run's kind and tier for `costs`.
+async fn count_usage(
+    conn: &mut Conn,
+    keys: &Keys,
+    id: &WorkId,
+    lookup: &WorkLookup,
+    outcome: WorkOutcome,
+    usage: &Usage,
+) -> Result<(), StoreError> {
+    let (issue, repo, number) = match lookup {
+        WorkLookup::Active(o) | WorkLookup::Superseded(o) => match o.repo.parse::<RepoName>() {
+            Ok(repo) => (o.issue, repo, o.number),
+            Err(_) => return Ok(()),
+        },
+        // An ended claim's marker names no owner: the work id does.
+        WorkLookup::Ended | WorkLookup::Unknown => match id.subject() {
+            Some((repo, scope, number)) => (scope == Scope::Issue, repo, number),
+            None => return Ok(()),
+        },
+    };
+    let record_key = if issue {
+        keys.issue_record(repo.as_str(), number)
+    } else {
+        keys.pr_record(repo.as_str(), number)
+    };
+    let (kind, tier) = match commit::load(conn, &record_key).await? {
+        Some(stored) => kind_and_tier(&stored.data, id),
+        None => None,
+    }
+    .unwrap_or_else(|| ("unknown".to_owned(), 0));
+    let run = RunEntry {
+        work_id: id.to_string(),
+        repo,
+        number,
+        issue,
+        kind,
+        tier,
+        at_ms: streams::now_ms() as i64,
+        outcome: outcome_name(outcome).to_owned(),
+        usage: usage.clone(),
+    };
+    if !ledger::record(conn, keys, &run).await? {
+        tracing::info!(work_id = %id, "usage of this run already counted; not again");
+    }
+    Ok(())
+}
+
+/// The kind and tier of work `id` in a stored record's JSON: its active work item, or
+/// the attempt that ran it.
+fn kind_and_tier(data: &str, id: &WorkId) -> Option<(String, u8)> {
+    /// The part of a PR or issue record this needs.
+    #[derive(Deserialize)]
+    struct Held {
+        /// Its work bookkeeping.
+        work: WorkState,
+    }
+    let held: Held = serde_json::from_str(data).ok()?;
+    if let Some(a) = held.work.active.filter(|a| a.item.id == *id) {
+        return Some((a.item.kind.as_str().to_owned(), a.item.tier));
+    }
+    held.work
+        .attempts
+        .iter()
+        .find(|a| a.work_id == *id)
+        .map(|a| (a.kind.as_str().to_owned(), a.tier))
+}
+
+/// A reported outcome's contract name.
+fn outcome_name(o: WorkOutcome) -> &'static str {
+    match o {
+        WorkOutcome::Succeeded => "succeeded",
+        WorkOutcome::Failed => "failed",
+        WorkOutcome::NoChanges => "no-changes",
+    }
 }
 
 /// The results stream's handler: each entry is a report for [`submit`].

@@ -3,6 +3,7 @@
 //! `rebuild`, `resync` and `dlq` subcommands — plus the admin API over HTTP.
 
 mod admin;
+mod costs;
 mod hostile_input;
 mod rebuild;
 mod replay;

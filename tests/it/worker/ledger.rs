@@ -173,9 +173,10 @@ async fn ledger_counts_each_work_id_once_in_every_scope() {
         1_500,
         "the first report's usage, not the re-report's"
     );
-    let prs = ledger::pr_figures(
+    let prs = ledger::subject_figures(
         &mut conn,
         &keys,
+        false,
         &[(widgets.clone(), 12), ("acme/gadgets".parse().unwrap(), 3)],
     )
     .await
