@@ -3,9 +3,7 @@
 //! report (progress and summaries on stderr, `--json` or data on stdout). The admin API
 //! (`crate::ingest::admin`) runs the same `ops` functions and answers JSON.
 
-use crate::cli::{
-    CostsArgs, DlqAction, DlqArgs, InspectArgs, RebuildArgs, ReplayArgs, ResyncArgs,
-};
+use crate::cli::{CostsArgs, DlqAction, DlqArgs, InspectArgs, RebuildArgs, ReplayArgs, ResyncArgs};
 use crate::ops::costs::{self, CostsRequest};
 use crate::ops::dlq::{drop_entries, list, replay_dead_letters, show};
 use crate::ops::inspect::{InspectReport, inspect, render_line, render_pr};

@@ -445,7 +445,10 @@ fn budget_cell(b: Option<&BudgetLeft>) -> String {
     }
     if let (Some(left), Some(scope)) = (b.tokens, &b.tokens_scope) {
         parts.push(if left < 0 {
-            format!("<span class=\"alert\">over by {} tokens ({scope})</span>", -left)
+            format!(
+                "<span class=\"alert\">over by {} tokens ({scope})</span>",
+                -left
+            )
         } else {
             format!("{left} tokens ({scope})")
         });
@@ -691,7 +694,10 @@ mod tests {
             ..Cost::default()
         };
         let quiet = render(&Overview::default());
-        assert!(quiet.contains("No agent run counted this month."), "{quiet}");
+        assert!(
+            quiet.contains("No agent run counted this month."),
+            "{quiet}"
+        );
         assert!(!quiet.contains("Most expensive open PRs"));
         let o = Overview {
             spend: vec![

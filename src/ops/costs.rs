@@ -300,7 +300,14 @@ pub fn render_csv(r: &CostsReport) -> String {
     for g in &r.tiers {
         row("tier", &g.repo, "", "", &g.group, &g.cost);
     }
-    row("total", r.repo.as_deref().unwrap_or(""), "", "", "", &r.total);
+    row(
+        "total",
+        r.repo.as_deref().unwrap_or(""),
+        "",
+        "",
+        "",
+        &r.total,
+    );
     out
 }
 
@@ -573,8 +580,8 @@ mod tests {
         policy.budget_repo_monthly_usd = 10.0;
         policy.budget_repo_monthly_tokens = 1_000;
         // Today 1.5 of 2 spent; this month 9.8 of 10: the monthly cap is tighter.
-        let left = repo_budget_left(&policy, &spent(1_500_000, 100), &spent(9_800_000, 400))
-            .unwrap();
+        let left =
+            repo_budget_left(&policy, &spent(1_500_000, 100), &spent(9_800_000, 400)).unwrap();
         assert_eq!(left.usd_micros, Some(200_000));
         assert_eq!(left.usd_scope.as_deref(), Some("repo-monthly"));
         assert_eq!(left.tokens, Some(600));

@@ -23,9 +23,9 @@ use crate::core::record::{
 };
 use crate::core::usage::Usage;
 use crate::store::commit;
-use crate::store::ledger::{self, RunEntry};
 use crate::store::consumer::{self, Batch, Handled, Handler, Outcome, Source, Spec};
 use crate::store::keys::RESULTS_GROUP;
+use crate::store::ledger::{self, RunEntry};
 use crate::store::streams::{self, Entry};
 use crate::store::work::{self, ReportOutcome, ResultEvent, WorkLookup};
 use crate::store::{Keys, StoreError};

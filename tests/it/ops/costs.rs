@@ -117,7 +117,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     assert_eq!(report(&s, &w1, &usage(9_999, 9_999, 999_999)).await, 409);
     // A replayed result event goes through the core again, not through the ledger.
     let replay = s.cli_json(&["replay", "--delivery", &format!("result:{w1}"), "--json"]);
-    let original = replay["replayed"][0]["original"].as_str().unwrap().to_owned();
+    let original = replay["replayed"][0]["original"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     s.wait_history(n, "the replayed result is committed", |h| {
         h.get("replay") == Some(&original)
     })
@@ -173,7 +176,12 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     };
     let served: Value = admin("?days=1").await.unwrap().json().await.unwrap();
     assert_eq!(served, costs);
-    let csv = admin("?days=1&format=csv").await.unwrap().text().await.unwrap();
+    let csv = admin("?days=1&format=csv")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let cli_csv = String::from_utf8(s.cli(&["costs", "--days", "1", "--csv"]).stdout).unwrap();
     assert_eq!(csv, cli_csv);
     assert!(
@@ -182,7 +190,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
         "{csv}"
     );
     assert_eq!(admin("?days=nope").await.unwrap().status().as_u16(), 400);
-    assert_eq!(admin("?days=1&bogus=1").await.unwrap().status().as_u16(), 400);
+    assert_eq!(
+        admin("?days=1&bogus=1").await.unwrap().status().as_u16(),
+        400
+    );
     let anonymous = s
         .http
         .get(s.app.url("/api/v1/admin/costs"))
@@ -201,7 +212,10 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     assert_eq!(runs[0]["usage"]["model"], "stub/model");
     assert_eq!(inspected["costs"]["total"]["usd_micros"], 2_500);
     let text = String::from_utf8(s.cli(&["inspect", &format!("{REPO}#{m}")]).stdout).unwrap();
-    assert!(text.contains("cost      $0.002500 so far, 1 runs"), "{text}");
+    assert!(
+        text.contains("cost      $0.002500 so far, 1 runs"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("{w2} ci-fix tier 0 failed")) && text.contains("3000 in / 400 out"),
         "{text}"
@@ -236,6 +250,13 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     let other = s.cli_json(&["costs", "--repo", "other/repo", "--json"]);
     assert!(other["repos"].as_array().unwrap().is_empty());
     assert_eq!(other["total"]["runs"], 0);
-    let long_ago = s.cli_json(&["costs", "--from", "2001-01-01", "--to", "2001-01-31", "--json"]);
+    let long_ago = s.cli_json(&[
+        "costs",
+        "--from",
+        "2001-01-01",
+        "--to",
+        "2001-01-31",
+        "--json",
+    ]);
     assert!(long_ago["prs"].as_array().unwrap().is_empty());
 }
