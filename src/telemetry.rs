@@ -3,8 +3,8 @@
 //! and shared by reference, rendered at `GET /metrics`.
 
 use prometheus::{
-    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -65,6 +65,10 @@ pub struct Metrics {
     pub queue_gauges: IntGaugeVec,
     /// 1 while the circuit breaker for a Forgejo host is open.
     pub circuit_open: IntGaugeVec,
+    /// Dollars left under each budget cap that is set, by scope (`instance-daily`,
+    /// `org-monthly:<owner>`, `repo-daily:<owner/repo>`, …), sampled from the ledger;
+    /// negative past a cap.
+    pub budget_remaining_usd: GaugeVec,
     /// Forgejo API requests sent, by endpoint template and cause (`forgejo::Cause`).
     pub forgejo_calls: IntCounterVec,
     /// PRs the resync looked at, by what it did (`read` with the reason, or `skipped`).
@@ -355,6 +359,14 @@ impl Metrics {
             &["stream", "kind"],
         )
         .expect("valid metric");
+        let budget_remaining_usd = GaugeVec::new(
+            Opts::new(
+                "budget_remaining_usd",
+                "Dollars left under each budget cap that is set (negative past it), sampled",
+            ),
+            &["scope"],
+        )
+        .expect("valid metric");
         let circuit_open = IntGaugeVec::new(
             Opts::new(
                 "forgejo_circuit_open",
@@ -401,6 +413,7 @@ impl Metrics {
             Box::new(lag.clone()),
             Box::new(queue_gauges.clone()),
             Box::new(circuit_open.clone()),
+            Box::new(budget_remaining_usd.clone()),
             Box::new(forgejo_calls.clone()),
             Box::new(resync_prs.clone()),
             Box::new(ci_poll_reads.clone()),
@@ -426,6 +439,7 @@ impl Metrics {
             lag,
             queue_gauges,
             circuit_open,
+            budget_remaining_usd,
             forgejo_calls,
             resync_prs,
             ci_poll_reads,

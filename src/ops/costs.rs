@@ -500,7 +500,7 @@ pub async fn spend_overview(
             cost: f.into(),
         })
         .collect();
-    prs.sort_by(|a, b| b.cost.usd_micros.cmp(&a.cost.usd_micros));
+    prs.sort_by_key(|p| std::cmp::Reverse(p.cost.usd_micros));
     prs.truncate(EXPENSIVE_PRS_SHOWN);
     Ok((out, prs))
 }

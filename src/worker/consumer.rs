@@ -97,6 +97,7 @@ pub async fn gauge_loop(ctx: Arc<Context>, shutdown: CancellationToken) -> anyho
 }
 
 async fn sample_gauges(ctx: &Context) {
+    super::budget_gauge::sample(ctx, streams::now_ms() as i64).await;
     let mut conn = ctx.store.conn();
     let keys = ctx.store.keys();
     let g = &ctx.metrics.queue_gauges;

@@ -1,6 +1,6 @@
 //! The worker side of Shepherd (`shepherd work`): stateless consumers of the events
 //! streams that run the pure state machine and commit its transitions, the timer
-//! poller, the results intake, and the sampled queue gauges.
+//! poller, the results intake, and the sampled queue and budget gauges.
 //!
 //! ```text
 //! events(shard) ──XREADGROUP (batch, BLOCK)──▶ consumer ─▶ decode → route → load
@@ -15,6 +15,7 @@
 //! script refuses an entry another consumer already committed, so each entry is
 //! committed exactly once.
 
+pub mod budget_gauge;
 pub mod consumer;
 pub mod dispatch;
 pub mod executor;

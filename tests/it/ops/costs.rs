@@ -260,3 +260,64 @@ async fn ledger_counts_reported_usage_once_and_costs_shows_the_sums() {
     ]);
     assert!(long_ago["prs"].as_array().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn budget_left_shows_on_the_status_page_and_in_the_remaining_budget_gauge() {
+    use std::io::Write as _;
+    let mut policy = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        policy,
+        "{}budget_repo_daily_usd = 1.0\nbudget_instance_monthly_usd = 50.0\n",
+        crate::support::QUIET_POLICY
+    )
+    .unwrap();
+    let config = policy.path().to_str().unwrap().to_owned();
+    let s = Scenario::start(&[
+        ("SHEPHERD_AGENT_TOKEN", AGENT),
+        ("SHEPHERD_CONFIG", config.as_str()),
+    ])
+    .await;
+    let (n, w) = pr_with_work(&s, "Costly").await;
+    assert_eq!(report(&s, &w, &usage(10, 10, 250_000)).await, 202);
+    wait_folded(&s, n, &w).await;
+
+    let metrics = || async {
+        s.http
+            .get(s.app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let repo_line = format!("shepherd_budget_remaining_usd{{scope=\"repo-daily:{REPO}\"}} 0.75");
+    poll_until_named(WAIT, "the gauge is sampled after the run", || async {
+        metrics().await.contains(&repo_line)
+    })
+    .await;
+    let text = metrics().await;
+    assert!(
+        text.contains("shepherd_budget_remaining_usd{scope=\"instance-monthly\"} 49.75"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("scope=\"repo-monthly"),
+        "no series for a cap that is not set"
+    );
+
+    let status: Value = s
+        .http
+        .get(s.app.url("/api/v1/admin/status"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let left = &status["spend"][0]["budget_left"];
+    assert_eq!(left["usd_micros"], 750_000, "{status}");
+    assert_eq!(left["usd_scope"], "repo-daily");
+    drop(policy);
+}
