@@ -55,6 +55,10 @@ pub struct Inspection {
     /// and the last refused one; absent when neither happened.
     #[serde(default)]
     pub agents: Option<String>,
+    /// The budget hold (`over-budget`: the cap, what it left, the reset) and what a
+    /// `/shepherd budget` grant left (issue 28); absent when neither.
+    #[serde(default)]
+    pub budget: Option<String>,
     /// Effects not yet done by the executors.
     pub pending_effects: Vec<PendingEffect>,
     /// Timers scheduled for this PR.
@@ -191,6 +195,7 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         review_rounds: record.agent_review.rounds.clone(),
         hold: record.work.hold.clone(),
         agents: agents_line(&record),
+        budget: budget_line(&record.work),
         pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
         timers: timers(&mut conn, ops, shard, &key).await?,
         history,
@@ -284,6 +289,27 @@ async fn timers(
         .collect())
 }
 
+/// The budget line of `inspect`: the `over-budget` hold and the grant left.
+fn budget_line(work: &crate::core::record::WorkState) -> Option<String> {
+    let b = &work.budget;
+    let mut parts = Vec::new();
+    if let Some(h) = &b.hold {
+        parts.push(format!(
+            "{} (since {})",
+            crate::core::texts::over_budget(&h.stop),
+            crate::ops::timefmt::rfc3339(h.since_ms)
+        ));
+    }
+    if !b.grant.is_empty() {
+        parts.push(format!(
+            "grant left: {} and {} tokens",
+            crate::core::texts::dollars(b.grant.usd_micros),
+            b.grant.tokens
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// Human-readable rendering of one PR.
 pub fn render_pr(i: &Inspection, now: i64) -> String {
     let s = &i.summary;
@@ -304,6 +330,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
     }
     if let Some(a) = &i.agents {
         out += &format!("agents    {a}\n");
+    }
+    if let Some(b) = &i.budget {
+        out += &format!("budget    {b}\n");
     }
     if let Some(q) = &s.merge_queue {
         out += &format!(
@@ -517,4 +546,36 @@ pub fn render_line(s: &PrSummary, now: i64) -> String {
 pub fn phase_of(ops: &Ops, record: &PrRecord) -> String {
     let policy = ops.policy.for_repo(&record.repo);
     decide(record, &policy, now_ms()).phase.as_str().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::budget::{Grant, Stop};
+    use crate::core::record::{BudgetHold, WorkState};
+
+    #[test]
+    fn the_budget_line_names_the_cap_the_reset_and_the_grant() {
+        assert_eq!(budget_line(&WorkState::default()), None);
+        let mut work = WorkState::default();
+        work.budget.hold = Some(BudgetHold {
+            stop: Stop {
+                cap: "org-monthly-usd".into(),
+                left: 0,
+                needed: 0,
+                tokens: false,
+                // 2031-01-01 00:00 UTC.
+                resets_at_ms: Some(1_924_992_000_000),
+            },
+            since_ms: 1_924_900_000_000,
+        });
+        work.budget.grant = Grant {
+            usd_micros: 2_500_000,
+            tokens: 0,
+        };
+        let line = budget_line(&work).unwrap();
+        assert!(line.contains("`org-monthly-usd` is reached"), "{line}");
+        assert!(line.contains("resumes at 2031-01-01 00:00 UTC"), "{line}");
+        assert!(line.contains("grant left: $2.50 and 0 tokens"), "{line}");
+    }
 }

@@ -3,6 +3,7 @@
 //! Forgejo write and every dispatch is asserted, including that nothing happened twice.
 
 mod authors;
+mod budget;
 mod dispatch;
 mod faults;
 mod hostile;
