@@ -278,21 +278,7 @@ impl Executor {
             return Ok(Step::Next);
         }
         tracing::info!(pr = number, "conflicts while building the batch: ejected");
-        let note = format!(
-            "it does not merge cleanly into the merge queue's batch {id} of `{}` \
-             (built on {} with {})",
-            q.branch,
-            b.base,
-            list(&b.numbers(), number)
-        );
-        events.push(ejected(
-            effect,
-            number,
-            p.head.clone(),
-            Ejection::Conflict,
-            Vec::new(),
-            note,
-        ));
+        events.push(conflict_event(effect, q, b, p));
         self.write(effect, &q.branch, events, move |q| {
             if q.batch.as_ref().is_some_and(|x| x.id == id) {
                 q.batch_conflict(number);
@@ -364,9 +350,7 @@ impl Executor {
             BatchCi::Red { failing, .. } => failing.clone(),
             BatchCi::Pending | BatchCi::Green => Vec::new(),
         };
-        let id = b.id;
-        let ours = move |q: &BranchQueue| q.batch.as_ref().is_some_and(|x| x.id == id);
-        match decision {
+        let change: Change = match decision {
             BatchDecision::Wait => {
                 let waited = now_ms().saturating_sub(b.started_ms);
                 return Ok(Step::Done(again(waited / 4)));
@@ -374,85 +358,36 @@ impl Executor {
             BatchDecision::Land => match self.changed_member(repo, q, b).await? {
                 Some(number) => {
                     tracing::info!(pr = number, "a batched PR changed since it was tested");
-                    self.write(effect, &q.branch, events, move |q| {
-                        if ours(q) {
-                            q.batch_drop(number);
-                        }
-                    })
-                    .await?
+                    Box::new(move |q| q.batch_drop(number))
                 }
-                None => {
-                    self.write(effect, &q.branch, events, move |q| {
-                        if ours(q) {
-                            q.batch_landing();
-                        }
-                    })
-                    .await?
-                }
+                None => Box::new(BranchQueue::batch_landing),
             },
-            BatchDecision::Rebuild => {
-                self.write(effect, &q.branch, events, move |q| {
-                    if ours(q) {
-                        q.batch_rebuild();
-                    }
-                })
-                .await?
-            }
+            BatchDecision::Rebuild => Box::new(BranchQueue::batch_rebuild),
             BatchDecision::Retry => {
                 let now = now_ms();
-                self.write(effect, &q.branch, events, move |q| {
-                    if ours(q) {
-                        q.batch_retry(failing.clone(), tip.clone(), now);
-                    }
-                })
-                .await?
+                Box::new(move |q| q.batch_retry(failing.clone(), tip.clone(), now))
             }
-            BatchDecision::Bisect => {
-                self.write(effect, &q.branch, events, move |q| {
-                    if ours(q) {
-                        q.batch_bisect(failing.clone());
-                    }
-                })
-                .await?
-            }
+            BatchDecision::Bisect => Box::new(move |q| q.batch_bisect(failing.clone())),
             BatchDecision::Eject { number } => {
-                let with = q
-                    .bisect
-                    .as_ref()
-                    .map(|x| x.tested_with.clone())
-                    .unwrap_or_default();
-                let note = match with.iter().any(|n| *n != number) {
-                    true => format!(
-                        "failed on top of {} in the merge queue of `{}` (bisected: it fails alone on {tip})",
-                        list(&with, number),
-                        q.branch
-                    ),
-                    false => format!(
-                        "failed on top of `{}` at {tip} in the merge queue",
-                        q.branch
-                    ),
-                };
+                let note = culprit_note(q, number, &tip);
                 let head = b
                     .prs
                     .first()
-                    .map(|p| p.head.clone())
-                    .unwrap_or_else(|| tip.clone());
-                events.push(ejected(
-                    effect,
-                    number,
-                    head,
-                    Ejection::CiFailed,
-                    failing,
-                    note,
-                ));
-                self.write(effect, &q.branch, events, move |q| {
-                    if ours(q) {
-                        q.batch_eject(number);
-                    }
+                    .map_or_else(|| tip.clone(), |p| p.head.clone());
+                let reason = Ejection::CiFailed;
+                events.push(ejected(effect, number, head, reason, failing, note));
+                Box::new(move |q| {
+                    q.batch_eject(number);
                 })
-                .await?
             }
         };
+        let id = b.id;
+        self.write(effect, &q.branch, events, move |q| {
+            if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                change(q);
+            }
+        })
+        .await?;
         Ok(Step::Next)
     }
 
@@ -611,6 +546,45 @@ impl Executor {
             .await?;
         Ok(pr.merged)
     }
+}
+
+/// A change of the stored queue, applied only while the batch it was decided for is
+/// still the queue's batch.
+type Change = Box<dyn Fn(&mut BranchQueue) + Send + Sync>;
+
+/// The note of a culprit: what it was tested with (the red batch that started the
+/// bisection), or the tip alone.
+fn culprit_note(q: &BranchQueue, number: u64, tip: &Sha) -> String {
+    let with = q
+        .bisect
+        .as_ref()
+        .map(|x| x.tested_with.clone())
+        .unwrap_or_default();
+    match with.iter().any(|n| *n != number) {
+        true => format!(
+            "failed on top of {} in the merge queue of `{}` (bisected: it fails alone on {tip})",
+            list(&with, number),
+            q.branch
+        ),
+        false => format!(
+            "failed on top of `{}` at {tip} in the merge queue",
+            q.branch
+        ),
+    }
+}
+
+/// The event ejecting batched PR `p` whose merge into the batch branch conflicted.
+fn conflict_event(effect: &Effect, q: &BranchQueue, b: &Batch, p: &BatchPr) -> Event {
+    let note = format!(
+        "it does not merge cleanly into the merge queue's batch {} of `{}` \
+         (built on {} with {})",
+        b.id,
+        q.branch,
+        b.base,
+        list(&b.numbers(), p.number)
+    );
+    let reason = Ejection::Conflict;
+    ejected(effect, p.number, p.head.clone(), reason, Vec::new(), note)
 }
 
 /// `#1, #2` of `numbers` without `but`.
