@@ -81,46 +81,25 @@ pub async fn update(
     branch: &str,
     f: impl Fn(&mut BranchQueue),
 ) -> Result<Applied, StoreError> {
-    let key = keys.merge_queue(repo, branch);
-    for _ in 0..CAS_TRIES {
-        let before = load(conn, keys, repo, branch).await?;
-        let mut after = before.clone();
-        f(&mut after);
-        if after == before {
-            return Ok(Applied {
-                queue: before,
-                notices: Vec::new(),
-                changed: false,
-                entry_before: None,
-            });
-        }
-        after.version = before.version + 1;
-        let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
-        let written: i64 = CAS
-            .key(&key)
-            .key(keys.merge_queues(repo))
-            .arg(before.version)
-            .arg(after.version)
-            .arg(data)
-            .arg(branch)
-            .invoke_async(conn)
-            .await?;
-        if written == 1 {
-            let notices = changed_places(&before, &after);
-            return Ok(Applied {
-                queue: after,
-                notices,
-                changed: true,
-                entry_before: None,
-            });
-        }
-    }
-    Err(StoreError::Protocol {
-        script: "merge-queue compare-and-set",
-        reply: format!("{key}: lost {CAS_TRIES} times in a row"),
+    let (before, after) = cas(conn, keys, repo, branch, |q| {
+        let old = q.clone();
+        f(q);
+        *q != old
+    })
+    .await?;
+    Ok(match after {
+        Some(after) => Applied {
+            notices: changed_places(&before, &after),
+            queue: after,
+            changed: true,
+            entry_before: None,
+        },
+        None => Applied {
+            queue: before,
+            notices: Vec::new(),
+            changed: false,
+            entry_before: None,
+        },
     })
 }
 
@@ -134,56 +113,29 @@ pub async fn apply(
     op: &QueueOp,
     now_ms: i64,
 ) -> Result<Applied, StoreError> {
-    let key = keys.merge_queue(repo, &op.branch);
-    for _ in 0..CAS_TRIES {
-        let before = load(conn, keys, repo, &op.branch).await?;
-        let mut after = before.clone();
-        let entry_before = before
-            .entries
-            .iter()
-            .find(|e| e.number == op.number)
-            .cloned();
-        if !after.apply(op, now_ms) {
-            let places = before.places();
-            let notices = places
+    let mut entry_before = None;
+    let (before, after) = cas(conn, keys, repo, &op.branch, |q| {
+        entry_before = q.entries.iter().find(|e| e.number == op.number).cloned();
+        q.apply(op, now_ms)
+    })
+    .await?;
+    Ok(match after {
+        Some(after) => Applied {
+            notices: changed_places(&before, &after),
+            queue: after,
+            changed: true,
+            entry_before,
+        },
+        None => Applied {
+            notices: before
+                .places()
                 .into_iter()
                 .filter(|(n, p)| *n == op.number || p.head)
-                .collect();
-            return Ok(Applied {
-                queue: before,
-                notices,
-                changed: false,
-                entry_before,
-            });
-        }
-        after.version = before.version + 1;
-        let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
-        let written: i64 = CAS
-            .key(&key)
-            .key(keys.merge_queues(repo))
-            .arg(before.version)
-            .arg(after.version)
-            .arg(data)
-            .arg(&op.branch)
-            .invoke_async(conn)
-            .await?;
-        if written == 1 {
-            let notices = changed_places(&before, &after);
-            return Ok(Applied {
-                queue: after,
-                notices,
-                changed: true,
-                entry_before,
-            });
-        }
-    }
-    // Other writers won the race every time: the entry stays pending and is retried.
-    Err(StoreError::Protocol {
-        script: "merge-queue compare-and-set",
-        reply: format!("{key}: lost {CAS_TRIES} times in a row"),
+                .collect(),
+            queue: before,
+            changed: false,
+            entry_before,
+        },
     })
 }
 
@@ -195,14 +147,31 @@ pub async fn change(
     keys: &Keys,
     repo: &str,
     branch: &str,
-    mut change: impl FnMut(&mut BranchQueue) -> bool,
+    change: impl FnMut(&mut BranchQueue) -> bool,
 ) -> Result<(BranchQueue, bool), StoreError> {
+    Ok(match cas(conn, keys, repo, branch, change).await? {
+        (_, Some(after)) => (after, true),
+        (before, None) => (before, false),
+    })
+}
+
+/// The compare-and-set loop of [`update`] and [`change`]: loads the queue, lets
+/// `change` edit a copy (false: nothing to write) and writes it only over the version
+/// it loaded, retrying on fresh loads. Returns the queue loaded last and, when written,
+/// the queue written.
+async fn cas(
+    conn: &mut Conn,
+    keys: &Keys,
+    repo: &str,
+    branch: &str,
+    mut change: impl FnMut(&mut BranchQueue) -> bool,
+) -> Result<(BranchQueue, Option<BranchQueue>), StoreError> {
     let key = keys.merge_queue(repo, branch);
     for _ in 0..CAS_TRIES {
         let before = load(conn, keys, repo, branch).await?;
         let mut after = before.clone();
         if !change(&mut after) {
-            return Ok((before, false));
+            return Ok((before, None));
         }
         after.version = before.version + 1;
         let data = serde_json::to_string(&after).map_err(|e| StoreError::Corrupt {
@@ -219,9 +188,11 @@ pub async fn change(
             .invoke_async(conn)
             .await?;
         if written == 1 {
-            return Ok((after, true));
+            return Ok((before, Some(after)));
         }
     }
+    // Other writers won the race every time: the caller's entry stays pending and is
+    // retried.
     Err(StoreError::Protocol {
         script: "merge-queue compare-and-set",
         reply: format!("{key}: lost {CAS_TRIES} times in a row"),
