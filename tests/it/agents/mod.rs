@@ -28,6 +28,7 @@ mod context;
 mod e2e;
 mod epic;
 mod hostile_agent;
+mod ledger_e2e;
 mod opencode;
 mod opencode_loop;
 mod profile_v2;
