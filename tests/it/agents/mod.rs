@@ -15,6 +15,8 @@
 //!   the agent ran.
 //! - `hostile_agent`: the agent sandbox (issue 26): a hostile script as the agent, in
 //!   the real bubblewrap sandbox, tries every attack of the issue's findings.
+//! - `ledger_e2e`: the cost ledger (issue 28) after two real opencode runs through
+//!   `shepherd run` and `shepherd agents` equals the stub model server's sums.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
@@ -28,6 +30,7 @@ mod context;
 mod e2e;
 mod epic;
 mod hostile_agent;
+mod ledger_e2e;
 mod opencode;
 mod opencode_loop;
 mod profile_v2;

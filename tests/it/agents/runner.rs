@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{REPO, Rig, alive, read_pid};
+use crate::support::fake_forgejo::NewPr;
 use crate::support::poll_until_named;
 use crate::support::scenario::DEADLINE;
 
@@ -284,6 +285,86 @@ async fn the_per_repository_cap_holds_back_a_busy_repository() {
     release(&rig, &b);
     release(&rig, &c);
     rig.wait_results(3).await;
+}
+
+/// Work item `id`'s entry in the runners' table of the status page.
+async fn table_entry(rig: &Rig, id: &str) -> Option<serde_json::Value> {
+    let json: Option<String> = redis::cmd("HGET")
+        .arg(rig.keys().agents_running())
+        .arg(id)
+        .query_async(&mut rig.conn.clone())
+        .await
+        .expect("HGET agents running");
+    json.map(|j| serde_json::from_str(&j).expect("run JSON"))
+}
+
+/// `max_open_agent_prs` (issue 28): with the bot's open PRs at the cap, an
+/// `issue-impl` item waits, its run record naming the cap, while PR work of the same
+/// repository starts; once one bot PR is closed in the forge, the runner's next read
+/// of the bot's open PRs lets the issue item start.
+#[tokio::test(flavor = "multi_thread")]
+async fn issue_work_waits_while_the_bots_open_prs_are_at_the_cap() {
+    let rig = Rig::start().await;
+    let script = rig.script("wait.sh", WAIT_FOR_RELEASE);
+    let bot = rig.fake.bot_login().to_owned();
+    let bot_pr = |title: &str| {
+        rig.fake
+            .open_pr(REPO, NewPr::new(&bot, title).body("Bot work."))
+    };
+    let first = bot_pr("Bot one");
+    bot_pr("Bot two");
+    // A human's PR does not count against the bot's cap.
+    let human = rig
+        .fake
+        .open_pr(REPO, NewPr::new("alice", "Human").body("Mine."));
+    let issue = rig
+        .fake
+        .create_issue(REPO, "alice", "Implement z", "We need z.");
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENTS_MAX", "2")
+        .env("SHEPHERD_AGENTS_PER_REPO", "2")
+        .policy("[defaults]\nmax_open_agent_prs = 2\n")
+        .start()
+        .await;
+    let held = rig.dispatch(REPO, issue, "issue-impl", 0, HOUR).await;
+    // The note is in the runners' table of the status page, refreshed by the
+    // heartbeat (at most every 20 s): bounded, not timed.
+    let what = "the issue item is held back by max_open_agent_prs";
+    poll_until_named(Duration::from_secs(90), what, || async {
+        table_entry(&rig, &held).await.is_some_and(|r| {
+            r["state"] == "waiting"
+                && r["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("max_open_agent_prs (2 open bot PRs, cap 2)"))
+        })
+    })
+    .await;
+    let fix = rig.dispatch(REPO, human, "ci-fix", 0, HOUR).await;
+    rig.wait_state(&fix, "running").await;
+    assert_eq!(rig.run_record(&held).await.unwrap()["state"], "waiting");
+    assert_eq!(
+        order(&rig),
+        std::slice::from_ref(&fix),
+        "a free slot, yet held"
+    );
+
+    rig.fake.close(REPO, first);
+    // The open PRs are read again on the heartbeat (every 30 s): bounded, not timed.
+    poll_until_named(
+        Duration::from_secs(120),
+        "the issue item starts",
+        || async {
+            rig.run_record(&held)
+                .await
+                .is_some_and(|r| r["state"] == "running")
+        },
+    )
+    .await;
+    release(&rig, &fix);
+    release(&rig, &held);
+    rig.wait_results(2).await;
+    assert_eq!(order(&rig), [fix, held]);
 }
 
 /// A hanging agent is stopped at its claim's end (less the margin): its whole process
