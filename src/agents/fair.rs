@@ -13,7 +13,8 @@
 //! - **Volume caps** ([`held_back`]): policy `max_runs_per_hour` per repository (runs
 //!   started in the last hour, from the ledger) and `max_open_agent_prs` (no
 //!   `issue-impl` while the bot's open PRs in the repository are at the cap). A held
-//!   back item waits, with the cap named in its run record's note (status page).
+//!   back item waits, with the cap named in the note of its entry in the runners' table
+//!   (`<p>:agents:running`, refreshed by the heartbeat; the status page shows it).
 
 use std::collections::HashMap;
 

@@ -502,7 +502,7 @@ fn budget_cell(b: Option<&BudgetLeft>) -> String {
 }
 
 /// A held work item's state, with the volume cap that holds a waiting one back
-/// (issue 28: its run record's note says which).
+/// (issue 28: the note of its entry in the runners' table says which).
 fn agent_state(a: &crate::store::agent_runs::AgentRun) -> String {
     match (&a.state, &a.note) {
         (crate::store::agent_runs::RunState::Waiting, Some(note)) => {
