@@ -21,8 +21,8 @@
 //! `forgejo-facts.md` §4 (e.g. `state=open` on every PR listing, commit statuses under
 //! the key `status`, merge body keys `Do` / `head_commit_id`, never `force_merge`).
 
-mod batch;
 mod actions;
+mod batch;
 mod breaker;
 mod calls;
 mod client;
@@ -37,8 +37,8 @@ mod queue;
 mod reviews;
 mod types;
 
-pub use batch::{BranchCreated, ManualMerge};
 pub use actions::{ActionRun, ActionRunJob, ForgejoVersion, JOB_LOGS_SINCE, LogTail};
+pub use batch::{BranchCreated, ManualMerge};
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use calls::{Cause, endpoint};
 pub use client::{ClientOptions, ForgejoClient, PAGE_LIMIT};
