@@ -256,9 +256,10 @@ policy_settings! {
     /// How long a partial batch (fewer than `merge_queue_batch_size` PRs waiting) waits
     /// for more PRs before it is tested, in seconds, counted from the oldest PR's entry.
     merge_queue_batch_wait_secs: u64 = 0;
-    /// Re-tests of a red batch (or single PR) whose failing checks all passed on the
-    /// target's tip, before anyone is ejected (a check the tip does not know is never
-    /// retried).
+    /// Re-tests of a single batched PR about to be ejected whose failing checks all
+    /// passed on the target's tip, unless the same check already failed in a red run
+    /// that held it (reproduced); a red batch of several is bisected, never re-tested
+    /// whole, and a check the tip does not know is never retried.
     merge_queue_flaky_retries: u32 = 1;
     /// Spend caps (issue 28; 0 = no cap, the default), in US dollars: the most one run
     /// may cost. Every applicable cap is checked before dispatch and during the run,

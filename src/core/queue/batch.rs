@@ -10,12 +10,15 @@
 //!   since the landed commit is the tested one and it is built on the tip it replaces;
 //! - the target moved meanwhile → the batch is dropped and built again on the new tip
 //!   (never landed: it was not tested on top of it);
-//! - red, every failing check passed on the target's tip and re-tests remain → the
-//!   same PRs are tested again on a new branch (suspected flake);
-//! - red, one PR → that PR is the culprit (ejected to `ci-fix`);
-//! - red, several PRs → bisection: the first half is tested alone (the rest waits),
-//!   recursively; a green half lands; a bisection that ends with every part green was
-//!   a flake, not a culprit.
+//! - red, several PRs → bisection (never a whole re-test: testing the parts is the
+//!   re-test): the first half is tested alone (the rest waits), recursively; a green
+//!   half lands; a bisection that ends with every part green was a flake, not a
+//!   culprit;
+//! - red, one PR, a failing check that already failed in an enclosing red run of the
+//!   bisection (so it failed twice) → that PR is the culprit (ejected to `ci-fix`);
+//! - red, one PR, every failing check passed on the target's tip and re-tests remain
+//!   → the same PR is tested again on a new branch (suspected flake);
+//! - red, one PR otherwise → the culprit.
 //!
 //! Every state change goes through [`BranchQueue`]'s methods here, stored with the
 //! queue under compare-and-set, so a restart resumes the batch where it was.
@@ -89,6 +92,10 @@ pub struct Batch {
     pub retries: u32,
     /// A half of a bisection (never counted as a first pass).
     pub bisecting: bool,
+    /// During a bisection, the checks that failed on the red runs enclosing this
+    /// batch (each held every PR of it): one failing again reproduces the failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_before: Vec<String>,
     /// The checks that failed on the first red result of this content (recorded as
     /// suspected flaky when a re-test passes).
     #[serde(default)]
@@ -124,7 +131,8 @@ pub struct Bisection {
     pub suspects: Vec<u64>,
     /// The PRs of the red batch that started it.
     pub tested_with: Vec<u64>,
-    /// The checks that failed on it.
+    /// The checks that failed on it and on its red halves (every red run of the
+    /// bisection held every suspect).
     pub failing: Vec<String>,
 }
 
@@ -154,9 +162,10 @@ pub enum BatchDecision {
     Land,
     /// The target moved: drop the batch, build again on the new tip.
     Rebuild,
-    /// Red, every failing check known green on the tip: test the same PRs again.
+    /// Red, one PR, not reproduced, every failing check known green on the tip: test
+    /// it again.
     Retry,
-    /// Red, one PR: eject it.
+    /// Red, one PR, reproduced or a new check or no re-test left: eject it.
     Eject {
         /// The culprit.
         number: u64,
@@ -215,13 +224,17 @@ pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> Batc
         BatchCi::Pending => BatchDecision::Wait,
         BatchCi::Green => BatchDecision::Land,
         BatchCi::Red { failing, tip_green } => {
+            // Several PRs: their parts are tested anyway, which re-tests them.
+            let [one] = batch.prs.as_slice() else {
+                return BatchDecision::Bisect;
+            };
+            // Failed twice (here and in a red run that held it): a flake does that
+            // with probability f², so it is the culprit without another run.
+            let reproduced = failing.iter().any(|f| batch.failed_before.contains(f));
             let known = !failing.is_empty() && failing.iter().all(|f| tip_green.contains(f));
-            if known && batch.retries < cfg.flaky_retries {
-                return BatchDecision::Retry;
-            }
-            match batch.prs.as_slice() {
-                [one] => BatchDecision::Eject { number: one.number },
-                _ => BatchDecision::Bisect,
+            match !reproduced && known && batch.retries < cfg.flaky_retries {
+                true => BatchDecision::Retry,
+                false => BatchDecision::Eject { number: one.number },
             }
         }
     }
@@ -233,6 +246,11 @@ impl BranchQueue {
         let id = self.next_batch.max(1);
         self.next_batch = id + 1;
         let bisecting = self.bisect.is_some();
+        // Only PRs all inside the bisection's red runs share their failures.
+        let failed_before = match &self.bisect {
+            Some(bi) if prs.iter().all(|p| bi.suspects.contains(&p.number)) => bi.failing.clone(),
+            _ => Vec::new(),
+        };
         self.batch = Some(Batch {
             id,
             base,
@@ -242,6 +260,7 @@ impl BranchQueue {
             stage: BatchStage::Building,
             retries: 0,
             bisecting,
+            failed_before,
             failing: Vec::new(),
             started_ms: now_ms,
             landing_pr: None,
@@ -335,7 +354,7 @@ impl BranchQueue {
         self.end_batch();
     }
 
-    /// Red and known-flaky checks: the same PRs again on a new branch.
+    /// Red, one PR, known checks, not reproduced: the same PR again on a new branch.
     pub fn batch_retry(&mut self, failing: Vec<String>, base: Sha, now_ms: i64) {
         let Some(old) = self.batch.clone() else {
             return;
@@ -365,7 +384,14 @@ impl BranchQueue {
         };
         let numbers = b.numbers();
         match &mut self.bisect {
-            Some(bi) => bi.suspects = numbers,
+            Some(bi) => {
+                bi.suspects = numbers;
+                for f in failing {
+                    if !bi.failing.contains(&f) {
+                        bi.failing.push(f);
+                    }
+                }
+            }
             None => {
                 self.bisect = Some(Bisection {
                     suspects: numbers.clone(),

@@ -111,13 +111,13 @@ fn a_green_batch_on_a_moved_tip_is_never_landed() {
     assert_eq!(q.batch.as_ref().unwrap().id, 2);
 }
 
+/// A red batch is bisected at once, never re-tested whole (its parts re-test it), even
+/// with re-tests left and a check the tip knows; the culprit alone failing the same
+/// check again has failed twice and is ejected without a re-test.
 #[test]
 fn a_red_batch_is_bisected_until_the_culprit_is_alone() {
     let mut q = queue_of(&[1, 2, 3, 4, 5]);
-    let c = BatchConfig {
-        flaky_retries: 0,
-        ..cfg(4)
-    };
+    let c = cfg(4);
     let base = sha(1);
     assert_eq!(form(&mut q, &c, &base), vec![1, 2, 3, 4]);
     let ci = red(&["ci"], &["ci"]);
@@ -130,11 +130,14 @@ fn a_red_batch_is_bisected_until_the_culprit_is_alone() {
     let base = sha(2);
     assert_eq!(form(&mut q, &c, &base), vec![3]);
     let b = q.batch.clone().unwrap();
+    assert_eq!(b.failed_before, ["ci"]);
     assert_eq!(
         decide(&b, &c, &ci, &base),
         BatchDecision::Eject { number: 3 }
     );
     assert_eq!(q.batch_eject(3), vec![1, 2, 4]);
+    assert_eq!(q.stats.flaky_retries, 0);
+    assert_eq!(q.stats.ci_runs, 3);
     assert_eq!(q.stats.ejections[&Ejection::CiFailed], 1);
     assert!(q.bisect.is_none());
     // The others are batched again, in their order.
@@ -143,9 +146,12 @@ fn a_red_batch_is_bisected_until_the_culprit_is_alone() {
     assert_eq!(q.stats.flaky_saved, 0);
 }
 
+/// A PR tested alone (no enclosing red run) whose failing checks passed on the tip is
+/// re-tested once; green, it lands and the check is counted flaky; a second red would
+/// eject it.
 #[test]
-fn a_failure_of_checks_green_on_the_tip_is_retried_once_and_counted_flaky() {
-    let mut q = queue_of(&[1, 2]);
+fn a_single_pr_flake_is_retried_once_and_counted_flaky() {
+    let mut q = queue_of(&[1]);
     let c = cfg(2);
     let base = sha(1);
     form(&mut q, &c, &base);
@@ -154,11 +160,13 @@ fn a_failure_of_checks_green_on_the_tip_is_retried_once_and_counted_flaky() {
     assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Retry);
     q.batch_retry(vec!["ci/test".into()], base.clone(), 0);
     let b = q.batch.clone().unwrap();
-    assert_eq!((b.id, b.retries, b.numbers()), (2, 1, vec![1, 2]));
+    assert_eq!((b.id, b.retries, b.numbers()), (2, 1, vec![1]));
     assert_eq!(q.stale_branches, ["shepherd/batch/main/1"]);
-    // A second red is no longer retried: bisection.
-    assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
-    q.batch_merged_one();
+    // A second red is no longer retried: the PR failed twice.
+    assert_eq!(
+        decide(&b, &c, &ci, &base),
+        BatchDecision::Eject { number: 1 }
+    );
     q.batch_merged_one();
     q.batch_built(sha(5));
     q.batch_landed(0);
@@ -188,14 +196,56 @@ fn a_new_check_is_never_retried() {
     );
 }
 
+/// During a bisection, a PR alone failing only checks that did not fail in the red
+/// runs that held it has not reproduced anything: it is re-tested (a flake of its
+/// own), and saved when green; the bisection then ends with every part green.
+#[test]
+fn a_bisected_pr_failing_another_check_is_re_tested_and_saved() {
+    let mut q = queue_of(&[1, 2]);
+    let c = cfg(2);
+    let base = sha(1);
+    form(&mut q, &c, &base);
+    let b = q.batch.clone().unwrap();
+    let ci = red(&["ci"], &["ci", "lint"]);
+    assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
+    q.batch_bisect(vec!["ci".into()]);
+    assert_eq!(form(&mut q, &c, &base), vec![1]);
+    let b = q.batch.clone().unwrap();
+    let lint = red(&["lint"], &["ci", "lint"]);
+    assert_eq!(decide(&b, &c, &lint, &base), BatchDecision::Retry);
+    q.batch_retry(vec!["lint".into()], base.clone(), 0);
+    q.batch_merged_one();
+    q.batch_built(sha(5));
+    // The re-test is still inside the bisection: `ci` failing now would reproduce.
+    let b = q.batch.clone().unwrap();
+    assert_eq!(
+        decide(&b, &c, &ci, &base),
+        BatchDecision::Eject { number: 1 }
+    );
+    q.batch_landed(0);
+    assert_eq!(form(&mut q, &c, &sha(2)), vec![2]);
+    q.batch_landed(0);
+    assert!(q.bisect.is_none());
+    assert_eq!((q.stats.flaky_retries, q.stats.merged), (1, 2));
+    assert_eq!(
+        (q.stats.flaky_checks["lint"], q.stats.flaky_checks["ci"]),
+        (1, 1)
+    );
+    assert!(q.stats.ejections.is_empty());
+}
+
+/// A red batch whose halves are all green was a flake: nobody is ejected and no run
+/// is spent re-testing the whole batch.
 #[test]
 fn a_bisection_with_every_part_green_is_a_flake() {
     let mut q = queue_of(&[1, 2]);
-    let c = BatchConfig {
-        flaky_retries: 0,
-        ..cfg(2)
-    };
+    let c = cfg(2);
     form(&mut q, &c, &sha(1));
+    let b = q.batch.clone().unwrap();
+    assert_eq!(
+        decide(&b, &c, &red(&["ci"], &["ci"]), &sha(1)),
+        BatchDecision::Bisect
+    );
     q.batch_bisect(vec!["ci".into()]);
     assert_eq!(form(&mut q, &c, &sha(1)), vec![1]);
     q.batch_landed(0);
@@ -204,6 +254,7 @@ fn a_bisection_with_every_part_green_is_a_flake() {
     assert!(q.bisect.is_none());
     assert_eq!(q.stats.flaky_saved, 1);
     assert_eq!(q.stats.flaky_checks["ci"], 1);
+    assert_eq!((q.stats.flaky_retries, q.stats.ci_runs), (0, 3));
     assert!(q.stats.ejections.is_empty());
 }
 
@@ -270,8 +321,10 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 proptest! {
     /// G1–G3 for batches: a batch lands only green on the tip it replaces (the tested
     /// commit is the landed one); with deterministic CI no broken PR lands and no PR
-    /// that breaks nothing is ejected; with flaky runs only a PR tested alone twice
-    /// red is ejected; every PR ends landed, ejected or still queued (none lost).
+    /// that breaks nothing is ejected; with flaky runs an innocent PR is ejected only
+    /// after two red runs that held it (a flake twice: f²), and never a
+    /// batch of several is re-tested whole; every PR ends landed, ejected or still
+    /// queued (none lost).
     #[test]
     fn batches_land_only_tested_green_tips_and_eject_only_culprits(
         n in 1u64..10,
@@ -284,7 +337,8 @@ proptest! {
         let mut q = queue_of(&(1..=n).collect::<Vec<_>>());
         let mut tip = 1u64;
         let (mut landed, mut ejected) = (BTreeSet::new(), BTreeSet::new());
-        let mut flaky_seen = false;
+        // Red runs that held each PR.
+        let mut reds: std::collections::BTreeMap<u64, u32> = Default::default();
         let mut closed = BTreeSet::new();
         let mut stale = BTreeSet::new();
         let mut version = 10;
@@ -322,9 +376,11 @@ proptest! {
                 }
                 Step::Push(_) => BatchCi::Pending,
                 Step::Ci { flaky } => {
-                    let flaky = flaky && flaky_on;
-                    flaky_seen |= flaky;
-                    match broken || flaky {
+                    let is_red = broken || (flaky && flaky_on);
+                    for x in b.numbers().into_iter().filter(|_| is_red) {
+                        *reds.entry(x).or_default() += 1;
+                    }
+                    match is_red {
                         true => red(&["ci"], &["ci"]),
                         false => BatchCi::Green,
                     }
@@ -352,11 +408,15 @@ proptest! {
                     tip += 1;
                 }
                 BatchDecision::Rebuild => q.batch_rebuild(),
-                BatchDecision::Retry => q.batch_retry(vec!["ci".into()], sha(tip), 0),
+                BatchDecision::Retry => {
+                    prop_assert_eq!(b.prs.len(), 1, "a batch of several re-tested whole");
+                    q.batch_retry(vec!["ci".into()], sha(tip), 0)
+                }
                 BatchDecision::Bisect => q.batch_bisect(vec!["ci".into()]),
                 BatchDecision::Eject { number } => {
                     prop_assert_eq!(b.prs.len(), 1);
-                    prop_assert!(bad.contains(&number) || flaky_seen, "innocent #{} ejected", number);
+                    let twice = reds.get(&number).copied().unwrap_or(0) >= 2;
+                    prop_assert!(bad.contains(&number) || twice, "innocent #{} ejected", number);
                     ejected.insert(number);
                     q.batch_eject(number);
                 }

@@ -174,8 +174,9 @@ async fn three_prs_are_tested_together_and_land_with_one_ci_run() {
 
 /// Four PRs, the third of which breaks CI on top of the first: the batch of four is
 /// red; bisection tests #1 and #2 (green: they land), then #3 alone on top of them
-/// (red: ejected to `ci-fix` with the note naming what it was tested with), then #4
-/// (green: lands). Nobody else is ejected; `main` is green at every landing.
+/// (red on the check that failed in the batch: reproduced, so ejected to `ci-fix`
+/// without a re-test, with the note naming what it was tested with), then #4 (green:
+/// lands). Nobody else is ejected; `main` is green at every landing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
     let s = start_with(&batch_policy(4), 300, &[(3, 1)]).await;
@@ -211,11 +212,11 @@ async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
     assert_eq!(e3.parked, Some(shepherd::core::queue::Ejection::CiFailed));
     // Only the last batch (#4, formed after the bisection) was green at its first test.
     assert_eq!(q.stats.batches_first_pass_green, 1);
-    // Red batch, green half, #3 alone red, re-tested once (its failing check passed on
-    // the tip, so it might have been a flake) and red again, then #4 green.
+    // Red batch (not re-tested whole: bisected), green half, #3 alone red on the same
+    // check (failed twice: no re-test), then #4 green.
     assert_eq!(
         (q.stats.ci_runs, q.stats.flaky_retries, q.stats.flaky_saved),
-        (5, 1, 0),
+        (4, 0, 0),
         "{:?}",
         q.stats
     );
@@ -223,9 +224,9 @@ async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
     s.fake.assert_calls_match_openapi();
 }
 
-/// A batch whose only failing check passed on `main`'s tip is re-tested once on a new
-/// branch (a suspected flake); the re-test passes, so both PRs land, nobody is ejected
-/// and no `ci-fix` work is dispatched; the check is counted as suspected flaky.
+/// A red batch of two is not re-tested whole: bisection re-tests it, each PR alone is
+/// green and lands, so the failure was a flake: nobody is ejected, no `ci-fix` work is
+/// dispatched, the check is counted as suspected flaky, and no extra run was spent.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
     let s = start_with(&batch_policy(2), 300, &[]).await;
@@ -258,10 +259,11 @@ async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
             q.stats.flaky_saved,
             q.stats.batches_tested
         ),
-        (1, 1, 2),
+        (0, 1, 3),
         "{:?}",
         q.stats
     );
+    assert_eq!(landings(&s.fake).len(), 2, "each half landed on its own");
     assert_eq!(q.stats.flaky_checks.get(CI), Some(&1));
     assert!(q.stats.ejections.is_empty(), "{:?}", q.stats.ejections);
     for n in prs {
@@ -271,6 +273,41 @@ async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
         );
     }
 
+    s.fake.assert_calls_match_openapi();
+}
+
+/// A PR tested alone (the only one waiting) whose failing check passed on `main`'s tip
+/// is re-tested once on a new branch; the re-test passes, so it lands, is not ejected,
+/// gets no `ci-fix` work, and the check is counted as suspected flaky.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_single_pr_flake_is_re_tested_and_saved() {
+    let policy = "merge_queue_batch_size = 2\nmerge_queue_batch_wait_secs = 0\n";
+    let s = start_with(policy, 300, &[]).await;
+    let tip = s.fake.branch_tip(REPO, "main");
+    s.fake.set_status(REPO, &tip, CI, "success", "Successful");
+    let prs = open_green(&s, 1).await;
+    s.fake.with_model(|m| {
+        let ci = m.repo_mut(REPO).ci.as_mut().expect("a simulated CI");
+        ci.flake_once.push(BTreeSet::from([1]));
+    });
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#1 marked merged", |f| marked(f).len() == 1).await;
+    assert_main_stayed_green(&s.fake);
+    wait_no_batch_branch(&s).await;
+    let q = stored_queue(&s).await;
+    assert_eq!(
+        (
+            q.stats.flaky_retries,
+            q.stats.flaky_saved,
+            q.stats.batches_tested
+        ),
+        (1, 1, 2),
+        "{:?}",
+        q.stats
+    );
+    assert_eq!(q.stats.flaky_checks.get(CI), Some(&1));
+    assert!(q.stats.ejections.is_empty(), "{:?}", q.stats.ejections);
+    assert!(work_for(&s, "ci-fix", 1).await.is_empty(), "no ci-fix");
     s.fake.assert_calls_match_openapi();
 }
 

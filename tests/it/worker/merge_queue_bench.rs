@@ -82,14 +82,20 @@ struct Figures {
     first_pass: f64,
 }
 
-/// The model of docs/benchmarks.md ("Next step"), with the flaky re-tests added: a
-/// batch of k takes D (1 + f + (1 − (1 − p)^k) ⌈log₂ k⌉) + k o (o = 0.08 s per PR,
-/// measured) and merges k (1 − p) PRs; n PRs ready at once wait about i / rate each;
-/// a batch passes first with (1 − p)^k (1 − f).
+/// The model of docs/benchmarks.md ("Next step"), with the flaky rule of
+/// docs/merge-queue.md added: a batch of k > 1 takes D (1 + (1 − (1 − p)^k) ⌈log₂ k⌉ +
+/// f (⌈log₂ k⌉ + 1)) + k o (a red batch is bisected, never re-tested whole; a flake's
+/// bisection tests every part; o = 0.08 s per PR, measured), the serial queue (k = 1,
+/// which re-tests nothing) D (1 + f); it merges k (1 − p) PRs; n PRs ready at once
+/// wait about i / rate each; a batch passes first with (1 − p)^k (1 − f).
 fn model(d_s: f64, p: f64, f: f64, k: usize, n: usize) -> Figures {
     let kf = k as f64;
     let red = 1.0 - (1.0 - p).powf(kf);
-    let runs = 1.0 + f + red * kf.log2().ceil();
+    let halvings = kf.log2().ceil();
+    let runs = match k {
+        1 => 1.0 + f,
+        _ => 1.0 + red * halvings + f * (halvings + 1.0),
+    };
     let batch_s = d_s * runs + kf * 0.08;
     let merged = kf * (1.0 - p);
     let rate = merged / batch_s;
