@@ -6,7 +6,7 @@
 #
 # Env: BENCH_AGENTS_ITEMS (200)  BENCH_AGENTS_WEBHOOKS (100)  BENCH_AGENTS_RATE (20)
 #      BENCH_IT_BIN (the integration-test binary to run instead of a release build)
-#      BENCH_AGENTS_USAGE_SECS (20)
+#      BENCH_AGENTS_USAGE_SECS (20)  BENCH_AGENTS_USAGE_ROUNDS (6)
 #      BENCH_AGENTS_ONLY (sandbox: part 4 alone; usage: part 5 alone)
 #
 # Runs the ignored test tests/it/agents/bench.rs with the release build: the real
@@ -22,7 +22,11 @@
 #      runs this part alone.
 #   5. live usage (issue 28): the opencode-json parser's cost per item, and the
 #      runner's CPU at 1,000 events/s of agent output with SHEPHERD_AGENT_USAGE=off
-#      (the baseline) and =opencode-json, alternating in the same run;
+#      (the baseline) and =opencode-json, alternating in the same run (its CPU both
+#      from /proc/<pid>/stat's 10 ms ticks and, to the nanosecond, its threads'
+#      /proc/<pid>/task/*/schedstat); and the ledger's cost per item (the Lua
+#      `store::ledger::record` on a real redis-server, new and replayed runs) against
+#      the runner's own per-item wall time measured in the same run;
 #      BENCH_AGENTS_ONLY=usage runs this part alone.
 # Prints the machine and the `BENCH …` lines. Every process it starts belongs to the
 # test, which stops them when it ends.
@@ -31,7 +35,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 . "$ROOT/bench/lib.sh"
 if smoke; then
-  export BENCH_AGENTS_ITEMS=2 BENCH_AGENTS_WEBHOOKS=2 BENCH_AGENTS_RATE=20 BENCH_AGENTS_USAGE_SECS=1
+  export BENCH_AGENTS_ITEMS=2 BENCH_AGENTS_WEBHOOKS=2 BENCH_AGENTS_RATE=20 BENCH_AGENTS_USAGE_SECS=1 \
+    BENCH_AGENTS_USAGE_ROUNDS=2
 fi
 machine_header
 [ -n "${BENCH_IT_BIN:-}" ] || cargo build --release --quiet

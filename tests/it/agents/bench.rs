@@ -24,14 +24,20 @@
 //!    opencode-shaped events (the same mix, 1,000 a second) for
 //!    `BENCH_AGENTS_USAGE_SECS`, with the setting `off` (the runner's baseline: capture,
 //!    masking, log saves) and `opencode-json`, alternating (off, on, off, on) in the
-//!    same run; the runner process's user + system CPU from `/proc/<pid>/stat`.
+//!    same run (`BENCH_AGENTS_USAGE_ROUNDS` rounds, 6 by default); the runner
+//!    process's user + system CPU from `/proc/<pid>/stat` (10 ms ticks) and, to the
+//!    nanosecond, summed over its threads' `/proc/<pid>/task/<tid>/schedstat`, sampled
+//!    every 100 ms. (c) The ledger's cost per item: `store::ledger::record` (one Lua
+//!    call on a real redis-server) for `10 × BENCH_AGENTS_ITEMS` runs, new then replayed
+//!    (the work id already counted), against the runner's own wall time per item
+//!    measured in the same run (one slot, the agent `true`, `BENCH_AGENTS_ITEMS` items).
 //!    `BENCH_AGENTS_ONLY=usage` runs this part alone.
 //! 3. **Webhook → agent start**: `shepherd run` and one runner; per PR (CI already
 //!    red, the poll pushed a day away), the signed `action_run_failure` webhook, then
 //!    the time until the agent process writes its start time (p50/p99), at
 //!    `BENCH_AGENTS_RATE` webhooks per second.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{REPO, Rig, write_script};
@@ -66,10 +72,14 @@ async fn bench_agents() {
     let usage_secs = setting("BENCH_AGENTS_USAGE_SECS", 20);
     match std::env::var("BENCH_AGENTS_ONLY").as_deref() {
         Ok("sandbox") => return sandbox_cost(items).await,
-        Ok("usage") => return live_usage(usage_secs).await,
+        Ok("usage") => {
+            live_usage(usage_secs).await;
+            return ledger_cost(items).await;
+        }
         _ => {}
     }
     live_usage(usage_secs).await;
+    ledger_cost(items).await;
     overhead(items).await;
     sandbox_cost(items).await;
     for runners in [1, 2] {
@@ -320,7 +330,8 @@ fn events_second() -> String {
     text
 }
 
-/// User + system CPU seconds of process `pid` so far (`/proc/<pid>/stat`).
+/// User + system CPU seconds of process `pid` so far (`/proc/<pid>/stat`): every
+/// thread, exited ones too, but in clock ticks of 10 ms.
 fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
     let fields: Vec<&str> = stat
@@ -333,6 +344,56 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     // `/proc` counts in USER_HZ, 100 a second on Linux whatever the kernel's HZ.
     ticks as f64 / 100.0
+}
+
+/// The CPU time so far of each live thread of `pid`, in nanoseconds: the first field
+/// of `/proc/<pid>/task/<tid>/schedstat` (the scheduler's `sum_exec_runtime`).
+fn thread_cpu_ns(pid: u32) -> HashMap<u32, u64> {
+    let mut out = HashMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let ns = std::fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
+        if let Some(ns) = ns {
+            out.insert(tid, ns);
+        }
+    }
+    out
+}
+
+/// Samples [`thread_cpu_ns`] of `pid` every 100 ms until `stop` is set, keeping each
+/// thread's last value (a thread that exits loses at most its last 100 ms); returns
+/// the CPU seconds used since the call, with nanosecond resolution (the ticks of
+/// [`cpu_secs`] are 10 ms: at 0.7 % of a core a 15 s round is only ~10 of them).
+fn sample_cpu(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<f64> {
+    let start = thread_cpu_ns(pid);
+    std::thread::spawn(move || {
+        let mut last = start.clone();
+        loop {
+            let done = stop.load(std::sync::atomic::Ordering::Relaxed);
+            for (tid, ns) in thread_cpu_ns(pid) {
+                last.insert(tid, ns);
+            }
+            if done {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let ns: u64 = last
+            .iter()
+            .map(|(tid, ns)| ns - start.get(tid).copied().unwrap_or(0))
+            .sum();
+        ns as f64 / 1e9
+    })
 }
 
 /// Part 5.
@@ -355,12 +416,24 @@ async fn live_usage(secs: usize) {
         item.len(),
         per_item_us * 1000.0 / 400.0
     );
-    // (b) The runner's CPU at 1,000 events a second, setting off and on.
-    let mut cpu = [Vec::new(), Vec::new()];
-    for round in 0..4 {
+    runner_cpu(&second, secs, rounds_setting()).await;
+}
+
+/// Rounds of part 5 (b): off, on, off, on, … (`BENCH_AGENTS_USAGE_ROUNDS`, at least 2).
+fn rounds_setting() -> usize {
+    setting("BENCH_AGENTS_USAGE_ROUNDS", 6).max(2)
+}
+
+/// Part 5 (b): the runner's CPU at 1,000 events a second (`second` once a second for
+/// `secs`), setting off and on alternately for `rounds` rounds; both the `/proc/<pid>/stat`
+/// ticks and the threads' nanosecond `schedstat` sums.
+async fn runner_cpu(second: &str, secs: usize, rounds: usize) {
+    // [off, on] × [ticks, schedstat], percent of a core per round.
+    let mut cpu = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    for round in 0..rounds {
         let on = round % 2 == 1;
         let rig = Rig::start().await;
-        std::fs::write(rig.path("events.jsonl"), &second).expect("events file");
+        std::fs::write(rig.path("events.jsonl"), second).expect("events file");
         let script = rig.script(
             "events.sh",
             r#"i=0; while [ "$i" -lt "$1" ]; do cat "$DIR/events.jsonl"; sleep 1; i=$((i+1)); done"#,
@@ -376,11 +449,15 @@ async fn live_usage(secs: usize) {
             )
             .start()
             .await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = sample_cpu(runner.pid(), stop.clone());
         let before = cpu_secs(runner.pid());
         let wall = Instant::now();
         rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
         let results = wait_results(&rig, 1).await;
         let used = cpu_secs(runner.pid()) - before;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let fine = sampler.join().expect("sampler");
         let wall = wall.elapsed().as_secs_f64();
         assert_eq!(results[0]["outcome"], "succeeded", "{:?}", results[0]);
         if on {
@@ -390,17 +467,96 @@ async fn live_usage(secs: usize) {
                 "every step counted"
             );
         }
-        cpu[usize::from(on)].push(100.0 * used / wall);
+        cpu[usize::from(on)][0].push(100.0 * used / wall);
+        cpu[usize::from(on)][1].push(100.0 * fine / wall);
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (off, on) = (mean(&cpu[0]), mean(&cpu[1]));
-    println!(
-        "BENCH usage_cpu events_per_sec=1000 secs={secs} runner_cpu_off_pct={off:.2} \
-         runner_cpu_on_pct={on:.2} parser_pct_of_runner={:.1}",
+    let share = |off: f64, on: f64| {
         if off > 0.0 {
             100.0 * (on - off) / off
         } else {
             0.0
         }
+    };
+    let (off, on) = (mean(&cpu[0][0]), mean(&cpu[1][0]));
+    let (off_ns, on_ns) = (mean(&cpu[0][1]), mean(&cpu[1][1]));
+    let fmt = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.3}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    println!(
+        "BENCH usage_cpu events_per_sec=1000 secs={secs} rounds={rounds} runner_cpu_off_pct={off:.2} \
+         runner_cpu_on_pct={on:.2} parser_pct_of_runner={:.1} schedstat_off_pct={off_ns:.3} \
+         schedstat_on_pct={on_ns:.3} schedstat_parser_pct_of_runner={:.1} \
+         schedstat_off_rounds={} schedstat_on_rounds={}",
+        share(off, on),
+        share(off_ns, on_ns),
+        fmt(&cpu[0][1]),
+        fmt(&cpu[1][1]),
+    );
+}
+
+/// Part 5 (c): the ledger's cost per item (`store::ledger::record`, the Lua script that
+/// counts a run once per work id, against the rig's real redis-server), against the
+/// runner's own cost per item measured in the same run (one runner, one slot, the agent
+/// `true`, `items` items one after another, as part 1).
+async fn ledger_cost(items: usize) {
+    let rig = Rig::start().await;
+    let prs: Vec<u64> = (0..items).map(|_| rig.open_pr(REPO)).collect();
+    let (_runner, runner_ms) = one_at_a_time(&rig, rig.runner("true"), &prs).await;
+    let store = shepherd::store::Store::connect(&rig.redis.url(), rig.keys())
+        .await
+        .expect("store");
+    let keys = store.keys().clone();
+    let mut conn = store.conn();
+    let runs = items * 10;
+    let repo: shepherd::core::ids::RepoName = REPO.parse().expect("repo");
+    let now_ms = i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_millis(),
+    )
+    .expect("ms");
+    let entry = |i: usize| shepherd::store::ledger::RunEntry {
+        work_id: format!("bench:ledger:pr:{}:{i}", i % 50),
+        repo: repo.clone(),
+        number: (i % 50) as u64 + 1,
+        issue: false,
+        kind: "ci-fix".into(),
+        tier: 1,
+        at_ms: now_ms,
+        outcome: "succeeded".into(),
+        usage: shepherd::core::usage::Usage {
+            input_tokens: 100_000,
+            output_tokens: 10_000,
+            cost_micros: 450_000,
+            model: Some("stub/model".into()),
+            steps: 100,
+            tool_calls: 100,
+            ..Default::default()
+        },
+    };
+    let mut per_item_us = [0.0; 2];
+    // First the new runs (counted), then the same work ids again (a re-reported result:
+    // the script finds the marker and changes nothing).
+    for (pass, expect) in [(0, true), (1, false)] {
+        let started = Instant::now();
+        for i in 0..runs {
+            let counted = shepherd::store::ledger::record(&mut conn, &keys, &entry(i))
+                .await
+                .expect("record");
+            assert_eq!(counted, expect, "run {i}, pass {pass}");
+        }
+        per_item_us[pass] = started.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    }
+    println!(
+        "BENCH ledger runs={runs} per_item_us={:.1} replayed_per_item_us={:.1} \
+         runner_items={items} runner_per_item_ms={runner_ms:.2} ledger_pct_of_runner_item={:.2}",
+        per_item_us[0],
+        per_item_us[1],
+        per_item_us[0] / 10.0 / runner_ms,
     );
 }
