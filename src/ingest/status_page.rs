@@ -769,12 +769,14 @@ mod tests {
     #[test]
     fn renders_spending_per_repository_and_the_most_expensive_prs() {
         use crate::ops::costs::{PrSpend, RepoSpend};
-        let cost = |usd_micros, runs| Cost {
-            usd_micros,
-            runs,
-            input_tokens: 100,
-            output_tokens: 20,
-            ..Cost::default()
+        let cost = |usd_micros, runs| {
+            Cost::from(crate::store::ledger::Figures {
+                usd_micros,
+                runs,
+                input_tokens: 100,
+                output_tokens: 20,
+                ..Default::default()
+            })
         };
         let quiet = render(&Overview::default());
         assert!(

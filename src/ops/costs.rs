@@ -41,38 +41,31 @@ pub struct CostsRequest {
     pub top: Option<usize>,
 }
 
-/// Summed usage as reported: dollars for reading, micro-dollars exact.
+/// Summed usage as reported: the ledger's figures (micro-dollars exact, tokens, runs)
+/// with the cost in dollars beside them for reading. The JSON is flat: `usd` and the
+/// figures' own keys.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
     /// Cost in US dollars.
     pub usd: f64,
-    /// Cost in micro-dollars (exact).
-    pub usd_micros: u64,
-    /// Input tokens.
-    pub input_tokens: u64,
-    /// Output tokens.
-    pub output_tokens: u64,
-    /// Reasoning tokens.
-    pub reasoning_tokens: u64,
-    /// Cache-read tokens.
-    pub cache_read_tokens: u64,
-    /// Cache-write tokens.
-    pub cache_write_tokens: u64,
-    /// Runs.
-    pub runs: u64,
+    /// The ledger's figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+impl std::ops::Deref for Cost {
+    type Target = Figures;
+
+    fn deref(&self) -> &Figures {
+        &self.figures
+    }
 }
 
 impl From<Figures> for Cost {
-    fn from(f: Figures) -> Self {
+    fn from(figures: Figures) -> Self {
         Self {
-            usd: micros_to_usd(f.usd_micros),
-            usd_micros: f.usd_micros,
-            input_tokens: f.input_tokens,
-            output_tokens: f.output_tokens,
-            reasoning_tokens: f.reasoning_tokens,
-            cache_read_tokens: f.cache_read_tokens,
-            cache_write_tokens: f.cache_write_tokens,
-            runs: f.runs,
+            usd: micros_to_usd(figures.usd_micros),
+            figures,
         }
     }
 }

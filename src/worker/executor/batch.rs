@@ -151,6 +151,25 @@ impl Executor {
         Ok(applied.queue)
     }
 
+    /// [`Self::write`] of a change to batch `id`: applied only while `id` is still
+    /// the queue's batch (a step that lost a race to another executor, or a batch that
+    /// ended meanwhile, changes nothing).
+    async fn write_batch(
+        &self,
+        effect: &Effect,
+        branch: &str,
+        events: &mut Vec<Event>,
+        id: u64,
+        f: impl Fn(&mut BranchQueue),
+    ) -> Result<BranchQueue, Failure> {
+        self.write(effect, branch, events, move |q| {
+            if q.batch.as_ref().is_some_and(|x| x.id == id) {
+                f(q);
+            }
+        })
+        .await
+    }
+
     /// Deletes the branches of batches that ended.
     async fn delete_stale(
         &self,
@@ -255,12 +274,8 @@ impl Executor {
                     .create_helper_pull(repo, &p.head_ref, &name, &title)
                     .await?;
                 let (n, h, id) = (p.number, helper.number, b.id);
-                self.write(effect, &q.branch, events, move |q| {
-                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                        q.batch_helper(n, h);
-                    }
-                })
-                .await?;
+                self.write_batch(effect, &q.branch, events, id, move |q| q.batch_helper(n, h))
+                    .await?;
                 helper
             }
         };
@@ -279,10 +294,8 @@ impl Executor {
         }
         tracing::info!(pr = number, "conflicts while building the batch: ejected");
         events.push(conflict_event(effect, q, b, p));
-        self.write(effect, &q.branch, events, move |q| {
-            if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                q.batch_conflict(number);
-            }
+        self.write_batch(effect, &q.branch, events, id, move |q| {
+            q.batch_conflict(number)
         })
         .await?;
         Ok(Step::Next)
@@ -382,12 +395,8 @@ impl Executor {
             }
         };
         let id = b.id;
-        self.write(effect, &q.branch, events, move |q| {
-            if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                change(q);
-            }
-        })
-        .await?;
+        self.write_batch(effect, &q.branch, events, id, move |q| change(q))
+            .await?;
         Ok(Step::Next)
     }
 
@@ -463,10 +472,8 @@ impl Executor {
                 .with_cause(Cause::Effect)
                 .create_helper_pull(repo, &name, &q.branch, &title)
                 .await?;
-            self.write(effect, &q.branch, events, move |q| {
-                if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                    q.batch_landing_pr(pr.number);
-                }
+            self.write_batch(effect, &q.branch, events, id, move |q| {
+                q.batch_landing_pr(pr.number)
             })
             .await?;
             return Ok(Step::Next);
@@ -488,12 +495,8 @@ impl Executor {
                     batch = id,
                     "the target moved before the batch landed: rebuilt"
                 );
-                self.write(effect, &q.branch, events, move |q| {
-                    if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                        q.batch_rebuild();
-                    }
-                })
-                .await?;
+                self.write_batch(effect, &q.branch, events, id, move |q| q.batch_rebuild())
+                    .await?;
                 return Ok(Step::Next);
             }
         }
@@ -512,12 +515,8 @@ impl Executor {
             tracing::info!(pr = p.number, ?answer, "batched PR marked merged");
         }
         let now = now_ms();
-        self.write(effect, &q.branch, events, move |q| {
-            if q.batch.as_ref().is_some_and(|x| x.id == id) {
-                q.batch_landed(now);
-            }
-        })
-        .await?;
+        self.write_batch(effect, &q.branch, events, id, move |q| q.batch_landed(now))
+            .await?;
         Ok(Step::Next)
     }
 
