@@ -443,9 +443,13 @@ pub(crate) fn apply_snapshot(
     // Forgejo's `updated_at` has second resolution: at a tie, only a source that
     // speaks for the head (a sync, an opened/reopened payload, an API read) may change
     // it; an equally old label or edit payload may predate the push.
+    // A merged PR is final (Forgejo cannot reopen it): a snapshot that says otherwise
+    // was taken before the merge, e.g. a label payload of the same second.
     let older = r.pr.as_ref().is_some_and(|cur| {
         snap.updated_ms < cur.updated_ms
             || (snap.updated_ms == cur.updated_ms && !head_source && snap.head_sha != cur.head_sha)
+            || (cur.state == crate::core::observation::PrState::Merged
+                && snap.state != crate::core::observation::PrState::Merged)
     });
     if older {
         return;

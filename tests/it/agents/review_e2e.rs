@@ -243,14 +243,22 @@ async fn a_reviewer_requests_changes_then_approves_the_fix_and_the_pr_merges() {
         .map(|r| r["verdict"].as_str().unwrap_or("none"))
         .collect();
     assert_eq!(verdicts, ["changes-requested", "approved"]);
-    let metrics = s.metrics().await;
-    for line in [
+    let lines = [
         "shepherd_reviews_dispatched_total 2",
         "shepherd_review_verdicts_total{verdict=\"approved\"} 1",
         "shepherd_review_verdicts_total{verdict=\"changes-requested\"} 1",
         "shepherd_review_rounds_per_merged_pr_sum 2",
         "shepherd_review_rounds_per_merged_pr_count 1",
-    ] {
+    ];
+    // The merged PR's figures are counted when the worker steps the `merged` event,
+    // which may come after the merge the fake recorded: wait for them (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut metrics = s.metrics().await;
+    while !lines.iter().all(|l| metrics.contains(l)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        metrics = s.metrics().await;
+    }
+    for line in lines {
         assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
     }
     let view = inspect(&s, n).await;
