@@ -1241,3 +1241,17 @@ fn a_label_payload_of_the_same_second_does_not_undo_a_push() {
         Some(&sha('c'))
     );
 }
+
+#[test]
+fn a_merged_pr_stays_merged_when_an_older_same_second_label_payload_arrives() {
+    let mut h = H::new();
+    let mut merged_snap = snap('a', 1_000);
+    merged_snap.state = crate::core::observation::PrState::Merged;
+    h.step(pr_event(PrAction::Closed, merged_snap, "alice"));
+    // A label payload taken before the merge, in the same second, with the same head.
+    h.step(pr_event(PrAction::Labeled, snap('a', 1_000), "alice"));
+    assert_eq!(
+        h.r.pr.as_ref().map(|p| p.state),
+        Some(crate::core::observation::PrState::Merged)
+    );
+}
