@@ -342,6 +342,21 @@ policy_settings! {
     /// The agents estimate the first attempt's tier themselves: under
     /// `cleveragents-v2` a first attempt's prompt has no `escalation_tier_hint`.
     tier_estimator: bool = false;
+    /// How long a `succeeded` result waits for the push it announces, in seconds;
+    /// no push by then and the attempt counts as `no-changes` (issue 27).
+    push_grace_secs: u64 = 300;
+    /// Regular expressions (case-insensitive) over an agent's output tail that mark
+    /// a failed run as transient (model 429/5xx, overload, timeouts): retried with
+    /// backoff, no attempt counted, tier unchanged (issue 27).
+    transient_patterns: Vec<String> = DEFAULT_TRANSIENT_PATTERNS.iter().map(|s| (*s).to_owned()).collect();
+    /// Retries of a transient agent failure before it counts as a failed attempt.
+    transient_retries: u32 = 3;
+    /// First backoff before a transient retry, in seconds (doubles each retry).
+    transient_backoff_secs: u64 = 30;
+    /// The branch an `issue-impl` agent works on; `{number}` is the issue's number.
+    issue_branch: String = "shepherd/issue-{number}".into();
+    /// Labels that keep an issue from being dispatched (besides open dependencies).
+    blocked_labels: Vec<String> = ["State/Paused", "Blocked"].map(String::from).to_vec();
 }
 
 /// Which prompt contract the agents get (`prompt_profile`).
@@ -354,6 +369,22 @@ pub enum PromptProfile {
     #[serde(rename = "cleveragents-v2")]
     CleveragentsV2,
 }
+
+/// The default `transient_patterns`: how opencode and the model providers word a
+/// failure that a later retry may not have (rate limits, overload, 5xx, timeouts).
+pub const DEFAULT_TRANSIENT_PATTERNS: &[&str] = &[
+    r"\b429\b",
+    r"rate[ _-]?limit",
+    r"too many requests",
+    r"overloaded",
+    r"\b50[0234]\b",
+    r"service unavailable",
+    r"bad gateway",
+    r"gateway time-?out",
+    r"timed? ?out",
+    r"ETIMEDOUT|ECONNRESET|ECONNREFUSED",
+    r"temporarily unavailable",
+];
 
 /// The agent of a work kind the policy's `agents` table does not name.
 pub const DEFAULT_AGENT: &str = "implementation-worker";
