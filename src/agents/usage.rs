@@ -36,7 +36,10 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 pub use crate::config::UsageSource;
 use crate::core::usage::{RunLimits, StopReason, Usage, usd_to_micros};
@@ -94,29 +97,36 @@ struct CacheTokens {
     write: f64,
 }
 
-/// A `tool_use` line.
+/// A `tool_use` line, read without copying: the tool's name and its arguments are
+/// borrowed from the line (the arguments as their JSON text), and everything else —
+/// the tool's output above all, often kilobytes — is only skipped over.
 #[derive(Deserialize)]
-struct ToolUse {
+struct ToolUse<'a> {
     /// The tool part.
-    part: ToolPart,
+    #[serde(borrow)]
+    part: ToolPart<'a>,
 }
 
 /// A tool part: which tool, with what input.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct ToolPart {
+struct ToolPart<'a> {
     /// The tool's name.
-    tool: String,
+    #[serde(borrow)]
+    tool: Cow<'a, str>,
     /// Its state (`input` is the call's arguments).
-    state: ToolState,
+    #[serde(borrow)]
+    state: ToolState<'a>,
 }
 
 /// A tool part's state.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct ToolState {
-    /// The call's arguments.
-    input: serde_json::Value,
+struct ToolState<'a> {
+    /// The call's arguments, as the JSON text opencode printed (`JSON.stringify` of the
+    /// model's arguments: the same arguments, the same text).
+    #[serde(borrow)]
+    input: Option<&'a RawValue>,
 }
 
 /// A token count from a JSON number: non-negative and finite, else 0.
@@ -134,7 +144,7 @@ fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     let first = *needle.first()?;
     let mut i = from;
     while i + needle.len() <= hay.len() {
-        let j = i + hay[i..].iter().position(|b| *b == first)?;
+        let j = i + memchr::memchr(first, &hay[i..])?;
         if hay.len() - j < needle.len() {
             return None;
         }
@@ -185,14 +195,20 @@ impl Meter {
         self.verdict
     }
 
-    /// Takes output bytes (any chunking); complete lines are parsed.
+    /// Takes output bytes (any chunking); complete lines are parsed — in place when a
+    /// line lies whole in `bytes`, copied only when it spans chunks.
     pub fn feed(&mut self, mut bytes: &[u8]) {
-        while let Some(nl) = bytes.iter().position(|b| *b == b'\n') {
-            self.take_part(&bytes[..nl]);
-            if !self.overflow {
-                let line = std::mem::take(&mut self.line);
-                self.parse_line(&line);
-                self.line = line;
+        while let Some(nl) = memchr::memchr(b'\n', bytes) {
+            let part = &bytes[..nl];
+            if self.line.is_empty() && !self.overflow && part.len() <= MAX_LINE {
+                self.parse_line(part);
+            } else {
+                self.take_part(part);
+                if !self.overflow {
+                    let line = std::mem::take(&mut self.line);
+                    self.parse_line(&line);
+                    self.line = line;
+                }
             }
             self.line.clear();
             self.overflow = false;
@@ -229,8 +245,8 @@ impl Meter {
                 self.parse_one::<StepFinish>(rest, |m, e| m.step_finished(&e.part))
             } else if rest.starts_with(TOOL_USE) {
                 self.parse_one::<ToolUse>(rest, |m, e| {
-                    let args = e.part.state.input.to_string();
-                    m.tool_call(Some((e.part.tool, args)));
+                    let args = e.part.state.input.map_or("null", |raw| raw.get());
+                    m.tool_call(Some((&e.part.tool, args)));
                 })
             } else if rest.starts_with(STEP_START) {
                 self.parse_one::<serde::de::IgnoredAny>(rest, |m, _| m.step_started())
@@ -243,9 +259,9 @@ impl Meter {
 
     /// Parses one JSON value of type `T` at the start of `text` and hands it to `then`;
     /// the bytes it took, or `None` when it is not one.
-    fn parse_one<T: serde::de::DeserializeOwned>(
+    fn parse_one<'a, T: Deserialize<'a>>(
         &mut self,
-        text: &[u8],
+        text: &'a [u8],
         then: impl FnOnce(&mut Self, T),
     ) -> Option<usize> {
         let mut stream = serde_json::Deserializer::from_slice(text).into_iter::<T>();
@@ -278,15 +294,17 @@ impl Meter {
         self.check();
     }
 
-    /// A tool call ended (`None`: its arguments are unknown).
-    fn tool_call(&mut self, call: Option<(String, String)>) {
+    /// A tool call ended (`None`: its arguments are unknown). The last call is kept
+    /// (allocated) only when it differs from the one before.
+    fn tool_call(&mut self, call: Option<(&str, &str)>) {
         self.usage.tool_calls = self.usage.tool_calls.saturating_add(1);
-        match (call, &self.last_call) {
-            (Some(c), Some(last)) if c == *last => self.repeats = self.repeats.saturating_add(1),
-            (c, _) => {
-                self.repeats = u32::from(c.is_some());
-                self.last_call = c;
-            }
+        let same = matches!((call, &self.last_call),
+            (Some((tool, args)), Some((last_tool, last_args))) if tool == last_tool && args == last_args);
+        if same {
+            self.repeats = self.repeats.saturating_add(1);
+        } else {
+            self.repeats = u32::from(call.is_some());
+            self.last_call = call.map(|(tool, args)| (tool.to_owned(), args.to_owned()));
         }
         self.check();
     }
