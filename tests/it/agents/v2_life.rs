@@ -109,7 +109,10 @@ impl Life {
                 opencode_root().display().to_string(),
             )
             .env("SHEPHERD_AGENT_CHECKOUT", "true")
-            .env("SHEPHERD_AGENT_CLONE_URL", GitRemote::clone_url(marks.path()))
+            .env(
+                "SHEPHERD_AGENT_CLONE_URL",
+                GitRemote::clone_url(marks.path()),
+            )
             .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_PAT)
             .env("SHEPHERD_AGENT_CREDENTIALS", "true")
             .env("SHEPHERD_AGENT_GIT_NAME", GIT_NAME)
@@ -250,7 +253,8 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
             }
         }
     });
-    s.fake.add_action_run(REPO, 7, &[("test", "failure", Some(LOG))]);
+    s.fake
+        .add_action_run(REPO, 7, &[("test", "failure", Some(LOG))]);
     s.send(&s.fake.pr_opened(REPO, n)).await;
 
     // The agent's push reaches the PR; CI (the test) goes green on the new head.
@@ -289,7 +293,10 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
         "thread 'parse_empty' panicked at src/lib.rs:3:5",
         "Process completed with exit code 101.",
     ] {
-        assert!(detail.contains(line), "{line:?} not in the detail: {detail}");
+        assert!(
+            detail.contains(line),
+            "{line:?} not in the detail: {detail}"
+        );
     }
     let creds = section(
         &prompt,
@@ -315,7 +322,10 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
     );
     assert_eq!(trace["params"]["release_claim_on_exit"], "false");
     assert!(trace.get("released").is_none(), "no release: {trace}");
-    assert_eq!(trace["failing_tests_seen"], serde_json::json!(["parse_empty"]));
+    assert_eq!(
+        trace["failing_tests_seen"],
+        serde_json::json!(["parse_empty"])
+    );
     assert!(trace["ratio"].as_f64().unwrap() >= 0.8, "{trace}");
     let task_prompt = life.mark(&format!("task-prompt-pr_fix-{n}.md"));
     assert_forwarded_verbatim(&prompt, &task_prompt);
@@ -364,7 +374,12 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
         a[0]["summary"].as_str().unwrap_or("").contains(&output),
         "{a:?}"
     );
-    let kinds: Vec<Value> = s.work_items().await.iter().map(|w| w["kind"].clone()).collect();
+    let kinds: Vec<Value> = s
+        .work_items()
+        .await
+        .iter()
+        .map(|w| w["kind"].clone())
+        .collect();
     assert_eq!(kinds, ["ci-fix"], "one work item in the whole life");
     s.assert_no_duplicate_dispatch().await;
     s.fake.assert_calls_match_openapi_v16();
@@ -416,7 +431,10 @@ async fn a_v2_worker_implements_a_labelled_issue_and_its_pr_merges() {
         prompt.contains(&format!("work_number: {issue}\n")),
         "{prompt}"
     );
-    assert!(prompt.contains("work_title: Count the widgets\n"), "{prompt}");
+    assert!(
+        prompt.contains("work_title: Count the widgets\n"),
+        "{prompt}"
+    );
     let gaps = section(&prompt, "## Compliance gap report");
     assert!(gaps.contains("count widgets"), "{gaps}");
     let trace = life.trace("issue_impl", issue);
@@ -457,7 +475,12 @@ async fn a_v2_worker_implements_a_labelled_issue_and_its_pr_merges() {
             .contains(&"auto/claimed-implementer".to_owned()),
         "the issue's claim is released"
     );
-    let kinds: Vec<Value> = s.work_items().await.iter().map(|w| w["kind"].clone()).collect();
+    let kinds: Vec<Value> = s
+        .work_items()
+        .await
+        .iter()
+        .map(|w| w["kind"].clone())
+        .collect();
     assert_eq!(kinds, ["issue-impl"], "one work item in the whole life");
     s.assert_no_duplicate_dispatch().await;
     s.fake.assert_calls_match_openapi();

@@ -82,14 +82,22 @@ impl GitRemote {
         std::fs::write(work.join(file), text).expect("write the file");
         git(&work, &["add", file]);
         commit(&work, &format!("add {file}"));
-        git(&work, &["push", "-q", "origin", &format!("HEAD:refs/heads/{branch}")]);
+        git(
+            &work,
+            &["push", "-q", "origin", &format!("HEAD:refs/heads/{branch}")],
+        );
         git(&work, &["rev-parse", "HEAD"])
     }
 
     /// The tip of `branch` in the bare repository.
     pub fn tip(&self, branch: &str) -> Option<String> {
         let out = std::process::Command::new("git")
-            .args(["rev-parse", "--verify", "-q", &format!("refs/heads/{branch}")])
+            .args([
+                "rev-parse",
+                "--verify",
+                "-q",
+                &format!("refs/heads/{branch}"),
+            ])
             .current_dir(&self.bare)
             .output()
             .expect("run git");
@@ -102,7 +110,11 @@ impl GitRemote {
     pub fn branches(&self) -> Vec<(String, String)> {
         git(
             &self.bare,
-            &["for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads"],
+            &[
+                "for-each-ref",
+                "--format=%(refname:short) %(objectname)",
+                "refs/heads",
+            ],
         )
         .lines()
         .filter_map(|l| l.split_once(' '))
