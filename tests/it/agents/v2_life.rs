@@ -272,6 +272,14 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
             .is_some_and(|a| a["outcome"] == "succeeded")
     })
     .await;
+    // 004's release step is Shepherd's (`release_claim_on_exit: false`): the claim
+    // label goes when the attempt ends.
+    life.drive("Shepherd releases the claim", || async {
+        !s.fake
+            .labels_on(REPO, n)
+            .contains(&"auto/claimed-implementer".to_owned())
+    })
+    .await;
     s.fake
         .set_status(REPO, &fixed, "ci / test (pull_request)", "success", "ok");
     life.drive("the PR waits for a review", || async {
