@@ -65,6 +65,23 @@ prompt_profile = \"cleveragents-v2\"
 models = { haiku = \"stub-haiku\" }
 ";
 
+/// 004's sections, exact and in its order (CRITICAL RULE, contract 1), the
+/// credentials section first since the runner opts in.
+const HEADINGS: [&str; 12] = [
+    "## Worker credentials (use these instead of env vars)",
+    "## Pre-fetched description",
+    "## Pre-fetched diff",
+    "## Pre-fetched CI status",
+    "## Pre-fetched CI per-check detail",
+    "## Pre-fetched PR comments",
+    "## Pre-fetched active REQUEST_CHANGES reviews",
+    "## Pre-fetched linked issues",
+    "## Pre-fetched Epic",
+    "## Pre-cloned working copy",
+    "## Compliance gap report",
+    "## Pre-flight gate summary",
+];
+
 /// The failing job's log: the test the agent must find in its prompt.
 const LOG: &str = "Run cargo test\n   Compiling widgets v0.1.0\nrunning 2 tests\n\
 test parse_ok ... ok\ntest parse_empty ... FAILED\n\
@@ -322,6 +339,14 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
     // What the worker did, by 004's steps.
     let trace = life.trace("pr_fix", n);
     assert_eq!(trace["exit"], "dispatched", "{trace}");
+    // The sections as the worker parsed them (outside fences), and as its
+    // task-implementor parsed the forwarded task prompt: all twelve, in order.
+    assert_eq!(trace["headings"], serde_json::json!(HEADINGS), "{trace}");
+    assert_eq!(
+        trace["task_headings"],
+        serde_json::json!(HEADINGS),
+        "{trace}"
+    );
     assert_eq!(trace["credentials_section"], true);
     assert_eq!(
         trace["printenv"],
@@ -447,6 +472,12 @@ async fn a_v2_worker_implements_a_labelled_issue_and_its_pr_merges() {
     assert!(gaps.contains("count widgets"), "{gaps}");
     let trace = life.trace("issue_impl", issue);
     assert_eq!(trace["exit"], "dispatched", "{trace}");
+    assert_eq!(trace["headings"], serde_json::json!(HEADINGS), "{trace}");
+    assert_eq!(
+        trace["task_headings"],
+        serde_json::json!(HEADINGS),
+        "{trace}"
+    );
     assert_eq!(trace["opened_pr"], n);
     assert_forwarded_verbatim(
         &prompt,
