@@ -88,6 +88,20 @@ test parse_ok ... ok\ntest parse_empty ... FAILED\n\
 thread 'parse_empty' panicked at src/lib.rs:3:5\n\
 error: test failed, to rerun pass `--lib`\nProcess completed with exit code 101.\n";
 
+/// The test agent's script; panics, naming what to install, when `python3` (which
+/// runs it) is missing: no silent skip.
+pub(super) fn worker_script() -> std::path::PathBuf {
+    assert!(
+        Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: the seed-004 test agent needs python3 (apt-get install python3; \
+         Debian's npm package, which scripts/test installs, brings it)"
+    );
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/agents/v2_worker.py")
+}
+
+/// The interpreter of the test agent.
+pub(super) const PYTHON: &str = "/usr/bin/python3";
+
 /// Everything one life needs.
 struct Life {
     s: Scenario,
@@ -106,10 +120,10 @@ impl Life {
         s.fake.add_user_token(AGENT_USER, AGENT_PAT);
         let marks = tempfile::tempdir().unwrap();
         let m = marks.path().display().to_string();
-        let worker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/agents/v2_worker.py");
+        let worker = worker_script();
         std::fs::copy(worker, marks.path().join("v2_worker.py")).expect("copy the agent");
         let remote = GitRemote::create(marks.path(), &s.fake, REPO);
-        let command = format!("/usr/bin/python3 {m}/v2_worker.py {{prompt}} {m}");
+        let command = format!("{PYTHON} {m}/v2_worker.py {{prompt}} {m}");
         let stub = ModelStub::start_with_prompt_files(&command, marks.path()).await;
         let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
         open_to_agents(project.root());
@@ -168,6 +182,16 @@ impl Life {
             }
             if Instant::now() > end {
                 self.s.dump().await;
+                for e in std::fs::read_dir(self.marks.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    if e.file_name().to_string_lossy().starts_with("trace-") {
+                        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        eprintln!("{}:\n{text}", e.path().display());
+                    }
+                }
                 panic!("timed out waiting for: {what}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

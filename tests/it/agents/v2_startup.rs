@@ -46,8 +46,8 @@ async fn v2_prompt(fake: &FakeForgejo) -> (String, u64) {
 fn run_worker(dir: &Path, prompt: &str, env: &[(&str, &str)]) -> (String, Value) {
     let file = dir.join("prompt.md");
     std::fs::write(&file, prompt).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/agents/v2_worker.py");
-    let out = std::process::Command::new("/usr/bin/python3")
+    let script = super::v2_life::worker_script();
+    let out = std::process::Command::new(super::v2_life::PYTHON)
         .arg(script)
         .arg(&file)
         .arg(dir)
