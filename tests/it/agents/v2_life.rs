@@ -111,6 +111,10 @@ struct Life {
     marks: tempfile::TempDir,
     remote: GitRemote,
     _runner: Shepherd,
+    /// Every webhook the fake queued and [`Life::drive`] delivered: (event type,
+    /// sender's login). The fake authenticates each write by its token, so the sender
+    /// of the worker's writes shows whose token it used.
+    delivered: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 impl Life {
@@ -157,6 +161,7 @@ impl Life {
             marks,
             remote,
             _runner: runner,
+            delivered: std::sync::Mutex::default(),
         }
     }
 
@@ -175,6 +180,9 @@ impl Life {
                 self.s.send(&hook).await;
             }
             for hook in self.s.fake.take_outbox() {
+                let sender = hook.payload["sender"]["login"].as_str().unwrap_or("");
+                let seen = (hook.event_type.to_owned(), sender.to_owned());
+                self.delivered.lock().unwrap().push(seen);
                 self.s.send(&hook).await;
             }
             if cond().await {
@@ -226,6 +234,12 @@ impl Life {
             .filter(|c| c.user_agent == WORKER_UA)
             .map(|c| (c.method, c.path, c.status))
             .collect()
+    }
+
+    /// Whether the fake queued a webhook of `event_type` sent by `login`.
+    fn delivered(&self, event_type: &str, login: &str) -> bool {
+        let seen = (event_type.to_owned(), login.to_owned());
+        self.delivered.lock().unwrap().contains(&seen)
     }
 
     /// A human approves the head; the PR's approval webhook is delivered.
@@ -408,6 +422,11 @@ async fn a_v2_worker_fixes_red_ci_from_the_job_log_and_the_pr_merges() {
         "{calls:?}"
     );
     assert!(!calls.iter().any(|(m, _, _)| m == "DELETE"), "{calls:?}");
+    assert!(
+        life.delivered("pull_request_label", AGENT_USER),
+        "Forgejo's label webhook names the agent user: {:?}",
+        life.delivered.lock().unwrap()
+    );
     // The fix, committed as the agents' identity on the PR branch, is what merged.
     let pushed = trace["pushed"].as_str().unwrap().to_owned();
     assert_eq!(fixed, pushed);
@@ -521,6 +540,11 @@ async fn a_v2_worker_implements_a_labelled_issue_and_its_pr_merges() {
     );
     let pr = s.fake.issue(REPO, n);
     assert_eq!(pr.user, AGENT_USER);
+    assert!(
+        life.delivered("pull_request", AGENT_USER),
+        "Forgejo's `opened` webhook names the agent user: {:?}",
+        life.delivered.lock().unwrap()
+    );
     assert!(pr.body.contains(&format!("Closes #{issue}")), "{}", pr.body);
     let pushed = trace["pushed"].as_str().unwrap().to_owned();
     assert_eq!(head, pushed);
