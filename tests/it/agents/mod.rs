@@ -17,6 +17,11 @@
 //!   the real bubblewrap sandbox, tries every attack of the issue's findings.
 //! - `ledger_e2e`: the cost ledger (issue 28) after two real opencode runs through
 //!   `shepherd run` and `shepherd agents` equals the stub model server's sums.
+//! - `v2_life`: seed 004's worker (`v2_worker.py`, written from its rules) through
+//!   opencode, the stub model and the sandbox, under the `cleveragents-v2` profile: a
+//!   red PR fixed from its job log to merge, and a labelled issue to a merged PR.
+//! - `v2_startup`: the same worker run directly on a `cleveragents-v2` prompt: the
+//!   `printenv` fallback, and the startup stop when a required parameter is missing.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
@@ -38,6 +43,8 @@ mod review_e2e;
 mod review_runner;
 mod runner;
 mod usage;
+mod v2_life;
+mod v2_startup;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! signing helpers, and polling with deadlines (never sleeps to wait for results).
 
 pub mod fake_forgejo;
+pub mod git_remote;
 pub mod model_stub;
 pub mod openapi;
 pub mod opencode;

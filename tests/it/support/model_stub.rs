@@ -13,6 +13,13 @@
 //!   once [`ModelStub::set_looping`] is on, the same tool call again: an agent that
 //!   never stops).
 //!
+//! With [`ModelStub::start_with_prompt_files`] the stub also hands the agent's prompt
+//! to the command it runs, as a model would read it from its context: it writes the
+//! user text of each first agent turn to `<dir>/prompt-<seq>.md` and puts that path in
+//! place of `{prompt}` in the command; and its final answer is the last tool result,
+//! verbatim (an agent that returns its subagent's output unchanged, seed 004's "Return
+//! the dispatcher's output verbatim").
+//!
 //! Every answer ends with a `usage` chunk of known token counts ([`StubUsage::of`],
 //! different for each request) which the stub records with the request, so a test can
 //! compare what opencode reports (priced with [`PRICE`] in the test's `opencode.json`)
@@ -138,6 +145,20 @@ impl ModelRequest {
             .collect()
     }
 
+    /// The text of the last message (a tool result's content).
+    fn last_text(&self) -> String {
+        let last = self.body["messages"].as_array().and_then(|m| m.last());
+        match last.map(|m| &m["content"]) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
     /// The role of the last message.
     fn last_role(&self) -> &str {
         self.body["messages"]
@@ -156,6 +177,9 @@ struct StubState {
     command: Mutex<String>,
     /// Answer every agent turn with the tool call (an agent that never ends).
     looping: AtomicBool,
+    /// Where the prompts of first agent turns are written (`{prompt}` in the command
+    /// names the file), and whether the final answer echoes the last tool result.
+    prompt_dir: Option<std::path::PathBuf>,
 }
 
 /// A running stub model server. Dropping it stops the server.
@@ -171,10 +195,22 @@ pub struct ModelStub {
 impl ModelStub {
     /// Starts a stub on a free port whose agent turn runs `command` in `bash`.
     pub async fn start(command: &str) -> Self {
+        Self::launch(command, None).await
+    }
+
+    /// Starts a stub whose agent turn runs `command` with `{prompt}` replaced by the
+    /// path of a file in `dir` holding the turn's prompt (the user text), and whose
+    /// final answer is the last tool result verbatim.
+    pub async fn start_with_prompt_files(command: &str, dir: &std::path::Path) -> Self {
+        Self::launch(command, Some(dir.to_owned())).await
+    }
+
+    async fn launch(command: &str, prompt_dir: Option<std::path::PathBuf>) -> Self {
         let state = Arc::new(StubState {
             requests: Mutex::new(Vec::new()),
             command: Mutex::new(command.to_owned()),
             looping: AtomicBool::new(false),
+            prompt_dir,
         });
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
         let port = listener.local_addr().expect("local addr").port();
@@ -295,15 +331,22 @@ async fn completions(
             chunk(json!({}), json!("stop")),
         ]
     } else if request.last_role() == "tool" && !state.looping.load(Ordering::SeqCst) {
+        let text = match &state.prompt_dir {
+            Some(_) => request.last_text(),
+            None => FINAL_TEXT.to_owned(),
+        };
         vec![
-            chunk(
-                json!({"role": "assistant", "content": FINAL_TEXT}),
-                Value::Null,
-            ),
+            chunk(json!({"role": "assistant", "content": text}), Value::Null),
             chunk(json!({}), json!("stop")),
         ]
     } else {
-        let command = lock(&state.command).clone();
+        let mut command = lock(&state.command).clone();
+        if let Some(dir) = &state.prompt_dir {
+            let path = dir.join(format!("prompt-{seq}.md"));
+            let prompt = request.user_texts().join("\n");
+            std::fs::write(&path, prompt).expect("write the turn's prompt");
+            command = command.replace("{prompt}", &path.display().to_string());
+        }
         let arguments = json!({"command": command, "description": "Do the work item"});
         vec![
             chunk(
