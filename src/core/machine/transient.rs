@@ -106,6 +106,13 @@ pub(crate) fn on_timer(ws: &mut WorkState, now: i64) -> bool {
     }
 }
 
+/// A new dispatch: whatever back-off there was is over (the row's count stays).
+pub(crate) fn on_dispatch(ws: &mut WorkState) {
+    if let Some(t) = &mut ws.transient {
+        t.retry_at_ms = None;
+    }
+}
+
 /// Why no agent work may start now, when a back-off runs. `now`: the PR's clock (a
 /// back-off whose time has passed is over before its timer fires); `None`: the issue's
 /// decision, which has no clock and waits for the timer.

@@ -116,6 +116,7 @@ pub(crate) fn dispatch(
     let tier = next_tier(ws, spec.kind, &spec.signature, policy);
     ws.tier = ws.tier.max(tier);
     super::budget::on_dispatch(ws);
+    super::transient::on_dispatch(ws);
     ws.seq += 1;
     let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
     let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
