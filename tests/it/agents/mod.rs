@@ -17,6 +17,8 @@
 //!   the real bubblewrap sandbox, tries every attack of the issue's findings.
 //! - `ledger_e2e`: the cost ledger (issue 28) after two real opencode runs through
 //!   `shepherd run` and `shepherd agents` equals the stub model server's sums.
+//! - `transient`: transient agent failures (issue 27): a rate-limited agent retried at
+//!   the same tier without an attempt; one that always claims `transient` escalates.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
@@ -37,6 +39,7 @@ mod profile_v2;
 mod review_e2e;
 mod review_runner;
 mod runner;
+mod transient;
 mod usage;
 
 use std::path::PathBuf;
