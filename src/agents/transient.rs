@@ -132,16 +132,13 @@ fn strip_escapes(text: &str) -> String {
             out.push(c);
             continue;
         }
-        match chars.next() {
-            Some('[') => {
-                // Parameters and intermediates, then one final byte in `@`..=`~`.
-                for c in chars.by_ref() {
-                    if ('@'..='~').contains(&c) {
-                        break;
-                    }
+        if chars.next() == Some('[') {
+            // Parameters and intermediates, then one final byte in `@`..=`~`.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
                 }
             }
-            Some(_) | None => {}
         }
     }
     out
