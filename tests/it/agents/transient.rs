@@ -174,3 +174,26 @@ printf '{"outcome":"transient","summary":"the provider is busy, honest"}' > "$SH
     })
     .await;
 }
+
+/// The results API takes `transient` too (an agent of another runner reporting over
+/// HTTP): accepted once, no attempt, the same work again after the back-off; a second
+/// report of the same id is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_results_api_accepts_transient_and_the_work_comes_back_at_the_same_tier() {
+    let s = Scenario::start("transient_backoff_secs = 1\n").await;
+    let n = open_red_pr(&s).await;
+    let first = s.wait_work_items(1).await.remove(0);
+    let id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(s.report(&id, "transient", Some("exit:1")).await, 202);
+    let items = s.wait_work_items(2).await;
+    let again = &items[1];
+    assert_ne!(again["id"], first["id"]);
+    assert_eq!(
+        (again["tier"].as_u64(), again["attempt"].as_u64()),
+        (Some(0), Some(1)),
+        "{again}"
+    );
+    assert_eq!(s.report(&id, "transient", None).await, 409, "once");
+    s.wait_idle().await;
+    assert!(attempts(&s, n).await.is_empty(), "no attempt counted");
+}
