@@ -214,8 +214,8 @@ impl QueueMetrics {
 }
 
 /// Metrics of the agent runner. Labels: work kind, tier name (bounded by the policy's
-/// tier list) and outcome (`succeeded`, `failed`, `no-changes`, `timeout`, `cancelled`,
-/// `released`).
+/// tier list) and outcome (`succeeded`, `failed`, `no-changes`, `transient`, `timeout`,
+/// `cancelled`, `released`).
 #[derive(Clone)]
 pub struct AgentMetrics {
     /// Agents running now in this process.
@@ -237,6 +237,9 @@ pub struct AgentMetrics {
     pub stopped: IntCounterVec,
     /// Work items refused by the binding check (`agents::binding`), by reason.
     pub refused: IntCounterVec,
+    /// Runs reported `transient` (a model provider's 429/5xx, overload or timeout, by
+    /// `transient_patterns` or the result file; issue 27), by kind.
+    pub transient: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -300,6 +303,15 @@ impl AgentMetrics {
                 &["reason"],
             )
             .expect("valid metric"),
+            transient: IntCounterVec::new(
+                Opts::new(
+                    "agent_transient_total",
+                    "Agent runs reported transient (model provider 429/5xx, overload, \
+                     timeout), retried without an attempt, by kind",
+                ),
+                &["kind"],
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -313,6 +325,7 @@ impl AgentMetrics {
             Box::new(self.cost.clone()),
             Box::new(self.stopped.clone()),
             Box::new(self.refused.clone()),
+            Box::new(self.transient.clone()),
         ]
     }
 }

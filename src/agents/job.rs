@@ -444,6 +444,7 @@ async fn conclude(
         Finish::Limit(_) => Ok(None),
         _ => outcome::read_result_file_off_thread(files.result.clone()).await,
     };
+    let had_file = matches!(file, Ok(Some(_)));
     let result = outcome::decide(finish, file, &output);
     let spent = usage::final_usage(
         live.usage(),
@@ -459,6 +460,10 @@ async fn conclude(
     };
     save_log(shared, &id, &log).await;
     let mut report = result.report;
+    // A model provider's 429/5xx, overload or timeout: retried by the core without an
+    // attempt (issue 27).
+    let patterns = &shared.policy.for_repo(&item.repo).transient_patterns;
+    super::transient::Classifier::new(patterns).classify(&mut report, finish, had_file, &log);
     if let Some(reason) = report.stopped {
         m.stopped.with_label_values(&[reason.as_str()]).inc();
         let why = usage::describe(reason, &spent, &item.limits);
@@ -472,7 +477,10 @@ async fn conclude(
     // the result (the agent's own result file only adds its figures to the metrics). An
     // agent that failed without writing a verdict keeps its own failure (exit status).
     let wrote = std::fs::symlink_metadata(&files.review).is_ok();
-    let failed = report.outcome == crate::core::event::WorkOutcome::Failed;
+    let failed = matches!(
+        report.outcome,
+        crate::core::event::WorkOutcome::Failed | crate::core::event::WorkOutcome::Transient
+    );
     if let (Ok(Some(reviewer)), Finish::Exited(_)) = (reviewer_of(shared, item), finish)
         && (wrote || !failed)
     {
@@ -498,6 +506,9 @@ async fn conclude(
         Finish::Limit(reason) => Some(reason),
         _ => None,
     };
+    if report.outcome == crate::core::event::WorkOutcome::Transient {
+        m.transient.with_label_values(&[run.kind.as_str()]).inc();
+    }
     report_result(shared, item, run, &report).await?;
     run.state = RunState::Finished;
     count_finished(m, run);
@@ -552,6 +563,7 @@ fn outcome_label(run: &AgentRun) -> &'static str {
         (_, Some("timeout"), _) => "timeout",
         (_, _, Some("succeeded")) => "succeeded",
         (_, _, Some("no-changes")) => "no-changes",
+        (_, _, Some("transient")) => "transient",
         _ => "failed",
     }
 }
@@ -713,6 +725,7 @@ fn outcome_name(o: crate::core::event::WorkOutcome) -> &'static str {
         WorkOutcome::Succeeded => "succeeded",
         WorkOutcome::Failed => "failed",
         WorkOutcome::NoChanges => "no-changes",
+        WorkOutcome::Transient => "transient",
     }
 }
 

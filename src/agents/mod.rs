@@ -31,6 +31,7 @@
 //! | `workdir.rs` | the item's folder, files, command line and environment |
 //! | `launch.rs` | the `exec` launcher: placeholders, process group, parent-death signal |
 //! | `outcome.rs` | result file, exit status, deadline → the reported result; masking |
+//! | `transient.rs` | which failed runs are `transient` (policy `transient_patterns` over the output's end, or the result file) |
 //! | `checkout.rs` | the optional fresh clone the agent works in |
 //! | `context.rs`, `prompt.rs` | what the agent is told |
 //! | `epic.rs` | the Epic: an open issue the work's issue blocks (issue dependencies) |
@@ -56,6 +57,7 @@ pub mod prompt;
 pub mod review;
 pub mod runner;
 pub mod sandbox;
+pub mod transient;
 pub mod usage;
 pub mod workdir;
 

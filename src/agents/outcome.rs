@@ -9,7 +9,7 @@
 //! | a result file that is valid | as written (summary: the output's tail when none) |
 //! | a result file that is not JSON, too large, or has no valid `outcome` | `failed`, signature `result-file`, the reason in the summary |
 //! | no result file, exit 0 | `succeeded` |
-//! | no result file, exit status N | `failed`, signature `exit:N` |
+//! | no result file, exit status N | `failed`, signature `exit:N` (`transient` when its output's end matches `transient_patterns`: [`super::transient`]) |
 //! | no result file, killed by a signal | `failed`, signature `signal:SIGNAME` |
 //!
 //! Nothing is lost on a bad result file: the result is still reported (so the claim
@@ -34,7 +34,7 @@ const BAD_FILE_KEPT: usize = 4096;
 /// The result file as agents write it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResultFile {
-    /// `succeeded`, `failed` or `no-changes`.
+    /// `succeeded`, `failed`, `no-changes` or `transient` (issue 27).
     pub outcome: WorkOutcome,
     /// The agent's failure signature.
     #[serde(default)]

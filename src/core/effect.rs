@@ -239,6 +239,9 @@ pub enum TimerKind {
     QueueCi,
     /// The spend caps that held the record in `over-budget` have reset (issue 28).
     BudgetReset,
+    /// The back-off after a transient agent failure is over: the work may be
+    /// dispatched again (issue 27).
+    TransientRetry,
 }
 
 impl TimerKind {
@@ -253,6 +256,7 @@ impl TimerKind {
             TimerKind::StatusSettle => "status-settle",
             TimerKind::QueueCi => "queue-ci",
             TimerKind::BudgetReset => "budget-reset",
+            TimerKind::TransientRetry => "transient-retry",
         }
     }
 }

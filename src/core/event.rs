@@ -99,6 +99,10 @@ pub enum WorkOutcome {
     Failed,
     /// Nothing needed changing.
     NoChanges,
+    /// The run failed for a reason a later run may not have (model 429/5xx, overload,
+    /// timeouts; issue 27): retried after a back-off without counting an attempt, at
+    /// most `transient_retries` times in a row, then a failed attempt.
+    Transient,
 }
 
 /// What became of a `Merge` effect after the executor's checks and retries.

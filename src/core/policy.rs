@@ -372,19 +372,45 @@ pub enum PromptProfile {
 
 /// The default `transient_patterns`: how opencode and the model providers word a
 /// failure that a later retry may not have (rate limits, overload, 5xx, timeouts).
+///
+/// opencode-ai 1.18.33 (`opencode run`), after its own retries of a failing model
+/// request, prints `Error: <the provider's message>` last and exits 1 — e.g. `Error:
+/// Rate limit reached for requests` (a 429), `Error: Overloaded` (a 529), `Error:
+/// Internal server error` (a 500), `Error: Service Unavailable: Service Unavailable`
+/// (a 503 with a plain body), `Error: Cannot connect to API: Unable to connect. …`
+/// (connection refused); with `--format json` the last line is an `error` event whose
+/// `data` has `"statusCode":429` and `"isRetryable":true`. A 400 prints its message
+/// (`Error: Invalid model parameter`), which none of these match.
 pub const DEFAULT_TRANSIENT_PATTERNS: &[&str] = &[
     r"\b429\b",
     r"rate[ _-]?limit",
     r"too many requests",
     r"overloaded",
     r"\b50[0234]\b",
+    r"internal server error",
     r"service unavailable",
     r"bad gateway",
     r"gateway time-?out",
     r"timed? ?out",
     r"ETIMEDOUT|ECONNRESET|ECONNREFUSED",
+    r"cannot connect to api",
     r"temporarily unavailable",
+    r#""isRetryable":true"#,
 ];
+
+/// Compiles one of `transient_patterns` as the runner matches it: case-insensitive,
+/// with `regex-lite` (matching time linear in the output's length, whatever the
+/// pattern). The error says why it does not compile.
+pub fn transient_regex(pattern: &str) -> Result<regex_lite::Regex, String> {
+    if pattern.trim().is_empty() {
+        return Err("an empty pattern would match every output".into());
+    }
+    regex_lite::RegexBuilder::new(pattern)
+        .case_insensitive(true)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| e.to_string())
+}
 
 /// The agent of a work kind the policy's `agents` table does not name.
 pub const DEFAULT_AGENT: &str = "implementation-worker";
@@ -529,6 +555,26 @@ impl Policy {
             return Err(invalid(
                 "merge_queue",
                 "needs merge_mode = \"auto\" (the executor tests and merges the queue's head)",
+            ));
+        }
+        for (i, pattern) in self.transient_patterns.iter().enumerate() {
+            transient_regex(pattern).map_err(|why| {
+                invalid(
+                    &format!("transient_patterns[{i}]"),
+                    &format!("{pattern:?} is not a valid pattern: {why}"),
+                )
+            })?;
+        }
+        if self.transient_retries > 20 {
+            return Err(invalid(
+                "transient_retries",
+                "must be 0 to 20 (0: a transient failure is a failed attempt)",
+            ));
+        }
+        if self.transient_backoff_secs > 86_400 {
+            return Err(invalid(
+                "transient_backoff_secs",
+                "must be 0 to 86400 (a day)",
             ));
         }
         if self.ci_poll_initial_secs == 0 || self.ci_poll_max_secs < self.ci_poll_initial_secs {

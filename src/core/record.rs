@@ -288,6 +288,28 @@ pub struct WorkState {
     /// Spending and budget holds (issue 28).
     #[serde(default, skip_serializing_if = "BudgetFacts::is_empty")]
     pub budget: BudgetFacts,
+    /// Transient agent failures in a row and the back-off before the next try
+    /// (issue 27, `machine::transient`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transient: Option<TransientRetry>,
+}
+
+/// Transient agent failures (model 429/5xx, overload, timeouts) reported in a row by
+/// a record's work items, none counted as an attempt (issue 27).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransientRetry {
+    /// How many in a row (1 after the first); past `transient_retries` the next one
+    /// is a failed attempt.
+    pub count: u32,
+    /// The kind of the last one (its claim label stays while the retry waits).
+    pub kind: WorkKind,
+    /// No agent work for the record before this (unix ms); `None` once the back-off
+    /// timer fired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at_ms: Option<i64>,
+    /// What the last one said (bounded, like an attempt's summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
 }
 
 /// What a record knows of its spending and budget (issue 28).

@@ -1,6 +1,8 @@
 //! `POST /api/v1/work/{id}/result` (DESIGN §4): agents report the result of a work
 //! item. Bearer `SHEPHERD_AGENT_TOKEN` (compared in constant time); the body is
-//! `{"outcome": "succeeded"|"failed"|"no-changes", "signature"?, "summary"?}`.
+//! `{"outcome": "succeeded"|"failed"|"no-changes"|"transient", "signature"?, "summary"?}`
+//! (`transient`: a model provider's failure, retried without an attempt up to
+//! `transient_retries` times in a row; issue 27).
 //!
 //! | status | when |
 //! |---|---|
@@ -96,7 +98,7 @@ async fn report(
             return error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 &format!(
-                    "invalid result at {}: {}; expected {{\"outcome\": \"succeeded\"|\"failed\"|\"no-changes\", \"signature\"?, \"summary\"?}}",
+                    "invalid result at {}: {}; expected {{\"outcome\": \"succeeded\"|\"failed\"|\"no-changes\"|\"transient\", \"signature\"?, \"summary\"?}}",
                     e.path(),
                     e.inner()
                 ),

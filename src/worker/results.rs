@@ -41,7 +41,7 @@ pub struct ResultReport {
     /// Work id (required on the stream; ignored by the API, which has it in the path).
     #[serde(default)]
     pub id: Option<String>,
-    /// `succeeded`, `failed` or `no-changes`.
+    /// `succeeded`, `failed`, `no-changes` or `transient`.
     pub outcome: WorkOutcome,
     /// The agent's failure signature.
     #[serde(default)]
@@ -206,6 +206,7 @@ fn outcome_name(o: WorkOutcome) -> &'static str {
         WorkOutcome::Succeeded => "succeeded",
         WorkOutcome::Failed => "failed",
         WorkOutcome::NoChanges => "no-changes",
+        WorkOutcome::Transient => "transient",
     }
 }
 

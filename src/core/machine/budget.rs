@@ -85,22 +85,24 @@ pub(crate) fn on_result(
     let Some(attempt) = ws.attempts.iter_mut().rev().find(|a| &a.work_id == work_id) else {
         return;
     };
+    let first = attempt.cost_micros.is_none();
     if let Some(u) = usage
-        && attempt.cost_micros.is_none()
+        && first
     {
         attempt.cost_micros = Some(u.cost_micros);
         attempt.tokens = Some(u.budget_tokens());
-        let b = &mut ws.budget;
-        b.spent_micros = b.spent_micros.saturating_add(u.cost_micros);
-        b.spent_tokens = b.spent_tokens.saturating_add(u.budget_tokens());
-        b.runs = b.runs.saturating_add(1);
-        b.grant.usd_micros = b.grant.usd_micros.saturating_sub(u.cost_micros);
-        b.grant.tokens = b.grant.tokens.saturating_sub(u.budget_tokens());
+    }
+    if stopped == Some(StopReason::OverBudget) {
+        attempt.outcome = AttemptOutcome::OverBudget;
+    }
+    if let Some(u) = usage
+        && first
+    {
+        add_spent(ws, u);
     }
     if stopped != Some(StopReason::OverBudget) {
         return;
     }
-    attempt.outcome = AttemptOutcome::OverBudget;
     let Some(scope) = budget_scope else {
         // Not the active item any more (a push superseded it): nothing to hold for.
         return;
@@ -113,6 +115,17 @@ pub(crate) fn on_result(
         resets_at_ms: resets_of_scope(scope, now),
     };
     hold(ws, stop, now, fx);
+}
+
+/// Adds one run's usage to the record's cost so far and counts down what is left of
+/// a grant (a transient failure's run too, which has no attempt).
+pub(crate) fn add_spent(ws: &mut WorkState, u: &Usage) {
+    let b = &mut ws.budget;
+    b.spent_micros = b.spent_micros.saturating_add(u.cost_micros);
+    b.spent_tokens = b.spent_tokens.saturating_add(u.budget_tokens());
+    b.runs = b.runs.saturating_add(1);
+    b.grant.usd_micros = b.grant.usd_micros.saturating_sub(u.cost_micros);
+    b.grant.tokens = b.grant.tokens.saturating_sub(u.budget_tokens());
 }
 
 /// The reset timer: the hold ends when its reset has come.

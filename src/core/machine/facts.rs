@@ -119,6 +119,13 @@ pub(crate) fn apply(
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Pr, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());
+            if mine {
+                let (o, s, u) = (*outcome, *stopped, usage.as_ref());
+                let w = &mut r.work;
+                if super::transient::on_result(w, work_id, o, s, sum, u, now, policy, fx) {
+                    return true;
+                }
+            }
             let scope = super::budget::active_scope(&r.work, work_id);
             let recorded =
                 mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx);
@@ -675,6 +682,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         TimerKind::StaleCheck => r.is_open(),
         TimerKind::QueueCi => super::queue::on_ci_timer(r, now, policy),
         TimerKind::BudgetReset => super::budget::on_reset_timer(&mut r.work, now),
+        TimerKind::TransientRetry => super::transient::on_timer(&mut r.work, now),
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

@@ -12,7 +12,7 @@ use super::super::event::{EffectOutcome, Event, PrState};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
-use super::{Fx, budget, commands, work};
+use super::{Fx, budget, commands, transient, work};
 
 /// Where an issue stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,6 +150,10 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
     if let Some(h) = &r.work.budget.hold {
         return (IssuePhase::OverBudget, budget::reason(h), None);
     }
+    // Likewise the back-off after a transient failure (issue 27).
+    if let Some(why) = transient::waiting(&r.work, None, policy) {
+        return (IssuePhase::Implementing, why, None);
+    }
     (
         IssuePhase::Implementing,
         "implementation wanted".into(),
@@ -252,7 +256,7 @@ fn apply(
             commands_of(r, event, now, policy, from_bot, fx)
         }
         Event::TimerFired { .. } | Event::WorkResult { .. } | Event::EffectOutcome { .. } => {
-            claim_event(r, event, now, fx)
+            claim_event(r, event, now, policy, fx)
         }
         Event::Review { .. }
         | Event::ActionRun { .. }
@@ -413,7 +417,7 @@ fn commands_of(
 }
 
 /// Claim-expiry timers, work results and failed dispatches.
-fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> bool {
+fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
     match event {
         Event::TimerFired {
             repo,
@@ -434,6 +438,9 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             TimerKind::BudgetReset => {
                 is_this(r, repo, *scope, *number) && budget::on_reset_timer(&mut r.work, now)
             }
+            TimerKind::TransientRetry => {
+                is_this(r, repo, *scope, *number) && transient::on_timer(&mut r.work, now)
+            }
         },
         Event::WorkResult {
             work_id,
@@ -445,6 +452,13 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
         } => {
             let mine = work_id.subject() == Some((r.repo.clone(), Scope::Issue, r.number));
             let (sig, sum) = (signature.as_ref(), summary.as_ref());
+            if mine {
+                let (o, s, u) = (*outcome, *stopped, usage.as_ref());
+                let w = &mut r.work;
+                if transient::on_result(w, work_id, o, s, sum, u, now, policy, fx) {
+                    return true;
+                }
+            }
             let scope = budget::active_scope(&r.work, work_id);
             let recorded =
                 mine && work::on_result(&mut r.work, work_id, *outcome, sig, sum, now, fx);

@@ -11,7 +11,8 @@
 //! `work` (claims, attempts, escalation, stuck), `review` (reviewer agents: when a
 //! `review` is wanted, whose approvals count, rounds), `reconcile` (wanted vs in flight →
 //! effects), `commands` (`/shepherd …` with trust), `issue` (`step_issue`), `budget`
-//! (over-budget holds, grants and the cost so far).
+//! (over-budget holds, grants and the cost so far), `transient` (transient agent
+//! failures: retried after a back-off without an attempt, bounded).
 
 mod budget;
 mod commands;
@@ -21,6 +22,7 @@ mod plan;
 mod queue;
 mod reconcile;
 mod review;
+mod transient;
 mod work;
 
 #[cfg(test)]

@@ -642,6 +642,9 @@ fn want_work(
             format!("{why}; {}", super::budget::reason(hold)),
         );
     }
+    if let Some(wait) = super::transient::waiting(&r.work, Some(now), policy) {
+        return Plan::idle(phase, format!("{why}; {wait}"));
+    }
     if work::is_stuck(&r.work, kind, &signature, policy) {
         let reason = format!(
             "{why}: {} attempts of {} at the top tier ({}) did not fix it.",

@@ -116,6 +116,7 @@ pub(crate) fn dispatch(
     let tier = next_tier(ws, spec.kind, &spec.signature, policy);
     ws.tier = ws.tier.max(tier);
     super::budget::on_dispatch(ws);
+    super::transient::on_dispatch(ws);
     ws.seq += 1;
     let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
     let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
@@ -233,6 +234,9 @@ pub(crate) fn on_result(
         WorkOutcome::Succeeded => AttemptOutcome::Succeeded,
         WorkOutcome::Failed => AttemptOutcome::Failed,
         WorkOutcome::NoChanges => AttemptOutcome::NoChanges,
+        // `transient::on_result` retries it without an attempt; here it is past
+        // `transient_retries` in a row, from a stopped run, or after a push: failed.
+        WorkOutcome::Transient => AttemptOutcome::Failed,
     };
     if ws.active.as_ref().is_some_and(|a| &a.item.id == work_id) {
         end_active(ws, attempt_outcome, now, false, fx);
@@ -342,10 +346,16 @@ pub(crate) fn observe_hold_label(
 /// emitting only differences from what was asked for before.
 pub(crate) fn sync_labels(ws: &mut WorkState, open: bool, policy: &Policy, fx: &mut Fx) {
     let mut want = std::collections::BTreeSet::new();
-    if open && let Some(active) = &ws.active {
+    // A transient failure's back-off keeps the claim: the same work comes back soon.
+    let claimed = ws
+        .active
+        .as_ref()
+        .map(|a| a.item.kind)
+        .or_else(|| super::transient::held_kind(ws));
+    if open && let Some(kind) = claimed {
         // A reviewer holds the PR under its own label: the two never show at once
         // because a record has one active work item.
-        let label = match active.item.kind {
+        let label = match kind {
             WorkKind::Review => &policy.label_claimed_reviewer,
             WorkKind::CiFix
             | WorkKind::ReviewFeedback
@@ -359,7 +369,7 @@ pub(crate) fn sync_labels(ws: &mut WorkState, open: bool, policy: &Policy, fx: &
     if open && matches!(ws.hold, Some(Hold::NeedsHuman { .. })) {
         want.insert(policy.label_needs_human.clone());
     }
-    if ws.active.is_some() || !ws.attempts.is_empty() {
+    if claimed.is_some() || !ws.attempts.is_empty() {
         want.insert(policy.tier_label(ws.tier));
     }
     let add: Vec<String> = want.difference(&ws.labels_applied).cloned().collect();

@@ -22,6 +22,8 @@
 //!   red PR fixed from its job log to merge, and a labelled issue to a merged PR.
 //! - `v2_startup`: the same worker run directly on a `cleveragents-v2` prompt: the
 //!   `printenv` fallback, and the startup stop when a required parameter is missing.
+//! - `transient`: transient agent failures (issue 27): a rate-limited agent retried at
+//!   the same tier without an attempt; one that always claims `transient` escalates.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
@@ -42,6 +44,7 @@ mod profile_v2;
 mod review_e2e;
 mod review_runner;
 mod runner;
+mod transient;
 mod usage;
 mod v2_life;
 mod v2_startup;

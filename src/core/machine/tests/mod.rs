@@ -13,6 +13,7 @@ mod props;
 mod queue;
 mod review;
 mod table;
+mod transient;
 mod walks;
 
 use std::collections::BTreeSet;

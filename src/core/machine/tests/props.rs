@@ -81,8 +81,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..3usize, [prop::option::of(0..3u8), prop::option::of(0..3u8)], 0..3u8)
             .prop_map(|(head, states, desc)| Op::Status { head, states, desc }),
         3 => prop::collection::vec((0..3usize, 0..3u8, 0..3usize, prop::bool::weighted(0.15), prop::bool::weighted(0.1)), 0..4).prop_map(Op::Reviews),
-        3 => (0..3u8).prop_map(Op::Result),
-        3 => (0..5u8).prop_map(Op::Timer),
+        3 => (0..4u8).prop_map(Op::Result),
+        3 => (0..6u8).prop_map(Op::Timer),
         2 => (0..6u8).prop_map(Op::MergeOutcome),
         1 => (0..5u8, 0..3u8).prop_map(|(c, s)| Op::Comment(c, s)),
         1 => any::<bool>().prop_map(Op::Permission),
@@ -202,6 +202,7 @@ fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event
                 WorkOutcome::Succeeded,
                 WorkOutcome::Failed,
                 WorkOutcome::NoChanges,
+                WorkOutcome::Transient,
             ][usize::from(*o)];
             let id = r
                 .work
@@ -227,6 +228,11 @@ fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event
                 timer(TimerKind::MergeRetry, *now)
             }
             3 => timer(TimerKind::Mergeability, *now),
+            4 => {
+                let at = r.work.transient.as_ref()?.retry_at_ms?;
+                *now = (*now).max(at);
+                timer(TimerKind::TransientRetry, at)
+            }
             _ => {
                 *now += 86_400_000;
                 timer(TimerKind::StaleCheck, *now)
@@ -432,9 +438,16 @@ fn run(ops: &[Op], p: &Policy) -> Result<(PrRecord, Vec<Stepped>), TestCaseError
             }
             prop_assert!(t.record.work.tier >= r.work.tier, "record tier went down");
             let claimed = t.record.work.labels_applied.contains(&p.label_claimed);
+            // A transient failure's back-off keeps the claim (issue 27).
+            let backoff = t
+                .record
+                .work
+                .transient
+                .as_ref()
+                .is_some_and(|b| b.retry_at_ms.is_some());
             prop_assert_eq!(
                 claimed,
-                t.record.work.active.is_some() && t.record.is_open(),
+                (t.record.work.active.is_some() || backoff) && t.record.is_open(),
                 "claim label out of step"
             );
             let open = t.record.is_open();
