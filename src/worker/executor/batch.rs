@@ -316,11 +316,12 @@ impl Executor {
                 (true, 0) => String::new(),
                 (true, _) => "; not re-tested".into(),
             };
+            let head = ask.head_sha.clone();
             let note = format!(
-                "failed on top of `{}` at {tip} in the merge queue{why}",
+                "CI failed on {head}, the head after Shepherd's merge queue updated this PR \
+                 onto `{}` at {tip}: it passed before and fails only on top of the new base{why}",
                 ask.branch
             );
-            let head = ask.head_sha.clone();
             events.push(ejected(effect, effect.number, head, Ejection::CiFailed, failing, note));
             events.push(outcome_event(effect, MergeOutcome::TryAgain));
             return Ok(Some(events));
@@ -498,7 +499,10 @@ impl Executor {
             }
             BatchDecision::Bisect => Box::new(move |q| q.batch_bisect(failing.clone())),
             BatchDecision::Eject { number } => {
-                let note = culprit_note(q, number, &tip);
+                let note = match cfg.size <= 1 {
+                    true => serial_note(q, b, &tip, "re-tested once on a new branch: failed again"),
+                    false => culprit_note(q, number, &tip),
+                };
                 let head = b
                     .prs
                     .first()
@@ -686,6 +690,16 @@ fn culprit_note(q: &BranchQueue, number: u64, tip: &Sha) -> String {
             q.branch
         ),
     }
+}
+
+/// The note of the serial queue's head ejected after its re-test (`why`).
+fn serial_note(q: &BranchQueue, b: &Batch, tip: &Sha, why: &str) -> String {
+    let head = b.prs.first().map(|p| p.head.to_string()).unwrap_or_default();
+    format!(
+        "CI failed on {head}, the head after Shepherd's merge queue updated this PR onto `{}` \
+         at {tip}: it passed before and fails only on top of the new base ({why})",
+        q.branch
+    )
 }
 
 /// The event ejecting batched PR `p` whose merge into the batch branch conflicted.
