@@ -275,7 +275,8 @@ impl Retest<'_> {
     /// the culprit without another run), and re-tests are left.
     pub fn wanted(&self) -> bool {
         let reproduced = self.failing.iter().any(|f| self.failed_before.contains(f));
-        let known = !self.failing.is_empty() && self.failing.iter().all(|f| self.tip_green.contains(f));
+        let known =
+            !self.failing.is_empty() && self.failing.iter().all(|f| self.tip_green.contains(f));
         !reproduced && known && self.retries < self.max
     }
 }

@@ -384,7 +384,10 @@ fn the_serial_head_is_re_tested_once_unless_its_check_is_new() {
         }
         assert_eq!(q.stats.flaky_retries, 1);
         assert_eq!(q.stats.ci_runs, 1, "the re-test's run");
-        assert_eq!(q.stats.batches_first_tested, 0, "a re-test is no first pass");
+        assert_eq!(
+            q.stats.batches_first_tested, 0,
+            "a re-test is no first pass"
+        );
     }
 }
 

@@ -253,7 +253,11 @@ impl Executor {
         let repo = effect.repo.as_str();
         let reads = self.forgejo.with_cause(Cause::MergeCheck);
         let head = parse_sha(&reads.get_pull(repo, number).await?.head.sha)?;
-        let with = q.bisect.as_ref().map(|b| b.tested_with.clone()).unwrap_or_default();
+        let with = q
+            .bisect
+            .as_ref()
+            .map(|b| b.tested_with.clone())
+            .unwrap_or_default();
         let note = format!(
             "failed on top of {} in the merge queue of `{}` (bisected: the PRs before it \
              landed green, and {} failed on two runs that held it)",
@@ -261,11 +265,22 @@ impl Executor {
             q.branch,
             failing.join(", ")
         );
-        tracing::info!(pr = number, ?failing, "last suspect ejected: its failure was reproduced");
-        events.push(ejected(effect, number, head, Ejection::CiFailed, failing, note));
+        tracing::info!(
+            pr = number,
+            ?failing,
+            "last suspect ejected: its failure was reproduced"
+        );
+        events.push(ejected(
+            effect,
+            number,
+            head,
+            Ejection::CiFailed,
+            failing,
+            note,
+        ));
         self.write(effect, &q.branch, events, move |q| {
-            let lone = q.batch.is_none()
-                && q.bisect.as_ref().is_some_and(|b| b.suspects == [number]);
+            let lone =
+                q.batch.is_none() && q.bisect.as_ref().is_some_and(|b| b.suspects == [number]);
             if lone {
                 q.batch_eject(number);
             }
@@ -302,7 +317,11 @@ impl Executor {
             max,
         };
         let mut events = Vec::new();
-        tracing::info!(?failing, retest = retest.wanted(), "the serial head is red on the tip");
+        tracing::info!(
+            ?failing,
+            retest = retest.wanted(),
+            "the serial head is red on the tip"
+        );
         if !retest.wanted() {
             let unknown: Vec<&str> = (failing.iter())
                 .filter(|f| !tip_green.contains(*f))
@@ -322,7 +341,14 @@ impl Executor {
                  onto `{}` at {tip}: it passed before and fails only on top of the new base{why}",
                 ask.branch
             );
-            events.push(ejected(effect, effect.number, head, Ejection::CiFailed, failing, note));
+            events.push(ejected(
+                effect,
+                effect.number,
+                head,
+                Ejection::CiFailed,
+                failing,
+                note,
+            ));
             events.push(outcome_event(effect, MergeOutcome::TryAgain));
             return Ok(Some(events));
         }
@@ -694,7 +720,11 @@ fn culprit_note(q: &BranchQueue, number: u64, tip: &Sha) -> String {
 
 /// The note of the serial queue's head ejected after its re-test (`why`).
 fn serial_note(q: &BranchQueue, b: &Batch, tip: &Sha, why: &str) -> String {
-    let head = b.prs.first().map(|p| p.head.to_string()).unwrap_or_default();
+    let head = b
+        .prs
+        .first()
+        .map(|p| p.head.to_string())
+        .unwrap_or_default();
     format!(
         "CI failed on {head}, the head after Shepherd's merge queue updated this PR onto `{}` \
          at {tip}: it passed before and fails only on top of the new base ({why})",

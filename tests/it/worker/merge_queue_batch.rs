@@ -426,12 +426,23 @@ async fn a_serial_flake_on_the_tip_is_re_tested_and_merges() {
     .await;
     let updated = s.fake.with_model(|m| m.repos[REPO].updates.clone());
     let up2 = updated.iter().find(|u| u.0 == 2).expect("#2 was updated");
-    assert_eq!(ci_state(&s.fake, &up2.2), "failure", "its run on the tip failed");
+    assert_eq!(
+        ci_state(&s.fake, &up2.2),
+        "failure",
+        "its run on the tip failed"
+    );
     let lands = landings(&s.fake);
-    assert_eq!(lands.len(), 2, "#1's merge and the re-test's landing: {lands:?}");
+    assert_eq!(
+        lands.len(),
+        2,
+        "#1's merge and the re-test's landing: {lands:?}"
+    );
     assert_eq!(lands[1].tip_before, up2.3, "landed on the tip it failed on");
     assert_ne!(lands[1].tip_after, up2.2, "a new commit was tested");
-    assert_eq!(content(&s.fake, &lands[1].tip_after), BTreeSet::from([1, 2]));
+    assert_eq!(
+        content(&s.fake, &lands[1].tip_after),
+        BTreeSet::from([1, 2])
+    );
     assert_main_stayed_green(&s.fake);
     wait_no_batch_branch(&s).await;
     let q = stored_queue(&s).await;
@@ -447,13 +458,18 @@ async fn a_serial_flake_on_the_tip_is_re_tested_and_merges() {
     assert!(work_for(&s, "ci-fix", 2).await.is_empty(), "no ci-fix");
     let metrics = s.metrics().await;
     assert!(
-        metrics.lines().any(|l| l.starts_with("shepherd_merge_queue_flaky_checks{")
-            && l.contains(&format!("context=\"{CI}\""))
-            && l.ends_with(" 1")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("shepherd_merge_queue_flaky_checks{")
+                && l.contains(&format!("context=\"{CI}\""))
+                && l.ends_with(" 1")),
         "{metrics}"
     );
     let page = s.status_page().await;
-    assert!(page.contains("Suspected flaky checks") && page.contains(CI), "{page}");
+    assert!(
+        page.contains("Suspected flaky checks") && page.contains(CI),
+        "{page}"
+    );
     s.fake.assert_calls_match_openapi();
 }
 
@@ -492,9 +508,16 @@ async fn a_serial_failure_of_a_check_new_to_the_tip_is_ejected_without_a_re_test
         "no re-test; one run (the update's): {:?}",
         q.stats
     );
-    assert_eq!(q.stats.ejections.get(&shepherd::core::queue::Ejection::CiFailed), Some(&1));
+    assert_eq!(
+        q.stats
+            .ejections
+            .get(&shepherd::core::queue::Ejection::CiFailed),
+        Some(&1)
+    );
     assert!(
-        s.fake.calls("POST", &format!("/repos/{REPO}/branches")).is_empty(),
+        s.fake
+            .calls("POST", &format!("/repos/{REPO}/branches"))
+            .is_empty(),
         "no batch branch made"
     );
     assert!(landings(&s.fake).is_empty(), "nothing merged");

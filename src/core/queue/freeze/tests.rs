@@ -195,11 +195,26 @@ fn the_policy_reads_and_checks_windows() {
         ("branch = \"m\", from = \"25:00\", to = \"2:00\"", "HH:MM"),
         ("branch = \"m\", from = \"1:60\", to = \"2:00\"", "HH:MM"),
         ("branch = \"m\", from = \"1:0\", to = \"2:00\"", "HH:MM"),
-        ("branch = \"m\", from = \"1:00:60\", to = \"2:00\"", "HH:MM:SS"),
-        ("branch = \"m\", from = \"1:00:5\", to = \"2:00\"", "HH:MM:SS"),
-        ("branch = \"m\", from = \"1:00:00:00\", to = \"2:00\"", "HH:MM:SS"),
-        ("branch = \"m\", from = \"23:00\", to = \"24:00:01\"", "HH:MM:SS"),
-        ("branch = \"m\", from = \"+1:00\", to = \"2:00\"", "HH:MM:SS"),
+        (
+            "branch = \"m\", from = \"1:00:60\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"1:00:5\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"1:00:00:00\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"23:00\", to = \"24:00:01\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"+1:00\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
         (
             "branch = \"m\", from = \"03:00:00\", to = \"3:00\"",
             "empty window",
