@@ -293,7 +293,9 @@ impl Executor {
     /// (`None` when its CI is not red): [`Retest`] decides. A re-test is a batch of
     /// one on a new branch (`BranchQueue::start_retest`), carried on at once by
     /// [`Self::batch_advance`]; otherwise the head is ejected to `ci-fix` (the
-    /// `QueueEjected` event, then `TryAgain`: its record parks it).
+    /// `QueueEjected` event, then `TryAgain`: its record parks it). A re-test lands by
+    /// a fast-forward, so a repository that does not allow `fast-forward-only` merges
+    /// (`fast_forward` false) gets none.
     pub(super) async fn serial_red(
         &self,
         effect: &Effect,
@@ -301,6 +303,7 @@ impl Executor {
         head_ref: &str,
         tip: &Sha,
         keeper: &Keeper,
+        fast_forward: bool,
     ) -> Result<Option<Vec<Event>>, Failure> {
         let repo = effect.repo.as_str();
         let BatchCi::Red { failing, tip_green } = self.batch_ci(repo, ask.head_sha, tip).await?
@@ -308,7 +311,10 @@ impl Executor {
             return Ok(None);
         };
         let policy = self.ctx.policy.for_repo(&effect.repo);
-        let max = policy.merge_queue_flaky_retries;
+        let max = match fast_forward {
+            true => policy.merge_queue_flaky_retries,
+            false => 0,
+        };
         let retest = Retest {
             failing: &failing,
             tip_green: &tip_green,
@@ -327,13 +333,16 @@ impl Executor {
                 .filter(|f| !tip_green.contains(*f))
                 .map(String::as_str)
                 .collect();
-            let why = match (unknown.is_empty(), max) {
-                (false, _) => format!(
+            let why = match (unknown.is_empty(), fast_forward, max) {
+                (false, _, _) => format!(
                     "; not re-tested: {} did not pass on the tip (a new test)",
                     unknown.join(", ")
                 ),
-                (true, 0) => String::new(),
-                (true, _) => "; not re-tested".into(),
+                (true, false, _) => "; not re-tested: the repository does not allow \
+                                     fast-forward-only merges, which a re-test lands with"
+                    .into(),
+                (true, true, 0) => String::new(),
+                (true, true, _) => "; not re-tested".into(),
             };
             let head = ask.head_sha.clone();
             let note = format!(

@@ -238,8 +238,15 @@ impl Executor {
                         tracing::info!(%tip, %now, "the tip moved under the merge");
                         events.pop();
                         events.push(outcome_event(effect, MergeOutcome::BaseMoved));
-                    } else if let Some(red) =
-                        (self.serial_red(effect, ask, &pr.head.ref_name, &tip, keeper)).await?
+                    } else if let Some(red) = (self.serial_red(
+                        effect,
+                        ask,
+                        &pr.head.ref_name,
+                        &tip,
+                        keeper,
+                        settings.allow_fast_forward_only_merge,
+                    ))
+                    .await?
                     {
                         // Not merged because its CI is red on the tip: re-test or eject.
                         events.pop();
