@@ -20,7 +20,7 @@
 # of a mix meets the same breakages). For each mix and k, N green PRs are approved at
 # once; printed: merged PRs per hour, time in queue p50/p90
 # (approval to merge), batch first-pass success (k = 1: the share of green CI runs),
-# CI runs on the commits the queue tested per merged PR (all_ci_runs_per_merged: every
+# CI runs the queue asked for per merged PR (its ci_runs, every k; all_ci_runs_per_merged: every
 # run the CI started, the batch branch's intermediate merges included),
 # PRs ejected for a flaky failure alone, each with the model's prediction
 # (docs/benchmarks.md "Next step") in brackets, and the ratios against k = 1.

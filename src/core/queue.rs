@@ -185,10 +185,12 @@ pub struct QueueStats {
     /// Batches that were green on their first test (no re-test, not a bisection half).
     #[serde(default)]
     pub batches_first_pass_green: u64,
-    /// CI runs the batched queue asked for (one per batch tip tested).
+    /// CI runs the queue asked for: one per batch tip tested, one per update of the
+    /// serial queue's head onto the tip (its re-tests are batches of one).
     #[serde(default)]
     pub ci_runs: u64,
-    /// Re-tests of a red batch whose failing checks all passed on the target's tip.
+    /// Re-tests of a red single PR (alone in a batch, or the serial queue's head)
+    /// whose failing checks all passed on the target's tip.
     #[serde(default)]
     pub flaky_retries: u64,
     /// Red results that turned out flaky (a re-test passed, or a bisection ended with

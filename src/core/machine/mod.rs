@@ -132,11 +132,17 @@ const NOOP_NOTE: &str = "no change";
 
 /// What the PR wants now, according to its facts and policy.
 pub fn decide(record: &PrRecord, policy: &Policy, now_ms: i64) -> Decision {
-    let p = plan::plan(record, policy, now_ms);
+    let p = plan_of(record, policy, now_ms);
     Decision {
         phase: p.phase,
         reason: p.reason,
     }
+}
+
+/// The plan, with the merge queue's word on a serial head red on the tip
+/// (`queue::flaky_check`: a flaky failure is re-tested before any agent is woken).
+fn plan_of(r: &PrRecord, policy: &Policy, now_ms: i64) -> plan::Plan {
+    queue::flaky_check(r, plan::plan(r, policy, now_ms), policy, now_ms)
 }
 
 /// Folds one event into a PR record. Pure and deterministic: same inputs, same output.
@@ -160,13 +166,13 @@ pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> T
         return noop(record, event);
     }
     review::note_verdicts(&mut r, policy);
-    let plan = plan::plan(&r, policy, now_ms);
+    let plan = plan_of(&r, policy, now_ms);
     reconcile::reconcile(&mut r, &plan, !from_bot, now_ms, policy, &mut fx);
     if r == *record && fx.is_empty() {
         return noop(record, event);
     }
     r.version = record.version + 1;
-    let plan = plan::plan(&r, policy, now_ms);
+    let plan = plan_of(&r, policy, now_ms);
     let effects = fx.finish(&r.repo, Scope::Pr, r.number, r.version, policy);
     let note = note(event, plan.phase.as_str(), &plan.reason, &effects);
     Transition {

@@ -173,6 +173,39 @@ pub(crate) fn ci_note(r: &PrRecord) -> Option<String> {
     })
 }
 
+/// Issue 29: the serial queue's head (`merge_queue_batch_size` = 1) whose CI failed
+/// on the head the queue's update built on the tip asks its queue before any agent is
+/// woken: the executor reads the failing checks and the tip's, and the pure rule
+/// (`core::queue::batch::Retest`) re-tests it once as a batch of one when every
+/// failing check passed on the tip (green: it lands, the check counts as suspected
+/// flaky), or ejects it (`QueueEjected`: `ci-fix` work with the note). Meanwhile the
+/// PR stays queued at the head and `plan` (the `ci-fix` one) is replaced.
+pub(crate) fn flaky_check(r: &PrRecord, plan: Plan, policy: &Policy, now: i64) -> Plan {
+    let asks = plan.phase == Phase::CiFix
+        && policy.merge_queue
+        && policy.merge_queue_batch_size <= 1
+        && policy.merge_queue_flaky_retries > 0
+        && is_head(r)
+        && !r.queue.dequeued
+        && r.work.active.is_none()
+        && batch_failure(r).is_none()
+        && ci_note(r).is_some()
+        && matches!(ci_view(r, policy), CiView::Failing(_));
+    let (true, Some(sha), Some(onto)) = (asks, r.head_sha().cloned(), r.queue.updated_onto.clone())
+    else {
+        return plan;
+    };
+    let mut p = ready_plan(r, sha, policy, now);
+    if p.phase == Phase::Queued && r.queue.frozen.is_none() {
+        p.reason = format!(
+            "CI failed on top of `{}` at {onto}: the merge queue re-tests it once if the \
+             failing checks passed on the tip (a flaky failure wakes nobody)",
+            base_branch(r)
+        );
+    }
+    p
+}
+
 /// Whether the head may be updated onto the tip once more this turn at the head.
 pub(crate) fn may_update(r: &PrRecord, policy: &Policy) -> bool {
     let max = policy.merge_queue_max_updates;
@@ -537,7 +570,7 @@ fn report(r: &PrRecord, policy: &Policy, now: i64) -> String {
                 the PR merges as soon as it is ready."
             .to_owned();
     }
-    let p = super::plan::plan(r, policy, now);
+    let p = super::plan_of(r, policy, now);
     let place = match (&r.queue.membership, &r.queue.place) {
         (Some(m), _) if m.parked.is_some() => format!(
             "parked in the merge queue of `{branch}` ({}); it re-enters at its position when ready",

@@ -16,9 +16,16 @@
 //!   culprit;
 //! - red, one PR, a failing check that already failed in an enclosing red run of the
 //!   bisection (so it failed twice) → that PR is the culprit (ejected to `ci-fix`);
+//!   the last suspect left after every other PR of the red runs landed green, whose
+//!   check failed on two of them, is ejected without a run of its own
+//!   ([`NextBatch::Eject`]): its run would re-test what already failed twice;
 //! - red, one PR, every failing check passed on the target's tip and re-tests remain
 //!   → the same PR is tested again on a new branch (suspected flake);
 //! - red, one PR otherwise → the culprit.
+//!
+//! The serial queue (`merge_queue_batch_size` = 1) uses the same rule ([`Retest`]) for
+//! its head red on top of the tip: a re-test is a batch of one
+//! ([`BranchQueue::start_retest`]), landed like any batch.
 //!
 //! Every state change goes through [`BranchQueue`]'s methods here, stored with the
 //! queue under compare-and-set, so a restart resumes the batch where it was.
@@ -134,6 +141,13 @@ pub struct Bisection {
     /// The checks that failed on it and on its red halves (every red run of the
     /// bisection held every suspect).
     pub failing: Vec<String>,
+    /// The checks among them that failed on two red runs of the bisection (each held
+    /// every suspect): a lone suspect left after the others landed green has failed
+    /// twice already and is ejected without a run of its own ([`NextBatch::Eject`]).
+    /// Emptied when a suspect leaves otherwise (closed, pushed to, conflicting) or
+    /// the target moves under the bisection: then the lone suspect is tested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reproduced: Vec<String>,
 }
 
 /// The CI result of a batch's tip, as the executor read it.
@@ -183,6 +197,16 @@ pub enum NextBatch {
     Wait(i64),
     /// Test these PRs (queue order).
     Form(Vec<u64>),
+    /// The last suspect of a bisection, alone after every other PR of the red runs
+    /// landed green, whose failure was reproduced (the same check failed on two red
+    /// runs that held it): its own run would test what already failed twice, so it
+    /// is the culprit without one (`BranchQueue::batch_eject`).
+    Eject {
+        /// The culprit.
+        number: u64,
+        /// The checks that failed twice.
+        failing: Vec<String>,
+    },
 }
 
 /// The next batch of `q`: the suspects' first half during a bisection, else the first
@@ -197,6 +221,19 @@ pub fn next_batch(q: &BranchQueue, cfg: &BatchConfig, now_ms: i64) -> NextBatch 
             .copied()
             .filter(|n| active.contains(n))
             .collect();
+        // Every other suspect landed green (a drop or a moved target empties
+        // `reproduced`), so this one's content is what failed twice.
+        if let ([one], [only], false) = (
+            b.suspects.as_slice(),
+            suspects.as_slice(),
+            b.reproduced.is_empty(),
+        ) && one == only
+        {
+            return NextBatch::Eject {
+                number: *one,
+                failing: b.reproduced.clone(),
+            };
+        }
         if !suspects.is_empty() {
             let half = suspects.len().div_ceil(2);
             return NextBatch::Form(suspects[..half].to_vec());
@@ -215,6 +252,35 @@ pub fn next_batch(q: &BranchQueue, cfg: &BatchConfig, now_ms: i64) -> NextBatch 
     NextBatch::Form(active.into_iter().take(size).collect())
 }
 
+/// A red result of a single PR (tested alone in a batch, or the serial queue's head
+/// tested on the tip), for the flaky rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Retest<'a> {
+    /// The failing checks.
+    pub failing: &'a [String],
+    /// The checks that passed on the target's tip.
+    pub tip_green: &'a BTreeSet<String>,
+    /// Checks that already failed on a red run that held the PR.
+    pub failed_before: &'a [String],
+    /// Re-tests of this content so far.
+    pub retries: u32,
+    /// `merge_queue_flaky_retries`.
+    pub max: u32,
+}
+
+impl Retest<'_> {
+    /// Whether the PR is tested again instead of ejected: every failing check passed
+    /// on the tip (a check the tip does not know is a new test, never re-tested), none
+    /// failed before (failed twice: a flake does that with probability f², so it is
+    /// the culprit without another run), and re-tests are left.
+    pub fn wanted(&self) -> bool {
+        let reproduced = self.failing.iter().any(|f| self.failed_before.contains(f));
+        let known =
+            !self.failing.is_empty() && self.failing.iter().all(|f| self.tip_green.contains(f));
+        !reproduced && known && self.retries < self.max
+    }
+}
+
 /// What the CI result `ci` of the batch under test means, with the target's tip now.
 pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> BatchDecision {
     if *tip != batch.base {
@@ -228,11 +294,14 @@ pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> Batc
             let [one] = batch.prs.as_slice() else {
                 return BatchDecision::Bisect;
             };
-            // Failed twice (here and in a red run that held it): a flake does that
-            // with probability f², so it is the culprit without another run.
-            let reproduced = failing.iter().any(|f| batch.failed_before.contains(f));
-            let known = !failing.is_empty() && failing.iter().all(|f| tip_green.contains(f));
-            match !reproduced && known && batch.retries < cfg.flaky_retries {
+            let retest = Retest {
+                failing,
+                tip_green,
+                failed_before: &batch.failed_before,
+                retries: batch.retries,
+                max: cfg.flaky_retries,
+            };
+            match retest.wanted() {
                 true => BatchDecision::Retry,
                 false => BatchDecision::Eject { number: one.number },
             }
@@ -284,6 +353,7 @@ impl BranchQueue {
         }
         if let Some(bi) = &mut self.bisect {
             bi.suspects.retain(|n| *n != number);
+            bi.reproduced.clear();
         }
         self.park_by_queue(number, Ejection::Conflict);
         if self.batch.as_ref().is_some_and(|b| b.prs.is_empty()) {
@@ -386,6 +456,12 @@ impl BranchQueue {
         match &mut self.bisect {
             Some(bi) => {
                 bi.suspects = numbers;
+                // A check that failed on an enclosing red run too failed twice.
+                for f in failing.iter().filter(|f| b.failed_before.contains(f)) {
+                    if !bi.reproduced.contains(f) {
+                        bi.reproduced.push(f.clone());
+                    }
+                }
                 for f in failing {
                     if !bi.failing.contains(&f) {
                         bi.failing.push(f);
@@ -397,6 +473,7 @@ impl BranchQueue {
                     suspects: numbers.clone(),
                     tested_with: numbers,
                     failing,
+                    reproduced: Vec::new(),
                 });
             }
         }
@@ -427,6 +504,7 @@ impl BranchQueue {
         if let Some(bi) = &mut self.bisect {
             bi.suspects.retain(|n| *n != number);
             bi.tested_with.retain(|n| *n != number);
+            bi.reproduced.clear();
         }
         self.end_batch();
     }
@@ -446,7 +524,33 @@ impl BranchQueue {
     /// The target moved under the batch: it is dropped (its branch deleted) and the
     /// next advance builds a new one on the new tip.
     pub fn batch_rebuild(&mut self) {
+        if let Some(bi) = &mut self.bisect {
+            // The lone suspect's content on the new tip has not failed yet.
+            bi.reproduced.clear();
+        }
         self.end_batch();
+    }
+
+    /// The serial queue's head (`merge_queue_batch_size` = 1) failed `failing` on top
+    /// of the tip and [`Retest::wanted`] says re-test: it is tested again as a batch of
+    /// one on a new branch at `base` (a new commit of the same content, so CI runs
+    /// again), with its re-test spent and its failure remembered, so a second red of
+    /// the same check ejects it and a green lands it as a flake.
+    pub fn start_retest(&mut self, pr: BatchPr, base: Sha, failing: Vec<String>, now_ms: i64) {
+        self.end_batch();
+        self.start_batch(vec![pr], base, now_ms);
+        self.stats.flaky_retries += 1;
+        if let Some(b) = &mut self.batch {
+            b.retries = 1;
+            b.failed_before = failing.clone();
+            b.failing = failing;
+        }
+    }
+
+    /// The serial queue updated its head onto the tip: one CI run the queue asked
+    /// for (counted like a batch's, so CI runs per merged PR compare across k).
+    pub fn serial_ci_run(&mut self) {
+        self.stats.ci_runs += 1;
     }
 
     /// Drops the batch; its branch is listed for deletion.

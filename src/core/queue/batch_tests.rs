@@ -292,6 +292,105 @@ fn a_partial_batch_waits_for_more_prs() {
     assert!(is_batch_branch("shepherd/batch/main/3") && !is_batch_branch("main"));
 }
 
+/// The last suspect of a bisection, left after the PRs before it landed green, whose
+/// check failed on two red runs that held it (the batch and its red half), is ejected
+/// without a run of its own; once a suspect leaves otherwise (closed), the lone one
+/// is tested instead.
+#[test]
+fn a_lone_suspect_whose_failure_was_reproduced_is_ejected_without_a_run() {
+    for close_first in [false, true] {
+        let mut q = queue_of(&[1, 2, 3, 4, 5]);
+        let c = cfg(4);
+        let base = sha(1);
+        let ci = red(&["ci"], &["ci"]);
+        assert_eq!(form(&mut q, &c, &base), vec![1, 2, 3, 4]);
+        q.batch_bisect(vec!["ci".into()]);
+        assert_eq!(form(&mut q, &c, &base), vec![1, 2]);
+        let b = q.batch.clone().unwrap();
+        assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
+        q.batch_bisect(vec!["ci".into()]);
+        assert_eq!(q.bisect.as_ref().unwrap().reproduced, ["ci"]);
+        assert_eq!(form(&mut q, &c, &base), vec![1]);
+        if close_first {
+            // #1 is closed before it lands: #2 alone is no longer what failed.
+            q.batch_drop(1);
+            assert_eq!(form(&mut q, &c, &base), vec![2]);
+            continue;
+        }
+        q.batch_landed(5);
+        assert_eq!(
+            next_batch(&q, &c, 0),
+            NextBatch::Eject {
+                number: 2,
+                failing: vec!["ci".into()]
+            }
+        );
+        assert_eq!(q.batch_eject(2), vec![1, 3, 4]);
+        assert_eq!(q.stats.ci_runs, 3, "no run of #2 alone");
+        assert_eq!(q.stats.ejections[&Ejection::CiFailed], 1);
+        assert_eq!(form(&mut q, &c, &sha(2)), vec![3, 4, 5]);
+    }
+}
+
+/// The serial queue's head red on top of the tip: re-tested once (a batch of one)
+/// when every failing check passed on the tip; a check the tip does not know is never
+/// re-tested; the re-test red on the same check ejects it, green lands it as a flake.
+#[test]
+fn the_serial_head_is_re_tested_once_unless_its_check_is_new() {
+    let green: BTreeSet<String> = ["ci".to_string(), "lint".to_string()].into();
+    let ask = |failing: &[String], max| {
+        Retest {
+            failing,
+            tip_green: &green,
+            failed_before: &[],
+            retries: 0,
+            max,
+        }
+        .wanted()
+    };
+    let ci = vec!["ci".to_string()];
+    assert!(ask(&ci, 1));
+    assert!(!ask(&ci, 0), "no re-tests configured");
+    assert!(!ask(&["new-test".to_string()], 1), "a new test");
+    assert!(!ask(&["ci".into(), "new-test".into()], 1));
+    assert!(!ask(&[], 1));
+    for second_green in [true, false] {
+        let mut q = queue_of(&[1, 2]);
+        let c = cfg(1);
+        q.start_retest(pr(1), sha(1), ci.clone(), 0);
+        q.batch_merged_one();
+        q.batch_built(sha(50));
+        let b = q.batch.clone().unwrap();
+        assert_eq!((b.numbers(), b.retries), (vec![1], 1));
+        let result = match second_green {
+            true => BatchCi::Green,
+            false => red(&["ci"], &["ci"]),
+        };
+        match decide(&b, &c, &result, &sha(1)) {
+            BatchDecision::Land => {
+                q.batch_landed(5);
+                assert_eq!(q.stats.flaky_checks.get("ci"), Some(&1));
+                assert_eq!(q.stats.flaky_saved, 1);
+                assert!(q.stats.ejections.is_empty());
+                assert_eq!(q.head, Some(2));
+            }
+            BatchDecision::Eject { number } => {
+                assert!(!second_green);
+                assert_eq!(q.batch_eject(number), Vec::<u64>::new());
+                assert_eq!(q.stats.flaky_saved, 0);
+                assert_eq!(q.stats.ejections[&Ejection::CiFailed], 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(q.stats.flaky_retries, 1);
+        assert_eq!(q.stats.ci_runs, 1, "the re-test's run");
+        assert_eq!(
+            q.stats.batches_first_tested, 0,
+            "a re-test is no first pass"
+        );
+    }
+}
+
 /// What happens between two decisions of the model run.
 #[derive(Debug, Clone)]
 enum Step {
@@ -319,6 +418,63 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 }
 
 proptest! {
+    /// The serial head's runs under any sequence of CI results (broken or not, flaky
+    /// or not, a check the tip knows or a new one): a PR is ejected only after two red
+    /// runs of a known check or one of a new check; a new check is never re-tested;
+    /// never more re-tests than `merge_queue_flaky_retries`; a sound PR whose runs
+    /// flake at most once always lands.
+    #[test]
+    fn the_serial_head_is_ejected_only_after_a_reproduced_failure(
+        broken in any::<bool>(),
+        new_check in any::<bool>(),
+        max in 0u32..3,
+        flakes in prop::collection::vec(any::<bool>(), 4),
+    ) {
+        let check = match new_check { true => "new-test", false => "ci" };
+        let tip_green: BTreeSet<String> = ["ci".to_string()].into();
+        let c = BatchConfig { size: 1, wait_ms: 0, flaky_retries: max };
+        let mut q = queue_of(&[1]);
+        let mut runs = flakes.iter().map(|f| broken || *f);
+        let failing = vec![check.to_string()];
+        let (mut red_runs, mut landed, mut ejected) = (0, false, false);
+        // The serial run on the tip.
+        if runs.next().unwrap() {
+            red_runs += 1;
+            let retest = Retest { failing: &failing, tip_green: &tip_green, failed_before: &[], retries: 0, max };
+            match retest.wanted() {
+                true => q.start_retest(pr(1), sha(1), failing.clone(), 0),
+                false => ejected = true,
+            }
+        } else {
+            landed = true;
+        }
+        while let Some(b) = q.batch.clone() {
+            q.batch_merged_one();
+            q.batch_built(sha(77));
+            let is_red = runs.next().unwrap_or(broken);
+            red_runs += u32::from(is_red);
+            let ci = match is_red { true => red(&[check], &["ci"]), false => BatchCi::Green };
+            match decide(&b, &c, &ci, &sha(1)) {
+                BatchDecision::Land => { q.batch_landed(1); landed = true; }
+                BatchDecision::Retry => q.batch_retry(failing.clone(), sha(1), 0),
+                BatchDecision::Eject { number } => { q.batch_eject(number); ejected = true; }
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+        prop_assert!(landed != ejected);
+        prop_assert!(q.stats.flaky_retries <= u64::from(max));
+        if new_check || max == 0 {
+            prop_assert_eq!(q.stats.flaky_retries, 0);
+        }
+        if ejected && !new_check && max > 0 {
+            prop_assert!(red_runs >= 2, "ejected after one red run");
+        }
+        if !broken && flakes.iter().filter(|f| **f).count() <= 1 && !new_check && max > 0 {
+            prop_assert!(landed, "a sound PR flaking once was ejected");
+        }
+        prop_assert!(!(landed && broken), "a broken PR landed");
+    }
+
     /// G1–G3 for batches: a batch lands only green on the tip it replaces (the tested
     /// commit is the landed one); with deterministic CI no broken PR lands and no PR
     /// that breaks nothing is ejected; with flaky runs an innocent PR is ejected only
@@ -350,6 +506,14 @@ proptest! {
                         q.start_batch(numbers.iter().map(|x| pr(*x)).collect(), sha(tip), 0);
                         for _ in &numbers { q.batch_merged_one(); }
                         q.batch_built(sha(10_000 + tip));
+                    }
+                    NextBatch::Eject { number, failing } => {
+                        prop_assert!(!failing.is_empty());
+                        let twice = reds.get(&number).copied().unwrap_or(0) >= 2;
+                        prop_assert!(bad.contains(&number) || twice, "innocent #{} ejected unrun", number);
+                        ejected.insert(number);
+                        q.batch_eject(number);
+                        continue;
                     }
                     NextBatch::Wait(_) | NextBatch::Empty => break,
                 }

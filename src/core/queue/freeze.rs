@@ -44,9 +44,9 @@ pub struct FreezeWindow {
     /// Days it starts on (`mon` … `sun`); empty: every day.
     #[serde(default)]
     pub days: Vec<String>,
-    /// Start, `HH:MM` UTC.
+    /// Start, `HH:MM` (or `HH:MM:SS`) UTC.
     pub from: String,
-    /// End, `HH:MM` UTC (`24:00`: midnight at the end of the day).
+    /// End, `HH:MM` (or `HH:MM:SS`) UTC (`24:00`: midnight at the end of the day).
     pub to: String,
     /// Shown as the reason of the freeze.
     #[serde(default)]
@@ -105,10 +105,14 @@ impl Frozen {
     }
 }
 
-/// `ms` as `YYYY-MM-DD HH:MM UTC`.
+/// `ms` as `YYYY-MM-DD HH:MM UTC` (`HH:MM:SS` when not on a whole minute).
 pub fn utc(ms: i64) -> String {
+    let format = match ms.rem_euclid(60_000) {
+        0 => "%Y-%m-%d %H:%M UTC",
+        _ => "%Y-%m-%d %H:%M:%S UTC",
+    };
     DateTime::from_timestamp_millis(ms)
-        .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+        .map(|t| t.format(format).to_string())
         .unwrap_or_else(|| format!("{ms} ms"))
 }
 
@@ -201,29 +205,38 @@ pub fn retry_ms(f: &Frozen, now_ms: i64) -> u64 {
 
 /// The end (unix ms) of the occurrence of `w` that covers `t`, if one does.
 fn end_of(w: &FreezeWindow, t: i64) -> Option<i64> {
-    let (from, to) = (minutes(&w.from)?, minutes(&w.to)?);
+    let (from, to) = (seconds(&w.from)?, seconds(&w.to)?);
     let length = match to > from {
         true => i64::from(to - from),
-        false => i64::from(24 * 60 - from + to),
-    } * 60_000;
+        false => i64::from(DAY_SECS - from + to),
+    } * 1_000;
     let today = t.div_euclid(DAY_MS) * DAY_MS;
     // An occurrence starts today or (crossing midnight) yesterday.
     [today, today - DAY_MS].into_iter().find_map(|day| {
-        let start = day + i64::from(from) * 60_000;
+        let start = day + i64::from(from) * 1_000;
         let on_day = w.days.is_empty()
             || (w.days.iter()).any(|d| weekday(d).is_some() && weekday(d) == day_index(day));
         (on_day && start <= t && t < start + length).then_some(start + length)
     })
 }
 
-/// Minutes after midnight of `HH:MM` (`24:00` allowed), or `None`.
-fn minutes(s: &str) -> Option<u32> {
-    let (h, m) = s.split_once(':')?;
-    if !(1..=2).contains(&h.len()) || m.len() != 2 {
+/// Seconds in a day.
+const DAY_SECS: u32 = 24 * 3600;
+
+/// Seconds after midnight of `HH:MM` or `HH:MM:SS` (`24:00` allowed), or `None`.
+fn seconds(s: &str) -> Option<u32> {
+    let mut parts = s.split(':');
+    let (h, m, sec) = (parts.next()?, parts.next()?, parts.next().unwrap_or("00"));
+    if parts.next().is_some() || !(1..=2).contains(&h.len()) || m.len() != 2 || sec.len() != 2 {
         return None;
     }
-    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
-    (m < 60 && h * 60 + m <= 24 * 60).then_some(h * 60 + m)
+    let digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
+    if !(digits(h) && digits(m) && digits(sec)) {
+        return None;
+    }
+    let (h, m, sec): (u32, u32, u32) = (h.parse().ok()?, m.parse().ok()?, sec.parse().ok()?);
+    let total = h * 3600 + m * 60 + sec;
+    (m < 60 && sec < 60 && total <= DAY_SECS).then_some(total)
 }
 
 /// Monday = 0 … Sunday = 6 of a day name, or `None`.
@@ -258,12 +271,12 @@ pub fn validate(windows: &[FreezeWindow]) -> Result<(), String> {
                 "{at}: {d:?} is not a day (mon, tue, wed, thu, fri, sat, sun)"
             ));
         }
-        let (Some(from), Some(to)) = (minutes(&w.from), minutes(&w.to)) else {
+        let (Some(from), Some(to)) = (seconds(&w.from), seconds(&w.to)) else {
             return Err(format!(
-                "{at}: from and to are times \"HH:MM\" (UTC, 00:00 to 24:00)"
+                "{at}: from and to are times \"HH:MM\" or \"HH:MM:SS\" (UTC, 00:00 to 24:00)"
             ));
         };
-        if from == to || from == 24 * 60 {
+        if from == to || from == DAY_SECS {
             return Err(format!(
                 "{at}: from {:?} and to {:?} make an empty window",
                 w.from, w.to

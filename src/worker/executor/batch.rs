@@ -28,7 +28,8 @@ use crate::core::event::{EffectOutcome, Event, MergeOutcome};
 use crate::core::ids::{Scope, Sha};
 use crate::core::policy::MergeStyle;
 use crate::core::queue::batch::{
-    Batch, BatchCi, BatchConfig, BatchDecision, BatchPr, BatchStage, NextBatch, decide, next_batch,
+    Batch, BatchCi, BatchConfig, BatchDecision, BatchPr, BatchStage, NextBatch, Retest, decide,
+    next_batch,
 };
 use crate::core::queue::{BranchQueue, Ejection};
 use crate::core::record::BatchFailure;
@@ -44,7 +45,7 @@ use super::queue::{AdvanceAsk, parse_sha, place_event};
 const MAX_STEPS: usize = 64;
 
 /// The least and most time between two reads of a batch tip's CI (ms).
-const POLL_MIN_MS: i64 = 300;
+const POLL_MIN_MS: i64 = 200;
 /// See [`POLL_MIN_MS`].
 const POLL_MAX_MS: i64 = 10_000;
 
@@ -118,6 +119,9 @@ impl Executor {
                 return Ok(events);
             }
             let step = match q.batch.clone() {
+                // The serial queue's re-test ended without landing (the target
+                // moved): the head goes on as a serial head (updated again).
+                None if cfg.size <= 1 => Step::Done(again(POLL_MIN_MS)),
                 None => self.form(effect, &q, &cfg, &mut events).await?,
                 Some(b) => match b.stage {
                     BatchStage::Building => self.build(effect, &q, &b, &mut events).await?,
@@ -135,7 +139,7 @@ impl Executor {
     }
 
     /// Writes `f` to the stored queue and tells the PRs whose place changed.
-    async fn write(
+    pub(super) async fn write(
         &self,
         effect: &Effect,
         branch: &str,
@@ -200,6 +204,10 @@ impl Executor {
         let numbers = match next_batch(q, cfg, now_ms()) {
             NextBatch::Empty => return Ok(Step::Done(again(POLL_MAX_MS))),
             NextBatch::Wait(ms) => return Ok(Step::Done(again(ms))),
+            NextBatch::Eject { number, failing } => {
+                self.eject_unrun(effect, q, number, failing, events).await?;
+                return Ok(Step::Next);
+            }
             NextBatch::Form(numbers) => numbers,
         };
         let reads = self.forgejo.with_cause(Cause::MergeCheck);
@@ -230,6 +238,148 @@ impl Executor {
         })
         .await?;
         Ok(Step::Next)
+    }
+
+    /// Ejects the last suspect of a bisection whose failure two red runs reproduced,
+    /// without a run of its own ([`NextBatch::Eject`]).
+    async fn eject_unrun(
+        &self,
+        effect: &Effect,
+        q: &BranchQueue,
+        number: u64,
+        failing: Vec<String>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), Failure> {
+        let repo = effect.repo.as_str();
+        let reads = self.forgejo.with_cause(Cause::MergeCheck);
+        let head = parse_sha(&reads.get_pull(repo, number).await?.head.sha)?;
+        let with = q
+            .bisect
+            .as_ref()
+            .map(|b| b.tested_with.clone())
+            .unwrap_or_default();
+        let note = format!(
+            "failed on top of {} in the merge queue of `{}` (bisected: the PRs before it \
+             landed green, and {} failed on two runs that held it)",
+            list(&with, number),
+            q.branch,
+            failing.join(", ")
+        );
+        tracing::info!(
+            pr = number,
+            ?failing,
+            "last suspect ejected: its failure was reproduced"
+        );
+        events.push(ejected(
+            effect,
+            number,
+            head,
+            Ejection::CiFailed,
+            failing,
+            note,
+        ));
+        self.write(effect, &q.branch, events, move |q| {
+            let lone =
+                q.batch.is_none() && q.bisect.as_ref().is_some_and(|b| b.suspects == [number]);
+            if lone {
+                q.batch_eject(number);
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The serial queue's head (`merge_queue_batch_size` = 1) is red on top of `tip`
+    /// (`None` when its CI is not red): [`Retest`] decides. A re-test is a batch of
+    /// one on a new branch (`BranchQueue::start_retest`), carried on at once by
+    /// [`Self::batch_advance`]; otherwise the head is ejected to `ci-fix` (the
+    /// `QueueEjected` event, then `TryAgain`: its record parks it). A re-test lands by
+    /// a fast-forward, so a repository that does not allow `fast-forward-only` merges
+    /// (`fast_forward` false) gets none.
+    pub(super) async fn serial_red(
+        &self,
+        effect: &Effect,
+        ask: &AdvanceAsk<'_>,
+        head_ref: &str,
+        tip: &Sha,
+        keeper: &Keeper,
+        fast_forward: bool,
+    ) -> Result<Option<Vec<Event>>, Failure> {
+        let repo = effect.repo.as_str();
+        let BatchCi::Red { failing, tip_green } = self.batch_ci(repo, ask.head_sha, tip).await?
+        else {
+            return Ok(None);
+        };
+        let policy = self.ctx.policy.for_repo(&effect.repo);
+        let max = match fast_forward {
+            true => policy.merge_queue_flaky_retries,
+            false => 0,
+        };
+        let retest = Retest {
+            failing: &failing,
+            tip_green: &tip_green,
+            failed_before: &[],
+            retries: 0,
+            max,
+        };
+        let mut events = Vec::new();
+        tracing::info!(
+            ?failing,
+            retest = retest.wanted(),
+            "the serial head is red on the tip"
+        );
+        if !retest.wanted() {
+            let unknown: Vec<&str> = (failing.iter())
+                .filter(|f| !tip_green.contains(*f))
+                .map(String::as_str)
+                .collect();
+            let why = match (unknown.is_empty(), fast_forward, max) {
+                (false, _, _) => format!(
+                    "; not re-tested: {} did not pass on the tip (a new test)",
+                    unknown.join(", ")
+                ),
+                (true, false, _) => "; not re-tested: the repository does not allow \
+                                     fast-forward-only merges, which a re-test lands with"
+                    .into(),
+                (true, true, 0) => String::new(),
+                (true, true, _) => "; not re-tested".into(),
+            };
+            let head = ask.head_sha.clone();
+            let note = format!(
+                "CI failed on {head}, the head after Shepherd's merge queue updated this PR \
+                 onto `{}` at {tip}: it passed before and fails only on top of the new base{why}",
+                ask.branch
+            );
+            events.push(ejected(
+                effect,
+                effect.number,
+                head,
+                Ejection::CiFailed,
+                failing,
+                note,
+            ));
+            events.push(outcome_event(effect, MergeOutcome::TryAgain));
+            return Ok(Some(events));
+        }
+        let pr = BatchPr {
+            number: effect.number,
+            head: ask.head_sha.clone(),
+            head_ref: head_ref.to_owned(),
+        };
+        let (base, now) = (tip.clone(), now_ms());
+        self.write(effect, ask.branch, &mut events, move |q| {
+            if q.batch.is_none() && q.head == Some(pr.number) {
+                q.start_retest(pr.clone(), base.clone(), failing.clone(), now);
+            }
+        })
+        .await?;
+        let settings = BatchSettings {
+            size: 1,
+            wait_secs: 0,
+            flaky_retries: max,
+        };
+        events.extend(self.batch_advance(effect, ask, &settings, keeper).await?);
+        Ok(Some(events))
     }
 
     /// Makes the branch and merges the next PR into it (or records the built tip).
@@ -365,8 +515,10 @@ impl Executor {
         };
         let change: Change = match decision {
             BatchDecision::Wait => {
+                // An eighth of the batch's age: a result is seen at most ~12 % of the
+                // run's time late (a 10-minute CI is read every 10 s, the bound).
                 let waited = now_ms().saturating_sub(b.started_ms);
-                return Ok(Step::Done(again(waited / 4)));
+                return Ok(Step::Done(again(waited / 8)));
             }
             BatchDecision::Land => match self.changed_member(repo, q, b).await? {
                 Some(number) => {
@@ -382,7 +534,10 @@ impl Executor {
             }
             BatchDecision::Bisect => Box::new(move |q| q.batch_bisect(failing.clone())),
             BatchDecision::Eject { number } => {
-                let note = culprit_note(q, number, &tip);
+                let note = match cfg.size <= 1 {
+                    true => serial_note(q, b, &tip, "re-tested once on a new branch: failed again"),
+                    false => culprit_note(q, number, &tip),
+                };
                 let head = b
                     .prs
                     .first()
@@ -570,6 +725,20 @@ fn culprit_note(q: &BranchQueue, number: u64, tip: &Sha) -> String {
             q.branch
         ),
     }
+}
+
+/// The note of the serial queue's head ejected after its re-test (`why`).
+fn serial_note(q: &BranchQueue, b: &Batch, tip: &Sha, why: &str) -> String {
+    let head = b
+        .prs
+        .first()
+        .map(|p| p.head.to_string())
+        .unwrap_or_default();
+    format!(
+        "CI failed on {head}, the head after Shepherd's merge queue updated this PR onto `{}` \
+         at {tip}: it passed before and fails only on top of the new base ({why})",
+        q.branch
+    )
 }
 
 /// The event ejecting batched PR `p` whose merge into the batch branch conflicted.

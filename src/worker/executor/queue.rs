@@ -150,6 +150,16 @@ impl Executor {
         };
         let result = match &ask.batch {
             Some(settings) => self.batch_advance(effect, &ask, settings, &keeper).await,
+            // The serial queue re-tests its head as a batch of one (issue 29).
+            None if q.batch.is_some() => {
+                let policy = self.ctx.policy.for_repo(&effect.repo);
+                let settings = crate::core::effect::BatchSettings {
+                    size: 1,
+                    wait_secs: 0,
+                    flaky_retries: policy.merge_queue_flaky_retries,
+                };
+                self.batch_advance(effect, &ask, &settings, &keeper).await
+            }
             None => self.advance_locked(effect, &ask, &pr, &keeper, holds).await,
         };
         self.release_merge_lease(effect, ask.branch, keeper).await;
@@ -191,7 +201,14 @@ impl Executor {
             HeadAction::Update { tip } => {
                 let outcome = self.update(effect, ask, keeper, tip).await?;
                 self.ctx.metrics.queue_update(repo, ask.branch, &outcome);
-                Ok(vec![outcome_event(effect, outcome)])
+                let mut events = Vec::new();
+                if matches!(outcome, MergeOutcome::Updated { .. }) {
+                    // CI runs on the new head: counted with the batches' runs.
+                    self.write(effect, ask.branch, &mut events, |q| q.serial_ci_run())
+                        .await?;
+                }
+                events.push(outcome_event(effect, outcome));
+                Ok(events)
             }
             HeadAction::Merge { tip } => {
                 let settings = reads.repo_settings(repo).await?;
@@ -221,6 +238,19 @@ impl Executor {
                         tracing::info!(%tip, %now, "the tip moved under the merge");
                         events.pop();
                         events.push(outcome_event(effect, MergeOutcome::BaseMoved));
+                    } else if let Some(red) = (self.serial_red(
+                        effect,
+                        ask,
+                        &pr.head.ref_name,
+                        &tip,
+                        keeper,
+                        settings.allow_fast_forward_only_merge,
+                    ))
+                    .await?
+                    {
+                        // Not merged because its CI is red on the tip: re-test or eject.
+                        events.pop();
+                        events.extend(red);
                     }
                 }
                 Ok(events)

@@ -44,6 +44,14 @@ fn marked(fake: &FakeForgejo) -> Vec<MergeRecord> {
         .collect()
 }
 
+/// The merges of PRs into the queue's temporary batch branches (building a batch).
+fn into_batch_branches(fake: &FakeForgejo) -> Vec<MergeRecord> {
+    fake.merges()
+        .into_iter()
+        .filter(|m| m.repo == REPO && base_of(fake, m.number).starts_with("shepherd/batch/"))
+        .collect()
+}
+
 /// The queue's temporary branches that exist in the fake.
 fn batch_branches(fake: &FakeForgejo) -> Vec<String> {
     fake.with_model(|m| {
@@ -368,9 +376,7 @@ async fn a_restart_after_the_batch_branch_is_made_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_mid_build_loses_nothing() {
     restart_during_a_batch(None, true, "one PR merged into the batch branch", |f| {
-        merges(f)
-            .iter()
-            .any(|m| base_of(f, m.number).starts_with("shepherd/batch/"))
+        !into_batch_branches(f).is_empty()
     })
     .await;
 }
@@ -379,11 +385,7 @@ async fn a_restart_mid_build_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_during_the_batch_ci_loses_nothing() {
     restart_during_a_batch(None, true, "CI running on the built batch", |f| {
-        let built = merges(f)
-            .iter()
-            .filter(|m| base_of(f, m.number).starts_with("shepherd/batch/"))
-            .count();
-        built == 3
+        into_batch_branches(f).len() == 3
     })
     .await;
 }
@@ -400,4 +402,124 @@ async fn a_restart_between_the_fast_forward_and_the_merged_marks_loses_nothing()
         |f| !landings(f).is_empty() && !f.calls("POST", &path).is_empty(),
     )
     .await;
+}
+
+/// The serial queue (`merge_queue_batch_size` = 1, the default) and a flaky check:
+/// #2, updated onto the tip #1 made, fails once there although its check passed on
+/// the tip; it is re-tested once as a batch of one (a new branch at the tip, a new
+/// commit of the same content, so CI runs again), passes and lands: never ejected, no
+/// `ci-fix` work, the check counted as suspected flaky (stored figures, `/metrics`,
+/// status page), and every commit that landed on `main` was green on its base.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serial_flake_on_the_tip_is_re_tested_and_merges() {
+    let s = start_with("", 300, &[]).await;
+    let prs = open_green(&s, 2).await;
+    s.fake.with_model(|m| {
+        let ci = m.repo_mut(REPO).ci.as_mut().expect("a simulated CI");
+        // #2 on top of #1: its first run there fails, a re-run passes.
+        ci.flake_once.push(BTreeSet::from([1, 2]));
+    });
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "#2 marked merged by its re-test's landing", |f| {
+        marked(f).iter().any(|m| m.number == 2)
+    })
+    .await;
+    let updated = s.fake.with_model(|m| m.repos[REPO].updates.clone());
+    let up2 = updated.iter().find(|u| u.0 == 2).expect("#2 was updated");
+    assert_eq!(
+        ci_state(&s.fake, &up2.2),
+        "failure",
+        "its run on the tip failed"
+    );
+    let lands = landings(&s.fake);
+    assert_eq!(
+        lands.len(),
+        2,
+        "#1's merge and the re-test's landing: {lands:?}"
+    );
+    assert_eq!(lands[1].tip_before, up2.3, "landed on the tip it failed on");
+    assert_ne!(lands[1].tip_after, up2.2, "a new commit was tested");
+    assert_eq!(
+        content(&s.fake, &lands[1].tip_after),
+        BTreeSet::from([1, 2])
+    );
+    assert_main_stayed_green(&s.fake);
+    wait_no_batch_branch(&s).await;
+    let q = stored_queue(&s).await;
+    assert_eq!(
+        (q.stats.flaky_retries, q.stats.flaky_saved, q.stats.ci_runs),
+        (1, 1, 2),
+        "one re-test saved #2; CI runs: #2's update and its re-test: {:?}",
+        q.stats
+    );
+    assert_eq!(q.stats.flaky_checks.get(CI), Some(&1));
+    assert!(q.stats.ejections.is_empty(), "{:?}", q.stats.ejections);
+    assert!(q.entries.is_empty(), "both left the queue merged: {q:?}");
+    assert!(work_for(&s, "ci-fix", 2).await.is_empty(), "no ci-fix");
+    let metrics = s.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("shepherd_merge_queue_flaky_checks{")
+                && l.contains(&format!("context=\"{CI}\""))
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    let page = s.status_page().await;
+    assert!(
+        page.contains("Suspected flaky checks") && page.contains(CI),
+        "{page}"
+    );
+    s.fake.assert_calls_match_openapi();
+}
+
+/// The serial queue and a check the tip does not know: `main` moved by a push whose
+/// commit has no CI status, #1 is updated onto it and fails there. A failing check
+/// that did not pass on the tip is a new test: #1 is ejected to `ci-fix` at once,
+/// without a re-test (no batch branch is ever made), with a note saying why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serial_failure_of_a_check_new_to_the_tip_is_ejected_without_a_re_test() {
+    let s = start_with("", 300, &[]).await;
+    let prs = open_green(&s, 1).await;
+    let push = s.fake.push_to_branch(REPO, "main", "someone");
+    s.send(&push).await;
+    s.fake.with_model(|m| {
+        let ci = m.repo_mut(REPO).ci.as_mut().expect("a simulated CI");
+        ci.flake_once.push(BTreeSet::from([1]));
+    });
+    approve_in_order(&s, &prs).await;
+    let fix = loop {
+        if let Some(item) = work_for(&s, "ci-fix", 1).await.into_iter().next() {
+            break item;
+        }
+        pump(&s).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let note = fix["context"]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!("not re-tested: {CI} did not pass on the tip")),
+        "note: {note}"
+    );
+    assert_eq!(fix["head_sha"], s.fake.head_sha(REPO, 1));
+    let q = stored_queue(&s).await;
+    assert_eq!(
+        (q.stats.flaky_retries, q.stats.ci_runs),
+        (0, 1),
+        "no re-test; one run (the update's): {:?}",
+        q.stats
+    );
+    assert_eq!(
+        q.stats
+            .ejections
+            .get(&shepherd::core::queue::Ejection::CiFailed),
+        Some(&1)
+    );
+    assert!(
+        s.fake
+            .calls("POST", &format!("/repos/{REPO}/branches"))
+            .is_empty(),
+        "no batch branch made"
+    );
+    assert!(landings(&s.fake).is_empty(), "nothing merged");
+    s.fake.assert_calls_match_openapi();
 }

@@ -71,8 +71,8 @@ impl Settings {
 struct Figures {
     /// Merged PRs per hour.
     per_hour: f64,
-    /// CI runs on the commits the queue tested, per merged PR (k = 1: every run; k > 1:
-    /// one per batch tip tested, the queue's `ci_runs`).
+    /// CI runs the queue asked for, per merged PR (its `ci_runs`: one per batch tip
+    /// tested, one per update of the serial head).
     runs_per_merged: f64,
     /// Time in queue, median, s.
     p50_s: f64,
@@ -83,18 +83,21 @@ struct Figures {
 }
 
 /// The model of docs/benchmarks.md ("Next step"), with the flaky rule of
-/// docs/merge-queue.md added: a batch of k > 1 takes D (1 + (1 − (1 − p)^k) ⌈log₂ k⌉ +
-/// f (⌈log₂ k⌉ + 1)) + k o (a red batch is bisected, never re-tested whole; a flake's
-/// bisection tests every part; o = 0.08 s per PR, measured), the serial queue (k = 1,
-/// which re-tests nothing) D (1 + f); it merges k (1 − p) PRs; n PRs ready at once
-/// wait about i / rate each; a batch passes first with (1 − p)^k (1 − f).
+/// docs/merge-queue.md added: a batch of k > 1 takes D (1 + (1 − (1 − p)^k)
+/// (⌈log₂ k⌉ + 1/k) + f (⌈log₂ k⌉ + 1)) + k o (a red batch is bisected, never re-tested
+/// whole: one run per halving, and one more when the culprit is the last PR, whose
+/// failure only the whole batch's run showed; a flake's bisection tests every part;
+/// o = 0.08 s per PR, measured), the serial queue (k = 1) D (1 + p + f) (a red run on
+/// the tip is re-tested once, a culprit's and a flake's alike); it merges k (1 − p)
+/// PRs; n PRs ready at once wait about i / rate each; a batch passes first with
+/// (1 − p)^k (1 − f).
 fn model(d_s: f64, p: f64, f: f64, k: usize, n: usize) -> Figures {
     let kf = k as f64;
     let red = 1.0 - (1.0 - p).powf(kf);
     let halvings = kf.log2().ceil();
     let runs = match k {
-        1 => 1.0 + f,
-        _ => 1.0 + red * halvings + f * (halvings + 1.0),
+        1 => 1.0 + p + f,
+        _ => 1.0 + red * (halvings + 1.0 / kf) + f * (halvings + 1.0),
     };
     let batch_s = d_s * runs + kf * 0.08;
     let merged = kf * (1.0 - p);
@@ -203,10 +206,8 @@ async fn one_run(set: &Settings, k: usize, p: f64, f: f64) -> Figures {
     let flaky_runs = s.fake.with_model(|m| {
         (m.repos[REPO].ci.as_ref()).map_or(0, |c| c.flaky.as_ref().map_or(0, |x| x.failed))
     });
-    let tested_runs = match k {
-        1 => runs as u64,
-        _ => q.stats.ci_runs,
-    };
+    // The queue's own count for every k (k = 1: one per update, one per re-test).
+    let tested_runs = q.stats.ci_runs;
     let measured = Figures {
         per_hour: merged.len() as f64 / span * 3600.0,
         runs_per_merged: tested_runs as f64 / merged.len().max(1) as f64,

@@ -1,7 +1,7 @@
 //! Freezes of the merge queue and its analytics end to end (issue 29): real
 //! `shepherd run`, real Redis, the fake Forgejo with its simulated CI. A freeze by
 //! command (a writer's, a reader's refused), a freeze window of the policy (times
-//! relative to now), a hotfix through a freeze, and the time-in-queue figures on
+//! in seconds from the harness clock), a hotfix through a freeze, and the time-in-queue figures on
 //! `/metrics` and the status page against the merges the fake saw.
 
 use std::time::{Duration, Instant};
@@ -198,25 +198,24 @@ async fn assert_analytics_match(s: &Scenario, merges: u64, max_ms: u64) {
     assert!(page.contains(&format!("{merges} merged")), "{page}");
 }
 
-/// `HH:MM` of `minute` minutes after midnight (modulo a day).
-fn hhmm(minute: i64) -> String {
-    let m = minute.rem_euclid(24 * 60);
-    format!("{:02}:{:02}", m / 60, m % 60)
+/// `HH:MM:SS` (UTC) of the unix time `ms`.
+fn hhmmss(ms: i64) -> String {
+    let s = ms.div_euclid(1_000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", s / 3_600, s / 60 % 60, s % 60)
 }
 
-/// A freeze window of the policy that began a minute ago and ends at least 45 s from
-/// now holds the tested head; at the window's end the head merges, and not before.
+/// A freeze window of the policy (`HH:MM:SS`, from the harness clock) that began a
+/// minute ago and ends 25 s from now (time for the processes to start and the PR to
+/// become the tested head on a loaded machine) holds the tested head; at the window's
+/// end the head merges, and not before.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_freeze_window_holds_merges_and_releases_at_its_end() {
     let now_ms = chrono::Utc::now().timestamp_millis();
-    let minute_now = now_ms.div_euclid(60_000);
-    let end_minute = (now_ms + 45_000).div_euclid(60_000) + 1;
-    let end_ms = end_minute * 60_000;
-    let day_minute = |m: i64| m.rem_euclid(24 * 60);
+    let end_ms = (now_ms + 25_000).div_euclid(1_000) * 1_000;
     let window = format!(
         "merge_queue_freeze = [{{ branch = \"main\", from = \"{}\", to = \"{}\", reason = \"deploy window\" }}]\n",
-        hhmm(day_minute(minute_now - 1)),
-        hhmm(day_minute(end_minute)),
+        hhmmss(end_ms - 85_000),
+        hhmmss(end_ms),
     );
     let s = start(&window).await;
     let pr = open_green(&s, "Change", &[]).await;

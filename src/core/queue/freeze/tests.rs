@@ -55,6 +55,24 @@ fn a_window_holds_on_its_days_and_hours_and_ends_at_its_end() {
     );
 }
 
+/// `HH:MM:SS`: a window starts and ends on its second; its end shows the seconds.
+#[test]
+fn a_window_in_seconds_starts_and_ends_on_its_second() {
+    let q = BranchQueue::new("main");
+    let w = [window("main", &[], "09:00:30", "09:01:05")];
+    let at = |secs: i64| MONDAY + 9 * HOUR + secs * 1_000;
+    assert_eq!(frozen(&q, &w, at(29)), None);
+    let f = frozen(&q, &w, at(30)).expect("frozen at 09:00:30");
+    assert_eq!(f.until_ms, Some(at(65)));
+    assert!(
+        f.describe("main").contains("until 2001-01-01 09:01:05 UTC"),
+        "{}",
+        f.describe("main")
+    );
+    assert_eq!(frozen(&q, &w, at(65)), None, "the end is open");
+    assert!(validate(&w).is_ok());
+}
+
 #[test]
 fn a_window_across_midnight_and_windows_that_touch_make_one_freeze() {
     let q = BranchQueue::new("main");
@@ -177,6 +195,30 @@ fn the_policy_reads_and_checks_windows() {
         ("branch = \"m\", from = \"25:00\", to = \"2:00\"", "HH:MM"),
         ("branch = \"m\", from = \"1:60\", to = \"2:00\"", "HH:MM"),
         ("branch = \"m\", from = \"1:0\", to = \"2:00\"", "HH:MM"),
+        (
+            "branch = \"m\", from = \"1:00:60\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"1:00:5\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"1:00:00:00\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"23:00\", to = \"24:00:01\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"+1:00\", to = \"2:00\"",
+            "HH:MM:SS",
+        ),
+        (
+            "branch = \"m\", from = \"03:00:00\", to = \"3:00\"",
+            "empty window",
+        ),
         (
             "branch = \"m\", from = \"03:00\", to = \"3:00\"",
             "empty window",
