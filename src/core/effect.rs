@@ -239,6 +239,13 @@ pub enum TimerKind {
     QueueCi,
     /// The spend caps that held the record in `over-budget` have reset (issue 28).
     BudgetReset,
+    /// A `succeeded` result has waited `push_grace_secs` for the push (PR work) or the
+    /// PR (issue work) it announced: none came, so the attempt counts as `no-changes`
+    /// (issue 27).
+    PushGrace {
+        /// The work item whose result waits.
+        work_id: WorkId,
+    },
 }
 
 impl TimerKind {
@@ -253,6 +260,7 @@ impl TimerKind {
             TimerKind::StatusSettle => "status-settle",
             TimerKind::QueueCi => "queue-ci",
             TimerKind::BudgetReset => "budget-reset",
+            TimerKind::PushGrace { .. } => "push-grace",
         }
     }
 }

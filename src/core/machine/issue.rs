@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::effect::{Effect, TimerKind, WorkContext, WorkKind};
-use super::super::event::{EffectOutcome, Event, PrState};
+use super::super::event::{EffectOutcome, Event, PrState, WorkOutcome};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
@@ -252,7 +252,7 @@ fn apply(
             commands_of(r, event, now, policy, from_bot, fx)
         }
         Event::TimerFired { .. } | Event::WorkResult { .. } | Event::EffectOutcome { .. } => {
-            claim_event(r, event, now, fx)
+            claim_event(r, event, now, policy, fx)
         }
         Event::Review { .. }
         | Event::ActionRun { .. }
@@ -282,7 +282,11 @@ fn on_linking_pr(
     }
     let n = pr.number;
     let links = linked_issues(&pr.body).contains(&r.number);
-    let agent = pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a));
+    // The bot, a bot user, or an agent user (agents may open PRs as themselves).
+    let agent = pr
+        .author
+        .as_ref()
+        .is_some_and(|a| policy.is_bot_author(a) || policy.is_agent(a));
     match (links, pr.state) {
         (true, PrState::Merged) => {
             r.linking_prs.remove(&n);
@@ -323,6 +327,11 @@ fn on_linking_pr(
             if pr.state == PrState::Closed && r.done_by_pr == Some(n) {
                 r.done_by_pr = None;
                 changed = true;
+            }
+            // The agent PR a `succeeded` attempt announced closed unmerged: the issue
+            // would wait for a PR again, so the wait gets a deadline again.
+            if changed && let Some(last) = r.work.attempts.last().map(|a| a.work_id.clone()) {
+                work::arm_push_grace(&r.work, &last, awaits_pr(r), now, policy, fx);
             }
             changed
         }
@@ -413,7 +422,7 @@ fn commands_of(
 }
 
 /// Claim-expiry timers, work results and failed dispatches.
-fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> bool {
+fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx: &mut Fx) -> bool {
     match event {
         Event::TimerFired {
             repo,
@@ -434,6 +443,11 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             TimerKind::BudgetReset => {
                 is_this(r, repo, *scope, *number) && budget::on_reset_timer(&mut r.work, now)
             }
+            TimerKind::PushGrace { work_id } if is_this(r, repo, *scope, *number) => {
+                let waits = awaits_pr(r);
+                work::on_push_grace(&mut r.work, work_id, waits, policy)
+            }
+            TimerKind::PushGrace { .. } => false,
         },
         Event::WorkResult {
             work_id,
@@ -451,6 +465,10 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             if recorded {
                 let (u, s) = (usage.as_ref(), *stopped);
                 budget::on_result(&mut r.work, work_id, u, s, scope.as_deref(), now, fx);
+                if *outcome == WorkOutcome::Succeeded {
+                    let waits = awaits_pr(r);
+                    work::arm_push_grace(&r.work, work_id, waits, now, policy, fx);
+                }
             }
             recorded
         }
@@ -495,4 +513,10 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
         | Event::ObservedPermission { .. }
         | Event::ResyncObserved { .. } => false,
     }
+}
+
+/// Whether a `succeeded` issue-impl result still waits for its PR: the issue is open,
+/// not done, and no agent PR links it.
+fn awaits_pr(r: &IssueRecord) -> bool {
+    r.issue.as_ref().is_some_and(|i| i.open) && r.done_by_pr.is_none() && r.linking_prs.is_empty()
 }

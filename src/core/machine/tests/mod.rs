@@ -7,6 +7,7 @@ mod authors;
 mod bounds;
 mod budget;
 mod economy;
+mod grace;
 mod hostile;
 mod issues;
 mod props;
