@@ -444,7 +444,12 @@ async fn conclude(
         Finish::Limit(_) => Ok(None),
         _ => outcome::read_result_file_off_thread(files.result.clone()).await,
     };
+    let valid_file = matches!(file, Ok(Some(_)));
     let result = outcome::decide(finish, file, &output);
+    // No valid result file: what the agent did is read from Forgejo (issue 27).
+    let policy = shared.policy.for_repo(&item.repo);
+    let result =
+        super::world::settle(&shared.forgejo, item, &policy, finish, valid_file, result).await;
     let spent = usage::final_usage(
         live.usage(),
         result.tokens,

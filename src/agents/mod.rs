@@ -58,6 +58,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod usage;
 pub mod workdir;
+pub mod world;
 
 use std::ffi::OsString;
 use std::sync::Arc;

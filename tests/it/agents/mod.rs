@@ -38,6 +38,7 @@ mod review_e2e;
 mod review_runner;
 mod runner;
 mod usage;
+mod world;
 
 use std::path::PathBuf;
 use std::time::Duration;

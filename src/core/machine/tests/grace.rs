@@ -82,7 +82,11 @@ fn a_push_within_the_grace_keeps_the_success() {
     h.later(200);
     let t = step(&h.r, &timer(grace(&id), h.now), h.now, &h.p);
     assert_eq!(t.record.work.attempts[0].outcome, AttemptOutcome::Succeeded);
-    assert!(!t.effects.iter().any(|e| matches!(e.kind, EffectKind::Dispatch(_))));
+    assert!(
+        !t.effects
+            .iter()
+            .any(|e| matches!(e.kind, EffectKind::Dispatch(_)))
+    );
 }
 
 #[test]
@@ -144,7 +148,10 @@ fn a_reported_no_changes_counts_as_a_failed_attempt_for_the_same_problem() {
     assert_eq!(fx[0], "dispatch ci-fix tier=1 attempt=2 head=aaa");
     let ws = &h.r.work;
     let sig = ws.active.as_ref().unwrap().signature.clone();
-    assert_eq!(super::super::work::next_tier(ws, WorkKind::CiFix, &sig, &p), 1);
+    assert_eq!(
+        super::super::work::next_tier(ws, WorkKind::CiFix, &sig, &p),
+        1
+    );
     // At the top tier, `stuck_after` no-changes make the PR stuck.
     let mut ws = ws.clone();
     ws.active = None;
@@ -153,7 +160,12 @@ fn a_reported_no_changes_counts_as_a_failed_attempt_for_the_same_problem() {
         let mut a = ws.attempts[0].clone();
         a.tier = p.top_tier();
         a.outcome = AttemptOutcome::NoChanges;
-        assert!(!super::super::work::is_stuck(&ws, WorkKind::CiFix, &sig, &p));
+        assert!(!super::super::work::is_stuck(
+            &ws,
+            WorkKind::CiFix,
+            &sig,
+            &p
+        ));
         ws.attempts.push(a);
     }
     assert!(super::super::work::is_stuck(&ws, WorkKind::CiFix, &sig, &p));
@@ -243,7 +255,10 @@ fn an_issue_success_without_a_pr_becomes_no_changes() {
     let now = now + 300_000;
     let fx = go(&mut r, issue_timer(grace(&id), now), now, &p);
     assert_eq!(r.work.attempts[0].outcome, AttemptOutcome::NoChanges);
-    assert_eq!(fx[0], "dispatch issue-impl tier=1 attempt=2 head=-", "{fx:?}");
+    assert_eq!(
+        fx[0], "dispatch issue-impl tier=1 attempt=2 head=-",
+        "{fx:?}"
+    );
 }
 
 #[test]
@@ -269,7 +284,10 @@ fn an_agent_pr_within_the_grace_keeps_the_issue_success() {
     let now = now + 300_000;
     let fx = go(&mut r, issue_timer(grace(&id), now), now, &p);
     assert_eq!(r.work.attempts[0].outcome, AttemptOutcome::NoChanges);
-    assert_eq!(fx[0], "dispatch issue-impl tier=1 attempt=2 head=-", "{fx:?}");
+    assert_eq!(
+        fx[0], "dispatch issue-impl tier=1 attempt=2 head=-",
+        "{fx:?}"
+    );
 }
 
 #[test]

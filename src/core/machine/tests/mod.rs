@@ -6,6 +6,7 @@ mod attempts;
 mod authors;
 mod bounds;
 mod budget;
+mod deadlines;
 mod economy;
 mod grace;
 mod hostile;
