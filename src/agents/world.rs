@@ -231,11 +231,7 @@ mod tests {
             error: ResultFileError::Invalid("x".into()),
             head: "x".into(),
         };
-        let r = apply(
-            &World::NoPr,
-            exit(0),
-            outcome::decide(exit(0), Err(bad), ""),
-        );
+        let r = apply(&World::NoPr, outcome::decide(exit(0), Err(bad), ""));
         assert_eq!(r.report.signature.as_deref(), Some("result-file"));
         assert!(r.log_note.is_some(), "the file's head is still kept");
     }
