@@ -42,7 +42,12 @@ async fn result_of(rig: &Rig, id: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_without_a_result_file_is_success_and_no_push_is_no_changes() {
     let (rig, script) = Rig::with_script("wait.sh", WAIT_THEN_EXIT).await;
-    let _runner = rig.runner(&script).start().await;
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENTS_MAX", "3")
+        .env("SHEPHERD_AGENTS_PER_REPO", "3")
+        .start()
+        .await;
     let (a, b, c) = (rig.open_pr(REPO), rig.open_pr(REPO), rig.open_pr(REPO));
     let ia = rig.dispatch(REPO, a, "ci-fix", 0, HOUR).await;
     let ib = rig.dispatch(REPO, b, "ci-fix", 0, HOUR).await;
@@ -63,7 +68,7 @@ async fn a_push_without_a_result_file_is_success_and_no_push_is_no_changes() {
         assert!(r["signature"].is_null(), "{r}");
         let summary = r["summary"].as_str().unwrap();
         assert!(
-            summary.contains(&format!("to {}: pushed", &sha[..10])),
+            summary.contains(&format!("to {} since dispatch: pushed", &sha[..10])),
             "{summary}"
         );
     }
@@ -87,7 +92,12 @@ async fn a_push_without_a_result_file_is_success_and_no_push_is_no_changes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_issue_agents_pr_is_success_and_an_outsiders_is_not() {
     let (rig, script) = Rig::with_script("wait.sh", WAIT_THEN_EXIT).await;
-    let _runner = rig.runner(&script).start().await;
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENTS_MAX", "3")
+        .env("SHEPHERD_AGENTS_PER_REPO", "3")
+        .start()
+        .await;
     let done = rig
         .fake
         .create_issue(REPO, "alice", "Implement y", "We need y.");
@@ -127,7 +137,12 @@ async fn an_issue_agents_pr_is_success_and_an_outsiders_is_not() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreadable_forgejo_falls_back_to_the_exit_status_and_says_so() {
     let (rig, script) = Rig::with_script("wait.sh", WAIT_THEN_EXIT).await;
-    let _runner = rig.runner(&script).start().await;
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENTS_MAX", "3")
+        .env("SHEPHERD_AGENTS_PER_REPO", "3")
+        .start()
+        .await;
     let n = rig.open_pr(REPO);
     let id = rig.dispatch(REPO, n, "ci-fix", 0, HOUR).await;
     rig.wait_state(&id, "running").await;
