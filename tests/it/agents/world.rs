@@ -225,3 +225,41 @@ echo "started" >> "$DIR/started""#,
     })
     .await;
 }
+
+/// An agent that writes `succeeded` but never pushes: the record waits
+/// `push_grace_secs` for the push (the worker's `push-grace` timer), then counts the
+/// attempt as `no-changes`, dispatches at the next tier, and after the top tier asks
+/// for a human.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_success_that_no_push_follows_becomes_no_changes_after_the_grace() {
+    let policy = "push_grace_secs = 1\ntiers = [\"small\", \"large\"]\nstuck_after = 1\n";
+    let s = Scenario::start(policy).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = write_script(
+        dir.path(),
+        "claims.sh",
+        r#"echo "tier $SHEPHERD_TIER" >> "$DIR/runs"
+printf '{"outcome":"succeeded","summary":"fixed it, pushing now"}' > "$SHEPHERD_RESULT_FILE""#,
+    );
+    let _runner = s.agents(&script).start().await;
+    let n = s
+        .fake
+        .open_pr(E2E_REPO, NewPr::new("agent-bot", "Add y").body("Adds y."));
+    let sha = s.fake.head_sha(E2E_REPO, n);
+    s.fake
+        .set_status(E2E_REPO, &sha, "ci/test", "failure", "2 tests failed");
+    s.send(&s.fake.pr_opened(E2E_REPO, n)).await;
+    s.wait_phase(E2E_REPO, n, "needs-human").await;
+    s.wait_idle().await;
+    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().collect::<Vec<_>>(), ["tier 0", "tier 1"]);
+    let a = attempts(&s, n).await;
+    assert_eq!(a.len(), 2, "{a:?}");
+    for (i, attempt) in a.iter().enumerate() {
+        assert_eq!(attempt["tier"], i, "{attempt}");
+        assert_eq!(attempt["outcome"], "no-changes", "{attempt}");
+        let summary = attempt["summary"].as_str().unwrap();
+        assert!(summary.contains("push_grace_secs"), "{summary}");
+        assert!(summary.contains("fixed it, pushing now"), "{summary}");
+    }
+}
