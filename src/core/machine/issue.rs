@@ -197,6 +197,14 @@ pub fn step_issue(
         Some(false) => {
             work::enter_needs_human(&mut r.work, &reason, r.number, now_ms, policy, &mut fx)
         }
+        // The bot's own event released an issue a human asked for (its linking PR
+        // closed unmerged): the bot never starts work, so a timer (no sender) looks
+        // again at once — else the issue would wait for the next human event.
+        Some(true) if r.work.active.is_none() && released(record, &r) => {
+            fx.push(super::super::effect::EffectKind::Schedule(look_again(
+                now_ms,
+            )));
+        }
         Some(true) | None => {}
     }
     work::sync_labels(&mut r.work, open && r.done_by_pr.is_none(), policy, &mut fx);
@@ -433,11 +441,12 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
             TimerKind::ClaimExpiry { work_id } if is_this(r, repo, *scope, *number) => {
                 work::on_expiry(&mut r.work, work_id, now, fx)
             }
+            // [`look_again`]: the step re-plans without a sender.
+            TimerKind::StaleCheck => is_this(r, repo, *scope, *number),
             TimerKind::ClaimExpiry { .. }
             | TimerKind::CiPoll { .. }
             | TimerKind::Mergeability
             | TimerKind::MergeRetry
-            | TimerKind::StaleCheck
             | TimerKind::StatusSettle
             | TimerKind::QueueCi => false,
             TimerKind::BudgetReset => {
@@ -519,4 +528,20 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
 /// not done, and no agent PR links it.
 fn awaits_pr(r: &IssueRecord) -> bool {
     r.issue.as_ref().is_some_and(|i| i.open) && r.done_by_pr.is_none() && r.linking_prs.is_empty()
+}
+
+/// Whether the step from `before` to `after` released the issue: a linking PR held
+/// it or marked it done, and none does now.
+fn released(before: &IssueRecord, after: &IssueRecord) -> bool {
+    let held = |r: &IssueRecord| r.done_by_pr.is_some() || !r.linking_prs.is_empty();
+    held(before) && !held(after)
+}
+
+/// The timer that makes an issue decide again without a sender (due at once).
+fn look_again(now: i64) -> super::super::effect::Timer {
+    super::super::effect::Timer {
+        due_ms: now,
+        kind: TimerKind::StaleCheck,
+        id: "look-again".into(),
+    }
 }
