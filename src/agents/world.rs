@@ -28,10 +28,10 @@ use super::outcome::{AgentResult, Finish};
 /// What Forgejo shows of an agent's work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum World {
-    /// The PR's head moved from the dispatched head (`None`: the item had none).
+    /// The PR's head moved from the dispatched head.
     HeadMoved {
         /// The head the item was dispatched on.
-        from: Option<String>,
+        from: String,
         /// The head now.
         to: String,
     },
@@ -86,9 +86,10 @@ pub async fn read(forgejo: &ForgejoClient, item: &WorkItem, policy: &Policy) -> 
             let dispatched = item.head_sha.as_ref().map(|s| s.as_str().to_owned());
             let now = pr.head.sha.to_ascii_lowercase();
             match dispatched {
-                Some(d) if d.eq_ignore_ascii_case(&now) => World::HeadUnchanged,
                 _ if now.is_empty() => World::Unknown("the PR's head is not known".into()),
-                from => World::HeadMoved { from, to: now },
+                None => World::Unknown("the work item names no head to compare with".into()),
+                Some(d) if d.eq_ignore_ascii_case(&now) => World::HeadUnchanged,
+                Some(from) => World::HeadMoved { from, to: now },
             }
         }
         Err(e) => World::Unknown(format!("reading the PR failed: {e}")),
@@ -110,11 +111,11 @@ pub fn apply(world: &World, mut result: AgentResult) -> AgentResult {
     };
     match world {
         World::HeadMoved { from, to } => {
-            let from = from.as_deref().map_or("-", short);
             report.outcome = WorkOutcome::Succeeded;
             report.signature = None;
             let line = format!(
-                "no result file; the PR's head moved from {from} to {} since dispatch: pushed",
+                "no result file; the PR's head moved from {} to {} since dispatch: pushed",
+                short(from),
                 short(to)
             );
             prepend(&mut report.summary, line);
@@ -207,7 +208,7 @@ mod tests {
     #[test]
     fn a_push_or_a_pr_is_success_whatever_the_exit_status() {
         let moved = World::HeadMoved {
-            from: Some("a".repeat(40)),
+            from: "a".repeat(40),
             to: "b".repeat(40),
         };
         for f in [exit(0), exit(2)] {

@@ -470,3 +470,12 @@ pub(crate) fn head_unmoved(ws: &WorkState, work_id: &WorkId, head: Option<&Sha>)
         .find(|a| &a.work_id == work_id)
         .is_some_and(|a| a.head_sha.as_ref() == head)
 }
+
+/// Whether the last attempt ended `push_grace_secs` or more before `now` (a
+/// `succeeded` result no longer holds the record waiting for its push).
+pub(crate) fn grace_over(ws: &WorkState, now: i64, policy: &Policy) -> bool {
+    let grace_ms = i64::try_from(policy.push_grace_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    ws.attempts
+        .last()
+        .is_some_and(|a| now >= a.ended_ms.saturating_add(grace_ms))
+}

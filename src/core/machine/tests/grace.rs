@@ -300,3 +300,30 @@ fn an_outsiders_pr_does_not_keep_the_issue_success() {
     go(&mut r, issue_timer(grace(&id), now), now, &p);
     assert_eq!(r.work.attempts[0].outcome, AttemptOutcome::NoChanges);
 }
+
+#[test]
+fn a_pr_closed_and_reopened_during_the_grace_does_not_wait_for_the_push_again() {
+    let mut h = red_pr();
+    let (id, _) = succeeded_without_push(&mut h);
+    h.later(10);
+    let closed = PrSnapshot {
+        state: PrState::Closed,
+        updated_ms: h.now,
+        ..h.r.pr.clone().unwrap()
+    };
+    h.step(pr_event(PrAction::Closed, closed, "alice"));
+    h.later(300);
+    let t = step(&h.r, &timer(grace(&id), h.now), h.now, &h.p);
+    assert!(t.effects.is_empty(), "closed: the grace changes nothing");
+    h.later(600);
+    let reopened = PrSnapshot {
+        state: PrState::Open,
+        updated_ms: h.now,
+        ..h.r.pr.clone().unwrap()
+    };
+    let fx = h.step(pr_event(PrAction::Reopened, reopened, "alice"));
+    assert!(
+        fx.contains(&"dispatch ci-fix tier=1 attempt=2 head=aaa".to_owned()),
+        "{fx:?}"
+    );
+}
