@@ -17,6 +17,10 @@
 //!   the real bubblewrap sandbox, tries every attack of the issue's findings.
 //! - `ledger_e2e`: the cost ledger (issue 28) after two real opencode runs through
 //!   `shepherd run` and `shepherd agents` equals the stub model server's sums.
+//! - `world`: outcomes read from Forgejo when an agent writes no result file (issue
+//!   27): pushed, opened-pr, `no-changes`, Forgejo unreadable; a `cleveragents-v2`
+//!   worker that stops at startup, and a success no push follows, escalating to
+//!   needs-human.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
