@@ -444,8 +444,12 @@ async fn conclude(
         Finish::Limit(_) => Ok(None),
         _ => outcome::read_result_file_off_thread(files.result.clone()).await,
     };
-    let had_file = matches!(file, Ok(Some(_)));
+    let valid_file = matches!(file, Ok(Some(_)));
     let result = outcome::decide(finish, file, &output);
+    // No valid result file: what the agent did is read from Forgejo (issue 27).
+    let policy = shared.policy.for_repo(&item.repo);
+    let result =
+        super::world::settle(&shared.forgejo, item, &policy, finish, valid_file, result).await;
     let spent = usage::final_usage(
         live.usage(),
         result.tokens,
@@ -463,7 +467,7 @@ async fn conclude(
     // A model provider's 429/5xx, overload or timeout: retried by the core without an
     // attempt (issue 27).
     let patterns = &shared.policy.for_repo(&item.repo).transient_patterns;
-    super::transient::Classifier::new(patterns).classify(&mut report, finish, had_file, &log);
+    super::transient::Classifier::new(patterns).classify(&mut report, finish, valid_file, &log);
     if let Some(reason) = report.stopped {
         m.stopped.with_label_values(&[reason.as_str()]).inc();
         let why = usage::describe(reason, &spent, &item.limits);

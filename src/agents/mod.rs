@@ -60,6 +60,7 @@ pub mod sandbox;
 pub mod transient;
 pub mod usage;
 pub mod workdir;
+pub mod world;
 
 use std::ffi::OsString;
 use std::sync::Arc;

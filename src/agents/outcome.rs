@@ -8,8 +8,8 @@
 //! | the runner stopped it for a limit ([`super::usage`]) | `failed`, signature the reason (`over-budget`, `over-steps`, `over-tool-calls`, `idle`, `loop`), `stopped` set |
 //! | a result file that is valid | as written (summary: the output's tail when none) |
 //! | a result file that is not JSON, too large, or has no valid `outcome` | `failed`, signature `result-file`, the reason in the summary |
-//! | no result file, exit 0 | `succeeded` |
-//! | no result file, exit status N | `failed`, signature `exit:N` (`transient` when its output's end matches `transient_patterns`: [`super::transient`]) |
+//! | no result file, exit 0 | `succeeded` (then corrected from Forgejo by [`super::world`]: `no-changes` when nothing was pushed or opened) |
+//! | no result file, exit status N | `failed`, signature `exit:N` (`succeeded` when Forgejo shows a push or PR; `transient` when its output's end matches `transient_patterns`: [`super::transient`]) |
 //! | no result file, killed by a signal | `failed`, signature `signal:SIGNAME` |
 //!
 //! Nothing is lost on a bad result file: the result is still reported (so the claim

@@ -242,6 +242,13 @@ pub enum TimerKind {
     /// The back-off after a transient agent failure is over: the work may be
     /// dispatched again (issue 27).
     TransientRetry,
+    /// A `succeeded` result has waited `push_grace_secs` for the push (PR work) or the
+    /// PR (issue work) it announced: none came, so the attempt counts as `no-changes`
+    /// (issue 27).
+    PushGrace {
+        /// The work item whose result waits.
+        work_id: WorkId,
+    },
 }
 
 impl TimerKind {
@@ -257,6 +264,7 @@ impl TimerKind {
             TimerKind::QueueCi => "queue-ci",
             TimerKind::BudgetReset => "budget-reset",
             TimerKind::TransientRetry => "transient-retry",
+            TimerKind::PushGrace { .. } => "push-grace",
         }
     }
 }

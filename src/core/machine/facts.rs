@@ -132,6 +132,11 @@ pub(crate) fn apply(
             if recorded {
                 let (u, s) = (usage.as_ref(), *stopped);
                 super::budget::on_result(&mut r.work, work_id, u, s, scope.as_deref(), now, fx);
+                // A success whose push is still to come waits `push_grace_secs` at most.
+                let waits = r.is_open() && work::head_unmoved(&r.work, work_id, r.head_sha());
+                if *outcome == super::super::event::WorkOutcome::Succeeded {
+                    work::arm_push_grace(&r.work, work_id, waits, now, policy, fx);
+                }
             }
             recorded
         }
@@ -683,6 +688,10 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         TimerKind::QueueCi => super::queue::on_ci_timer(r, now, policy),
         TimerKind::BudgetReset => super::budget::on_reset_timer(&mut r.work, now),
         TimerKind::TransientRetry => super::transient::on_timer(&mut r.work, now),
+        TimerKind::PushGrace { work_id } => {
+            let waits = r.is_open() && work::head_unmoved(&r.work, work_id, r.head_sha());
+            work::on_push_grace(&mut r.work, work_id, waits, policy)
+        }
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::super::effect::{Effect, TimerKind, WorkContext, WorkKind};
-use super::super::event::{EffectOutcome, Event, PrState};
+use super::super::event::{EffectOutcome, Event, PrState, WorkOutcome};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
@@ -201,6 +201,14 @@ pub fn step_issue(
         Some(false) => {
             work::enter_needs_human(&mut r.work, &reason, r.number, now_ms, policy, &mut fx)
         }
+        // The bot's own event released an issue a human asked for (its linking PR
+        // closed unmerged): the bot never starts work, so a timer (no sender) looks
+        // again at once — else the issue would wait for the next human event.
+        Some(true) if r.work.active.is_none() && released(record, &r) => {
+            fx.push(super::super::effect::EffectKind::Schedule(look_again(
+                now_ms,
+            )));
+        }
         Some(true) | None => {}
     }
     work::sync_labels(&mut r.work, open && r.done_by_pr.is_none(), policy, &mut fx);
@@ -286,7 +294,11 @@ fn on_linking_pr(
     }
     let n = pr.number;
     let links = linked_issues(&pr.body).contains(&r.number);
-    let agent = pr.author.as_ref().is_some_and(|a| policy.is_bot_author(a));
+    // The bot, a bot user, or an agent user (agents may open PRs as themselves).
+    let agent = pr
+        .author
+        .as_ref()
+        .is_some_and(|a| policy.is_bot_author(a) || policy.is_agent(a));
     match (links, pr.state) {
         (true, PrState::Merged) => {
             r.linking_prs.remove(&n);
@@ -327,6 +339,11 @@ fn on_linking_pr(
             if pr.state == PrState::Closed && r.done_by_pr == Some(n) {
                 r.done_by_pr = None;
                 changed = true;
+            }
+            // The agent PR a `succeeded` attempt announced closed unmerged: the issue
+            // would wait for a PR again, so the wait gets a deadline again.
+            if changed && let Some(last) = r.work.attempts.last().map(|a| a.work_id.clone()) {
+                work::arm_push_grace(&r.work, &last, awaits_pr(r), now, policy, fx);
             }
             changed
         }
@@ -428,11 +445,12 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
             TimerKind::ClaimExpiry { work_id } if is_this(r, repo, *scope, *number) => {
                 work::on_expiry(&mut r.work, work_id, now, fx)
             }
+            // [`look_again`]: the step re-plans without a sender.
+            TimerKind::StaleCheck => is_this(r, repo, *scope, *number),
             TimerKind::ClaimExpiry { .. }
             | TimerKind::CiPoll { .. }
             | TimerKind::Mergeability
             | TimerKind::MergeRetry
-            | TimerKind::StaleCheck
             | TimerKind::StatusSettle
             | TimerKind::QueueCi => false,
             TimerKind::BudgetReset => {
@@ -441,6 +459,11 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
             TimerKind::TransientRetry => {
                 is_this(r, repo, *scope, *number) && transient::on_timer(&mut r.work, now)
             }
+            TimerKind::PushGrace { work_id } if is_this(r, repo, *scope, *number) => {
+                let waits = awaits_pr(r);
+                work::on_push_grace(&mut r.work, work_id, waits, policy)
+            }
+            TimerKind::PushGrace { .. } => false,
         },
         Event::WorkResult {
             work_id,
@@ -465,6 +488,10 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
             if recorded {
                 let (u, s) = (usage.as_ref(), *stopped);
                 budget::on_result(&mut r.work, work_id, u, s, scope.as_deref(), now, fx);
+                if *outcome == WorkOutcome::Succeeded {
+                    let waits = awaits_pr(r);
+                    work::arm_push_grace(&r.work, work_id, waits, now, policy, fx);
+                }
             }
             recorded
         }
@@ -508,5 +535,27 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
         | Event::ResyncObserved { .. } => false,
+    }
+}
+
+/// Whether a `succeeded` issue-impl result still waits for its PR: the issue is open,
+/// not done, and no agent PR links it.
+fn awaits_pr(r: &IssueRecord) -> bool {
+    r.issue.as_ref().is_some_and(|i| i.open) && r.done_by_pr.is_none() && r.linking_prs.is_empty()
+}
+
+/// Whether the step from `before` to `after` released the issue: a linking PR held
+/// it or marked it done, and none does now.
+fn released(before: &IssueRecord, after: &IssueRecord) -> bool {
+    let held = |r: &IssueRecord| r.done_by_pr.is_some() || !r.linking_prs.is_empty();
+    held(before) && !held(after)
+}
+
+/// The timer that makes an issue decide again without a sender (due at once).
+fn look_again(now: i64) -> super::super::effect::Timer {
+    super::super::effect::Timer {
+        due_ms: now,
+        kind: TimerKind::StaleCheck,
+        id: "look-again".into(),
     }
 }

@@ -606,7 +606,11 @@ fn want_work(
     why: &str,
 ) -> Plan {
     let phase = phase_of(kind);
-    if let Some(n) = work::awaiting_result_of(&r.work, kind, &signature, r.head_sha()) {
+    // The wait ends at `push_grace_secs` even where no timer was armed (a PR closed
+    // and reopened meanwhile): the push-grace timer then counts it as `no-changes`.
+    if let Some(n) = work::awaiting_result_of(&r.work, kind, &signature, r.head_sha())
+        && !work::grace_over(&r.work, now, policy)
+    {
         return Plan::idle(phase, format!("{why}; waiting for the push of attempt {n}"));
     }
     // Merging a ready PR is not agent work: `agent_authors` does not hold it back.

@@ -402,3 +402,90 @@ pub(crate) fn escalate(ws: &mut WorkState, policy: &Policy) -> bool {
     ws.tier = ws.tier.max(next);
     changed
 }
+
+/// The timer that ends the wait of `work_id`'s `succeeded` result for its push (or
+/// PR) after `push_grace_secs` ([`on_push_grace`]).
+pub(crate) fn push_grace_timer(work_id: &WorkId, now: i64, policy: &Policy) -> Timer {
+    let grace_ms = i64::try_from(policy.push_grace_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    Timer {
+        due_ms: now.saturating_add(grace_ms),
+        kind: TimerKind::PushGrace {
+            work_id: work_id.clone(),
+        },
+        id: format!("push-grace:{work_id}"),
+    }
+}
+
+/// After a result was recorded: when it is the last attempt, a success, and what it
+/// announced has not arrived (`waiting`: the PR's head is still the attempt's, or the
+/// issue has no agent PR), arms its push-grace timer. Without it the record would
+/// wait for that push with no deadline (`awaiting_result_of`).
+pub(crate) fn arm_push_grace(
+    ws: &WorkState,
+    work_id: &WorkId,
+    waiting: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) {
+    let last = ws.attempts.last();
+    if waiting
+        && last.is_some_and(|a| &a.work_id == work_id && a.outcome == AttemptOutcome::Succeeded)
+    {
+        fx.push(EffectKind::Schedule(push_grace_timer(work_id, now, policy)));
+    }
+}
+
+/// The push-grace timer of `work_id`: if its attempt is still the last one since the
+/// last resume, still `succeeded`, and what it announced still has not arrived
+/// (`waiting`), it becomes `no-changes` — a failed attempt for the same-problem rule,
+/// so the next dispatch escalates and the stuck rule counts it. Returns whether
+/// anything changed.
+pub(crate) fn on_push_grace(
+    ws: &mut WorkState,
+    work_id: &WorkId,
+    waiting: bool,
+    policy: &Policy,
+) -> bool {
+    let Some(i) = ws.attempts.len().checked_sub(1) else {
+        return false;
+    };
+    let a = &mut ws.attempts[i];
+    if !waiting || i < ws.stuck_base || &a.work_id != work_id {
+        return false;
+    }
+    if a.outcome != AttemptOutcome::Succeeded {
+        return false;
+    }
+    a.outcome = AttemptOutcome::NoChanges;
+    let note = format!(
+        "reported success, but nothing it announced arrived within {} s (push_grace_secs): \
+         counted as no-changes",
+        policy.push_grace_secs
+    );
+    let text = match &a.summary {
+        Some(s) => format!("{note}\n{s}"),
+        None => note,
+    };
+    a.summary = Some(bounded_text(&text, MAX_SUMMARY_BYTES));
+    true
+}
+
+/// Whether `head` is still the head `work_id`'s attempt worked on (its push has not
+/// arrived).
+pub(crate) fn head_unmoved(ws: &WorkState, work_id: &WorkId, head: Option<&Sha>) -> bool {
+    ws.attempts
+        .iter()
+        .rev()
+        .find(|a| &a.work_id == work_id)
+        .is_some_and(|a| a.head_sha.as_ref() == head)
+}
+
+/// Whether the last attempt ended `push_grace_secs` or more before `now` (a
+/// `succeeded` result no longer holds the record waiting for its push).
+pub(crate) fn grace_over(ws: &WorkState, now: i64, policy: &Policy) -> bool {
+    let grace_ms = i64::try_from(policy.push_grace_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+    ws.attempts
+        .last()
+        .is_some_and(|a| now >= a.ended_ms.saturating_add(grace_ms))
+}

@@ -721,7 +721,10 @@ async fn a_sandboxed_agent_commits_and_pushes_from_its_checkout() {
         r#"id -u > "$DIR/uid"
 echo change > change.txt && git add change.txt \
   && git -c user.name=agent -c user.email=agent@example.org commit -qm fix \
-  && git -c safe.directory='*' push -q origin HEAD"#,
+  && git -c safe.directory='*' push -q origin HEAD
+# The fake Forgejo does not see pushes to this bare repository: the agent says what
+# it did (without a result file its outcome is read from the fake's PR head).
+printf '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
     );
     // The remote is the test's (root's), open to the agents' user, whose push says
     // the folder is safe.

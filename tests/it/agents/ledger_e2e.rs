@@ -70,7 +70,12 @@ fn entry(v: &Value) -> [u64; 4] {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_ledger_of_two_opencode_runs_equals_the_stub_models_sums() {
-    let s = Scenario::start("models = { haiku = \"stub-haiku\" }\n").await;
+    // One tier and `stuck_after = 1`: opencode pushes nothing (`no-changes`), and the
+    // PR then asks for a human instead of running again, so each PR has one run.
+    let s = Scenario::start(
+        "models = { haiku = \"stub-haiku\" }\ntiers = [\"haiku\"]\nstuck_after = 1\n",
+    )
+    .await;
     let marks = tempfile::tempdir().unwrap();
     let stub = ModelStub::start("echo working").await;
     let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);

@@ -24,6 +24,10 @@
 //!   `printenv` fallback, and the startup stop when a required parameter is missing.
 //! - `transient`: transient agent failures (issue 27): a rate-limited agent retried at
 //!   the same tier without an attempt; one that always claims `transient` escalates.
+//! - `world`: outcomes read from Forgejo when an agent writes no result file (issue
+//!   27): pushed, opened-pr, `no-changes`, Forgejo unreadable; a `cleveragents-v2`
+//!   worker that stops at startup, and a success no push follows, escalating to
+//!   needs-human.
 //!
 //! The runner tests of the runner's protocol (`runner`, `e2e`, `review_*`) run their
 //! script agents with `SHEPHERD_AGENT_SANDBOX=off`: they follow the agents' host pids
@@ -48,6 +52,7 @@ mod transient;
 mod usage;
 mod v2_life;
 mod v2_startup;
+mod world;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -659,7 +659,10 @@ env > "$DIR/env"
 pwd > "$DIR/pwd"
 echo change > change.txt && git add change.txt \
   && git -c user.name=agent -c user.email=agent@example.org commit -qm fix \
-  && git push -q origin HEAD"#,
+  && git push -q origin HEAD
+# The fake Forgejo does not see pushes to this bare repository, so the agent says
+# what it did (without a result file its outcome is read from the fake's PR head).
+printf '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
     );
     let url = format!(
         "file://{}/git/{{owner}}/{{repo}}.git",
@@ -759,7 +762,7 @@ async fn a_stopping_runner_hands_its_work_to_another_runner() {
     let script = rig.script(
         "once.sh",
         r#"echo $$ >> "$DIR/starts"
-if [ -e "$DIR/second" ]; then exit 0; fi
+if [ -e "$DIR/second" ]; then printf '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE"; exit 0; fi
 exec sleep 600"#,
     );
     let n = rig.open_pr(REPO);

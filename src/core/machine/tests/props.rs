@@ -18,7 +18,7 @@ const REVIEWERS: [&str; 3] = ["bob", "carol", "dave"];
 
 /// An abstract step, made concrete against the record when it runs.
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     /// A PR snapshot (webhook or API read).
     Snapshot {
         /// Head index.
@@ -74,7 +74,7 @@ enum Op {
 }
 
 /// Strategy for one op.
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..3usize, any::<bool>(), prop::bool::weighted(0.1), prop::option::of(prop::bool::weighted(0.8)), 0..20u8, prop::bool::weighted(0.3), prop::bool::weighted(0.2), any::<bool>())
             .prop_map(|(head, bot_pr, draft, mergeable, state, by_bot, nh_label, observed)| Op::Snapshot { head, bot_pr, draft, mergeable, state, by_bot, nh_label, observed }),
@@ -96,7 +96,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// The policy properties run under.
-fn prop_policy(dispatch_mode: bool) -> Policy {
+pub(super) fn prop_policy(dispatch_mode: bool) -> Policy {
     Policy {
         trusted_users: vec!["alice".into()],
         merge_mode: if dispatch_mode {
@@ -109,10 +109,10 @@ fn prop_policy(dispatch_mode: bool) -> Policy {
 }
 
 /// Counter for unique ids in one run.
-struct Ids(i64);
+pub(super) struct Ids(pub(super) i64);
 
 /// Makes `op` concrete against the record; may move the clock.
-fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event> {
+pub(super) fn concrete(op: &Op, r: &PrRecord, now: &mut i64, ids: &mut Ids) -> Option<Event> {
     ids.0 += 1;
     *now += 1000;
     let head_of = |i: usize| HEADS[i];

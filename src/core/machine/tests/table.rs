@@ -206,7 +206,15 @@ fn success_report_waits_for_the_push() {
     let mut h = claimed();
     let id = h.work_id();
     let fx = h.step(result(&id, WorkOutcome::Succeeded));
-    assert_eq!(fx, lines(&["-auto/claimed-implementer", "status ci-fix"]));
+    // The wait for the push has a deadline (`push_grace_secs`, tests/grace.rs).
+    assert_eq!(
+        fx,
+        lines(&[
+            "timer push-grace +300s",
+            "-auto/claimed-implementer",
+            "status ci-fix"
+        ])
+    );
     assert!(
         h.reason().contains("waiting for the push of attempt 1"),
         "{}",
