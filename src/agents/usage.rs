@@ -27,8 +27,10 @@
 //! lowers or replaces a figure, and negative or non-finite numbers count as 0), so a
 //! forged line can only bring a stop nearer; a real event is found even behind garbage on
 //! its line (every `{"type":"…` on a line is tried, so bytes written without a newline
-//! before it cannot hide it); a line longer than [`MAX_LINE`] is not parsed, but a tool
-//! call it announces still counts. What this cannot see is usage opencode never prints (a
+//! before it cannot hide it; a `tool_use` is read only up to its call, and the scan
+//! goes on inside it, where a JSON string hides no event but the call's arguments —
+//! the model's own JSON — may hold a forged one, which again only adds); a line longer
+//! than [`MAX_LINE`] is not parsed, but a tool call it announces still counts. What this cannot see is usage opencode never prints (a
 //! step killed before its `step_finish`, the session-title request, which opencode does
 //! not count): the model server's own figures are the truth, and the tests compare with
 //! the stub model server's sums.
@@ -36,12 +38,12 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use std::borrow::Cow;
-
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 pub use crate::config::UsageSource;
+
+#[path = "tool_call.rs"]
+mod tool_call;
 use crate::core::usage::{RunLimits, StopReason, Usage, usd_to_micros};
 
 /// Longest output line parsed for events; a longer one (a tool call with a huge output)
@@ -95,38 +97,6 @@ struct CacheTokens {
     read: f64,
     /// Written to the prompt cache.
     write: f64,
-}
-
-/// A `tool_use` line, read without copying: the tool's name and its arguments are
-/// borrowed from the line (the arguments as their JSON text), and everything else —
-/// the tool's output above all, often kilobytes — is only skipped over.
-#[derive(Deserialize)]
-struct ToolUse<'a> {
-    /// The tool part.
-    #[serde(borrow)]
-    part: ToolPart<'a>,
-}
-
-/// A tool part: which tool, with what input.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct ToolPart<'a> {
-    /// The tool's name.
-    #[serde(borrow)]
-    tool: Cow<'a, str>,
-    /// Its state (`input` is the call's arguments).
-    #[serde(borrow)]
-    state: ToolState<'a>,
-}
-
-/// A tool part's state.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct ToolState<'a> {
-    /// The call's arguments, as the JSON text opencode printed (`JSON.stringify` of the
-    /// model's arguments: the same arguments, the same text).
-    #[serde(borrow)]
-    input: Option<&'a RawValue>,
 }
 
 /// A token count from a JSON number: non-negative and finite, else 0.
@@ -244,9 +214,13 @@ impl Meter {
             let used = if rest.starts_with(STEP_FINISH) {
                 self.parse_one::<StepFinish>(rest, |m, e| m.step_finished(&e.part))
             } else if rest.starts_with(TOOL_USE) {
-                self.parse_one::<ToolUse>(rest, |m, e| {
-                    let args = e.part.state.input.map_or("null", |raw| raw.get());
-                    m.tool_call(Some((&e.part.tool, args)));
+                // Read up to the call only ([`tool_call`]); the scan goes on after the
+                // event's start, through its output, which holds no event.
+                tool_call::read(rest).map(|call| {
+                    let tool = call.tool.as_deref().unwrap_or_default();
+                    let args = call.input.map_or("null", |raw| raw.get());
+                    self.tool_call(Some((tool, args)));
+                    1
                 })
             } else if rest.starts_with(STEP_START) {
                 self.parse_one::<serde::de::IgnoredAny>(rest, |m, _| m.step_started())
