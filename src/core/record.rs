@@ -288,6 +288,13 @@ pub struct WorkState {
     /// Spending and budget holds (issue 28).
     #[serde(default, skip_serializing_if = "BudgetFacts::is_empty")]
     pub budget: BudgetFacts,
+    /// What a previous (polling) dispatcher left: carried tier and attempts, a claim
+    /// label Shepherd did not set (issue 27; `core::legacy`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::core::legacy::LegacyFacts::is_empty"
+    )]
+    pub legacy: crate::core::legacy::LegacyFacts,
 }
 
 /// What a record knows of its spending and budget (issue 28).

@@ -150,6 +150,10 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
     if let Some(h) = &r.work.budget.hold {
         return (IssuePhase::OverBudget, budget::reason(h), None);
     }
+    if let Some(held) = crate::core::legacy::hold(&r.work) {
+        let why = format!("implementation wanted; {held}");
+        return (IssuePhase::Implementing, why, None);
+    }
     (
         IssuePhase::Implementing,
         "implementation wanted".into(),
@@ -167,7 +171,17 @@ pub fn step_issue(
     let mut r = record.clone();
     let mut fx = Fx::default();
     let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
-    if !apply(&mut r, event, now_ms, policy, from_bot, &mut fx) {
+    let relevant = apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
+    let legacy = legacy_step(
+        &mut r,
+        record.issue.is_none(),
+        event,
+        relevant,
+        now_ms,
+        policy,
+        &mut fx,
+    );
+    if !(relevant || legacy) {
         return noop(record, event);
     }
     let open = r.issue.as_ref().is_some_and(|i| i.open);
@@ -200,6 +214,7 @@ pub fn step_issue(
         Some(true) | None => {}
     }
     work::sync_labels(&mut r.work, open && r.done_by_pr.is_none(), policy, &mut fx);
+    crate::core::legacy::sweep(&mut r.work, open, &mut fx);
     if r == *record && fx.is_empty() {
         return noop(record, event);
     }
@@ -212,6 +227,52 @@ pub fn step_issue(
         effects,
         note,
     }
+}
+
+/// What a previous dispatcher left (`core::legacy`), as for PRs (`machine::step`).
+fn legacy_step(
+    r: &mut IssueRecord,
+    unseen: bool,
+    event: &Event,
+    relevant: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    use crate::core::event::IssueAction;
+    use crate::core::legacy::{Me, Sight};
+    let labeled_by = match event {
+        Event::Issue { action, sender, .. } => {
+            Some((*action == IssueAction::Labeled).then_some(sender.as_ref()))
+        }
+        _ => None,
+    };
+    let current = r.issue.clone();
+    let sight = match (labeled_by, &current) {
+        (Some(labeled_by), Some(cur)) if relevant => Some((
+            Sight {
+                scope: Scope::Issue,
+                labels: &cur.labels,
+                comments: None,
+                updated_ms: cur.updated_ms,
+            },
+            unseen,
+            labeled_by,
+        )),
+        _ => None,
+    };
+    let me = Me {
+        repo: &r.repo,
+        scope: Scope::Issue,
+        number: r.number,
+    };
+    let mut ws = std::mem::take(&mut r.work);
+    let concerned = crate::core::legacy::on_event(&mut ws, &me, event, sight, now, policy, fx);
+    if relevant || concerned {
+        crate::core::legacy::tick(&mut ws, now, fx);
+    }
+    r.work = ws;
+    concerned
 }
 
 /// The untouched record.
@@ -261,6 +322,7 @@ fn apply(
         | Event::ObservedPr { .. }
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }
@@ -406,6 +468,7 @@ fn commands_of(
         | Event::ObservedStatus { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => return false,
     };
     r.requested |= out.implement;
@@ -430,7 +493,9 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
             | TimerKind::MergeRetry
             | TimerKind::StaleCheck
             | TimerKind::StatusSettle
-            | TimerKind::QueueCi => false,
+            | TimerKind::QueueCi
+            // `core::legacy` handles it (`step_issue`).
+            | TimerKind::Legacy => false,
             TimerKind::BudgetReset => {
                 is_this(r, repo, *scope, *number) && budget::on_reset_timer(&mut r.work, now)
             }
@@ -493,6 +558,7 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, fx: &mut Fx) -> boo
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }
