@@ -9,6 +9,7 @@ mod budget;
 mod economy;
 mod hostile;
 mod issues;
+mod legacy;
 mod props;
 mod queue;
 mod review;
