@@ -356,6 +356,29 @@ pub(crate) fn tick(ws: &mut WorkState, now: i64, fx: &mut super::machine::Fx) {
     }
 }
 
+/// The legacy timer the record has scheduled, if any (`rebuild --apply` arms it for a
+/// rebuilt record, whose fold discarded the effects).
+pub fn timer(ws: &WorkState) -> Option<Timer> {
+    ws.legacy.timer_due.map(|due_ms| Timer {
+        due_ms,
+        kind: TimerKind::Legacy,
+        id: TIMER_ID.into(),
+    })
+}
+
+/// What a record still has to read of a previous dispatcher's state (`rebuild` reads
+/// it when the folded record's read never answered): (comments, claim label to time).
+pub fn unread(ws: &WorkState) -> Option<(bool, Option<String>)> {
+    ws.legacy.reading_since?;
+    let claim = ws
+        .legacy
+        .foreign_claim
+        .as_ref()
+        .filter(|c| !c.timed)
+        .map(|c| c.label.clone());
+    Some((true, claim))
+}
+
 /// After the step's dispatch decision: an expired foreign claim's label is removed,
 /// unless Shepherd dispatched at once and holds the label as its own claim now.
 pub(crate) fn sweep(ws: &mut WorkState, open: bool, fx: &mut super::machine::Fx) {
