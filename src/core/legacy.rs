@@ -12,10 +12,10 @@
 //!   after the claim's TTL.
 //!
 //! On the first sight of a PR or issue the record reads them: the tier labels seed the
-//! tier at once; when the snapshot shows the record may have more (comments on a PR, or
-//! a tier or claim label), one read of the comments and, for a claim label, of the
-//! issue timeline (`Observe(Legacy)`) is asked for, and no work is dispatched until it
-//! answers or [`READ_TIMEOUT_MS`] passes. A claim label Shepherd did not set holds
+//! tier at once; when a tier or claim label shows the old system worked on it, one
+//! read of the comments and, for a claim label, of the issue timeline
+//! (`Observe(Legacy)`) is asked for, and no work is dispatched until it answers or
+//! [`READ_TIMEOUT_MS`] passes. A claim label Shepherd did not set holds
 //! every dispatch until `claim_ttl_secs` after it was set (the label webhook's time,
 //! or the timeline's label event); then a timer lets Shepherd take over (the stale
 //! label is removed, or adopted as Shepherd's own claim when it dispatches at once).
@@ -218,12 +218,8 @@ pub fn trusted_state(
 
 /// What a snapshot of the PR or issue shows of the old system.
 pub(crate) struct Sight<'a> {
-    /// PR or issue.
-    pub scope: Scope,
     /// The snapshot's labels.
     pub labels: &'a BTreeSet<String>,
-    /// The snapshot's comment count (PRs; `None` when unknown).
-    pub comments: Option<u64>,
     /// Forgejo's `updated_at` of the snapshot (unix ms; 0 if unknown).
     pub updated_ms: i64,
 }
@@ -237,16 +233,18 @@ pub(crate) fn first_sight(
     policy: &Policy,
     fx: &mut super::machine::Fx,
 ) {
-    if let Some((tier, label)) = tier_from_labels(s.labels, policy) {
-        carry(ws, tier, 0, format!("label `{label}`"), policy);
+    let tier_label = tier_from_labels(s.labels, policy);
+    if let Some((tier, label)) = &tier_label {
+        carry(ws, *tier, 0, format!("label `{label}`"), policy);
     }
     let claim = foreign_label(ws, s.labels, policy);
     if let Some(label) = &claim {
         ws.legacy.foreign_claim = Some(new_claim(label, now, false, policy));
     }
-    let signs = tier_from_labels(s.labels, policy).is_some() || claim.is_some();
-    let comments = signs || (s.scope == Scope::Pr && s.comments.is_some_and(|n| n > 0));
-    if comments || claim.is_some() {
+    // Only where the old system left a label: it labels every attempt it makes, and a
+    // PR it never touched costs no extra API call (the economy tests count them).
+    let comments = tier_label.is_some() || claim.is_some();
+    if comments {
         ws.legacy.reading_since = Some(now);
         fx.push(EffectKind::Observe(ObserveWhat::Legacy {
             comments,

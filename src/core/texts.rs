@@ -272,8 +272,8 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
     if let Some(claim) = &state.claimed_elsewhere {
         // Shepherd's own words around a label name of the policy.
         text.push_str(&format!(
-            "\n\nClaimed elsewhere: another dispatcher holds this PR; no agent work \
-             until its claim is released or expires ({})",
+            "\n\n**Claimed elsewhere** — no agent work until the claim is released or \
+             expires: {}",
             one_line(claim)
         ));
     }

@@ -251,9 +251,7 @@ fn legacy_step(
     let sight = match (labeled_by, &current) {
         (Some(labeled_by), Some(cur)) if relevant => Some((
             Sight {
-                scope: Scope::Issue,
                 labels: &cur.labels,
-                comments: None,
                 updated_ms: cur.updated_ms,
             },
             unseen,

@@ -210,9 +210,7 @@ fn legacy_step(
     let sight = match (snap, &current) {
         (Some(_), Some(cur)) if relevant => Some((
             Sight {
-                scope: Scope::Pr,
                 labels: &cur.labels,
-                comments: cur.comments,
                 updated_ms: cur.updated_ms,
             },
             unseen,

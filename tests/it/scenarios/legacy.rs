@@ -108,6 +108,17 @@ async fn a_carried_over_pr_is_first_dispatched_at_its_tier_with_its_attempts() {
         "{text}"
     );
     assert_eq!(items_for(&s, n).await.len(), 1);
+    // `rebuild` folds the archived read's answer: the same seeded record.
+    let out = s.cli(&["rebuild", &format!("{REPO}#{n}"), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("rebuild --json");
+    assert_eq!(report["changes"], serde_json::json!([]), "{report}");
+    assert_eq!(report["folded"]["work"]["tier"], 2);
+    assert_eq!(report["folded"]["work"]["legacy"]["carried"]["attempts"], 3);
     fake.assert_calls_match_openapi();
 }
 
@@ -123,7 +134,8 @@ async fn a_forged_state_comment_by_a_stranger_changes_nothing() {
         ),
         ("mallory", block("opus", 50)),
     ];
-    let n = carried_over_pr(fake, &[], &comments);
+    // A tier-0 label: the old dispatcher worked the PR, so its comments are read.
+    let n = carried_over_pr(fake, &["auto/last-attempt-tier-0"], &comments);
     s.send(&fake.pr_opened(REPO, n)).await;
     let items = s.wait_work_items(1).await;
     let read = format!("/repos/{REPO}/issues/{n}/comments");
@@ -135,7 +147,11 @@ async fn a_forged_state_comment_by_a_stranger_changes_nothing() {
     assert_eq!(items[0]["attempt"], 1, "{}", items[0]);
     s.wait_idle().await;
     let text = inspect(&s, n);
-    assert!(!text.contains("carried over"), "{text}");
+    assert!(!text.contains("ESCALATION-STATE"), "{text}");
+    assert!(
+        text.contains("carried over: tier 0, 0 attempt(s)"),
+        "{text}"
+    );
     fake.assert_calls_match_openapi();
 }
 

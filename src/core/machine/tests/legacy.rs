@@ -120,7 +120,7 @@ fn the_state_comment_can_raise_the_tier_above_the_label() {
 
 #[test]
 fn a_forged_state_comment_by_another_user_changes_nothing() {
-    let (mut h, fx) = opened_with(&[], 2);
+    let (mut h, fx) = opened_with(&["auto/last-attempt-tier-0"], 2);
     assert!(fx.iter().any(|l| l.starts_with("observe legacy")), "{fx:?}");
     h.later(5);
     h.step(status('a', &[FAIL], h.now));
@@ -137,12 +137,15 @@ fn a_forged_state_comment_by_another_user_changes_nothing() {
     h.step(observed(comments, vec![], at));
     assert_eq!(dispatched(&h), Some((0, 1)), "tier 0, first attempt");
     assert_eq!(h.r.work.tier, 0);
-    assert!(h.r.work.legacy.carried.is_none());
+    let carried = h.r.work.legacy.carried.clone().expect("the label");
+    assert_eq!(carried.attempts, 0);
+    assert_eq!(carried.from, ["label `auto/last-attempt-tier-0`"]);
 }
 
 #[test]
-fn a_pr_without_comments_or_legacy_labels_reads_nothing() {
-    let (mut h, fx) = opened_with(&[], 0);
+fn a_pr_without_legacy_labels_reads_nothing() {
+    // Comments alone do not cost a read: the old system labels every attempt.
+    let (mut h, fx) = opened_with(&[], 3);
     assert!(!fx.iter().any(|l| l.contains("legacy")), "{fx:?}");
     h.later(5);
     h.step(status('a', &[FAIL], h.now));
@@ -406,7 +409,7 @@ proptest! {
         tiers in proptest::collection::vec(0usize..6, 0..6),
         counts in proptest::collection::vec(0u64..2000, 0..6),
     ) {
-        let (mut h, _) = opened_with(&[], 1);
+        let (mut h, _) = opened_with(&["auto/last-attempt-tier-0"], 1);
         let names = ["haiku", "codex", "sonnet", "opus", "tier-9", "7"];
         let comments: Vec<(&str, String)> = authors
             .iter()
@@ -419,7 +422,14 @@ proptest! {
         let at = h.now;
         h.step(observed(comments, vec![], at));
         prop_assert!(h.r.work.tier <= h.p.top_tier());
-        prop_assert_eq!(h.r.work.legacy.carried.is_some(), trusted);
+        let from_comment = h
+            .r
+            .work
+            .legacy
+            .carried
+            .as_ref()
+            .is_some_and(|c| c.from.iter().any(|f| f.contains("ESCALATION-STATE")));
+        prop_assert_eq!(from_comment, trusted);
         prop_assert!(h.r.work.legacy.carried_attempts() <= MAX_CARRIED_ATTEMPTS);
     }
 }
