@@ -109,14 +109,26 @@ async fn a_carried_over_pr_is_first_dispatched_at_its_tier_with_its_attempts() {
     );
     assert_eq!(items_for(&s, n).await.len(), 1);
     // `rebuild` folds the archived read's answer: the same seeded record.
-    let out = s.cli(&["rebuild", &format!("{REPO}#{n}"), "--json"]);
+    let out = s.cli_as_workers(&["rebuild", &format!("{REPO}#{n}"), "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let report: Value = serde_json::from_slice(&out.stdout).expect("rebuild --json");
-    assert_eq!(report["changes"], serde_json::json!([]), "{report}");
+    // Only the times differ (a fold steps each event at its arrival, the workers a
+    // moment later); the seeding does not.
+    let changes = report["changes"].as_array().expect("changes");
+    assert!(
+        changes.iter().all(|c| {
+            let path = c["path"].as_str().unwrap_or_default();
+            !["legacy", "tier", "attempt"]
+                .iter()
+                .any(|w| path.contains(w))
+        }),
+        "{report}"
+    );
+    assert_eq!(report["folded"]["work"]["active"]["item"]["attempt"], 4);
     assert_eq!(report["folded"]["work"]["tier"], 2);
     assert_eq!(report["folded"]["work"]["legacy"]["carried"]["attempts"], 3);
     fake.assert_calls_match_openapi();
