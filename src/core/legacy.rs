@@ -271,8 +271,10 @@ pub(crate) fn later_sight(
         return;
     }
     let Some(sender) = labeled_by else { return };
-    // Shepherd's own label change (its token) is never someone else's claim.
-    if policy.is_bot(sender) {
+    // Shepherd's own label change (its token) is never someone else's claim, nor is an
+    // agent user's: Shepherd's agents claim the PRs they work on themselves (seed 004's
+    // claim step), and a late echo of that must not hold the PR for a whole TTL.
+    if sender.is_none_or(|s| policy.is_bot_or_agent(s)) {
         return;
     }
     let fresh = ws

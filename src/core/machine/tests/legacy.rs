@@ -260,8 +260,12 @@ fn a_claim_label_put_on_later_by_someone_else_holds_until_its_ttl() {
         comments: Some(0),
         ..snap('a', h.now)
     };
-    // Shepherd's own token adding it (an echo) is never a foreign claim.
+    // Shepherd's own token adding it (an echo), or an agent user, is never a foreign
+    // claim.
     h.step(pr_event(PrAction::Labeled, labelled(&h), "bot"));
+    assert!(h.r.work.legacy.foreign_claim.is_none());
+    h.later(1);
+    h.step(pr_event(PrAction::Labeled, labelled(&h), "agent"));
     assert!(h.r.work.legacy.foreign_claim.is_none());
     h.later(5);
     let fx = h.step(pr_event(PrAction::Labeled, labelled(&h), "old-dispatcher"));
