@@ -90,6 +90,9 @@ pub async fn rebuild_cmd(ops: &Ops, args: &RebuildArgs) -> anyhow::Result<()> {
         "{}: folded {} archived events; stored record at version {}",
         report.target, report.events_folded, report.stored_version
     );
+    if let Some(l) = &report.legacy {
+        eprintln!("previous dispatcher's state: {l}");
+    }
     if report.changes.is_empty() {
         println!("no differences");
     } else {

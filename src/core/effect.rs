@@ -199,6 +199,15 @@ pub enum ObserveWhat {
         /// Whose.
         login: super::ids::Login,
     },
+    /// What a previous dispatcher left (`core::legacy`) → `ObservedLegacy`: the
+    /// comments holding an `ESCALATION-STATE` block (`GET …/issues/{n}/comments`), and
+    /// the claim label's events in the timeline (`GET …/issues/{n}/timeline`).
+    Legacy {
+        /// Read the comments.
+        comments: bool,
+        /// Read the timeline for this label's events (a claim label to time).
+        claim_label: Option<String>,
+    },
 }
 
 /// A timer: fires `TimerFired` for the same record at `due_ms`.
@@ -249,6 +258,9 @@ pub enum TimerKind {
         /// The work item whose result waits.
         work_id: WorkId,
     },
+    /// A foreign claim's TTL ran out, or the read of a previous dispatcher's state did
+    /// not answer in time (`core::legacy`).
+    Legacy,
 }
 
 impl TimerKind {
@@ -265,6 +277,7 @@ impl TimerKind {
             TimerKind::BudgetReset => "budget-reset",
             TimerKind::TransientRetry => "transient-retry",
             TimerKind::PushGrace { .. } => "push-grace",
+            TimerKind::Legacy => "legacy",
         }
     }
 }

@@ -321,6 +321,21 @@ pub enum Event {
         /// When it was read (unix ms).
         at_ms: i64,
     },
+    /// `Observe(Legacy)` result: what a previous dispatcher left (`core::legacy`).
+    ObservedLegacy {
+        /// Repository.
+        repo: RepoName,
+        /// Record kind.
+        scope: Scope,
+        /// PR or issue index.
+        number: u64,
+        /// Comments holding a state block, oldest first (bounded by the reader).
+        comments: Vec<crate::core::legacy::LegacyComment>,
+        /// The claim label's timeline events, oldest first.
+        claim_events: Vec<crate::core::legacy::LabelEvent>,
+        /// When they were read (unix ms).
+        at_ms: i64,
+    },
     /// An agent's report for a work item (the id names the record).
     WorkResult {
         /// The work item.
@@ -403,6 +418,12 @@ impl Event {
                 number,
                 ..
             }
+            | Event::ObservedLegacy {
+                repo,
+                scope,
+                number,
+                ..
+            }
             | Event::EffectOutcome {
                 repo,
                 scope,
@@ -431,6 +452,7 @@ impl Event {
             | Event::ObservedReviews { .. }
             | Event::ObservedStatus { .. }
             | Event::ObservedPermission { .. }
+            | Event::ObservedLegacy { .. }
             | Event::WorkResult { .. }
             | Event::EffectOutcome { .. }
             | Event::ResyncObserved { .. } => None,
@@ -452,6 +474,7 @@ impl Event {
             Event::ObservedReviews { .. } => "observed/reviews".into(),
             Event::ObservedStatus { .. } => "observed/status".into(),
             Event::ObservedPermission { .. } => "observed/permission".into(),
+            Event::ObservedLegacy { .. } => "observed/legacy".into(),
             Event::WorkResult { outcome, .. } => format!("work-result/{}", kebab(outcome)),
             Event::EffectOutcome { .. } => "effect-outcome".into(),
             Event::ResyncObserved { .. } => "resync".into(),

@@ -11,6 +11,7 @@ pub mod command;
 pub mod effect;
 pub mod event;
 pub mod ids;
+pub mod legacy;
 pub mod machine;
 pub mod normalize;
 pub mod observation;

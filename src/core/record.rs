@@ -292,6 +292,13 @@ pub struct WorkState {
     /// (issue 27, `machine::transient`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transient: Option<TransientRetry>,
+    /// What a previous (polling) dispatcher left: carried tier and attempts, a claim
+    /// label Shepherd did not set (issue 27; `core::legacy`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::core::legacy::LegacyFacts::is_empty"
+    )]
+    pub legacy: crate::core::legacy::LegacyFacts,
 }
 
 /// Transient agent failures (model 429/5xx, overload, timeouts) reported in a row by

@@ -161,6 +161,7 @@ pub fn route(event: &Event) -> Route {
             | Event::ObservedReviews { .. }
             | Event::ObservedStatus { .. }
             | Event::ObservedPermission { .. }
+            | Event::ObservedLegacy { .. }
             | Event::WorkResult { .. }
             | Event::EffectOutcome { .. }
             | Event::ResyncObserved { .. },

@@ -61,6 +61,10 @@ pub struct StatusState {
     /// What the PR's agent runs cost so far (absent until a result said; issue 28).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostStatus>,
+    /// A claim label Shepherd did not set holds the PR: "claimed elsewhere: … since …,
+    /// until …" (`core::legacy`; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_elsewhere: Option<String>,
 }
 
 /// The cost so far and per attempt, shown in the status comment.
@@ -265,6 +269,14 @@ pub fn status_comment(state: &StatusState, footer: &str) -> String {
     if let Some(c) = &state.cost {
         text.push_str(&format!("\n\n{}", cost_line(c)));
     }
+    if let Some(claim) = &state.claimed_elsewhere {
+        // Shepherd's own words around a label name of the policy.
+        text.push_str(&format!(
+            "\n\n**Claimed elsewhere** — no agent work until the claim is released or \
+             expires: {}",
+            one_line(claim)
+        ));
+    }
     format!("{text}\n\n{STATE_MARKER}{json}{MARKER_END}\n{footer}")
 }
 
@@ -435,6 +447,7 @@ mod tests {
                 runs: 2,
                 attempts: vec![(2, crate::core::effect::WorkKind::CiFix, 1_230_000)],
             }),
+            claimed_elsewhere: None,
         };
         let body = status_comment(&state, "--footer");
         assert!(
@@ -475,6 +488,7 @@ mod tests {
             review: None,
             queue: None,
             cost: None,
+            claimed_elsewhere: None,
         };
         let body = status_comment(&state, "--footer");
         assert!(body.contains("`sock9`, and 10 more"), "{body}");

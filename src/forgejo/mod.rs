@@ -35,6 +35,7 @@ mod labels;
 mod merge;
 mod queue;
 mod reviews;
+mod timeline;
 mod types;
 
 pub use actions::{ActionRun, ActionRunJob, ForgejoVersion, JOB_LOGS_SINCE, LogTail};
@@ -48,6 +49,7 @@ pub use error::ForgejoError;
 pub use labels::{LabelCache, default_color};
 pub use queue::{Branch, BranchCommit, RepoSettings, UpdateOutcome};
 pub use reviews::{NewReview, NewReviewComment};
+pub use timeline::TimelineComment;
 pub use types::{
     BranchInfo, ChangedFile, CombinedStatus, Comment, CommitStatus, Issue, IssuePullRef, Label,
     MergeConflictKind, MergeOutcome, MergeRefusal, MergeRequest, PullRequest, RepoPermission,

@@ -9,7 +9,7 @@ use crate::core::policy::MergeStyle;
 
 /// Deserializes `null` as the type's default (Forgejo sends `null` for empty lists and
 /// absent objects in several places, e.g. `statuses` of an empty combined status).
-fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+pub(super) fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Default + Deserialize<'de>,

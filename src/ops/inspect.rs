@@ -59,6 +59,11 @@ pub struct Inspection {
     /// `/shepherd budget` grant left (issue 28); absent when neither.
     #[serde(default)]
     pub budget: Option<String>,
+    /// What a previous dispatcher left (`core::legacy`): "claimed elsewhere: … since …,
+    /// until …" while a claim label Shepherd did not set holds the PR, the tier and
+    /// attempts carried over; absent when none.
+    #[serde(default)]
+    pub legacy: Option<String>,
     /// Effects not yet done by the executors.
     pub pending_effects: Vec<PendingEffect>,
     /// Timers scheduled for this PR.
@@ -196,6 +201,7 @@ pub async fn inspect_pr(ops: &Ops, t: &PrTarget) -> Result<Inspection, OpsError>
         hold: record.work.hold.clone(),
         agents: agents_line(&record),
         budget: budget_line(&record.work),
+        legacy: crate::core::legacy::summary(&record.work),
         pending_effects: pending_effects(&mut conn, &ops.keys.effects(shard), &key).await?,
         timers: timers(&mut conn, ops, shard, &key).await?,
         history,
@@ -330,6 +336,9 @@ pub fn render_pr(i: &Inspection, now: i64) -> String {
     }
     if let Some(a) = &i.agents {
         out += &format!("agents    {a}\n");
+    }
+    if let Some(l) = &i.legacy {
+        out += &format!("legacy    {l}\n");
     }
     if let Some(b) = &i.budget {
         out += &format!("budget    {b}\n");

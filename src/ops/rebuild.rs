@@ -55,13 +55,18 @@ pub struct RebuildReport {
     pub applied: bool,
     /// Version written when applied.
     pub new_version: Option<u64>,
+    /// The read of what a previous dispatcher left (`core::legacy`), made here when the
+    /// folded record's read never answered in the archive: what it found, or why not.
+    #[serde(default)]
+    pub legacy: Option<String>,
 }
 
 /// Folds, diffs and (with `apply`) replaces.
 #[instrument(skip_all, fields(target = %req.target, apply = req.apply))]
 pub async fn rebuild(ops: &Ops, req: &RebuildRequest) -> Result<RebuildReport, OpsError> {
     let t = parse_pr(&req.target)?;
-    let (folded, n_events) = fold(ops, &t).await?;
+    let (mut folded, n_events) = fold(ops, &t).await?;
+    let legacy = read_legacy(ops, &t, &mut folded).await;
     let key = ops.keys.pr_record(t.repo.as_str(), t.number);
     let stored = commit::load(&mut ops.conn(), &key).await?;
     let stored_version = stored.as_ref().map_or(0, |s| s.version);
@@ -82,6 +87,7 @@ pub async fn rebuild(ops: &Ops, req: &RebuildRequest) -> Result<RebuildReport, O
         folded: folded_json.clone(),
         applied: false,
         new_version: None,
+        legacy,
     };
     if req.apply {
         if n_events == 0 {
@@ -130,6 +136,43 @@ pub async fn fold(ops: &Ops, t: &PrTarget) -> Result<(PrRecord, usize), OpsError
         n += 1;
     }
     Ok((record, n))
+}
+
+/// The first sight in the fold asked for the comments / timeline of a previous
+/// dispatcher (`core::legacy`) and the archive holds no answer (it was trimmed, or the
+/// read never finished): read them now and fold the answer in, so the rebuilt record
+/// is seeded as the workers' would be. `None` when nothing was to read.
+async fn read_legacy(ops: &Ops, t: &PrTarget, folded: &mut PrRecord) -> Option<String> {
+    let (comments, claim_label) = crate::core::legacy::unread(&folded.work)?;
+    let client = match crate::forgejo::ForgejoClient::from_config(&ops.config, None) {
+        Ok(c) => c,
+        Err(e) => {
+            return Some(format!(
+                "not read (no Forgejo API: {e:#}); the record's timer ends the wait"
+            ));
+        }
+    };
+    let what = crate::worker::legacy::LegacyRead {
+        repo: &t.repo,
+        scope: Scope::Pr,
+        number: t.number,
+        comments,
+        claim_label: claim_label.as_deref(),
+    };
+    let now = super::timefmt::now_ms();
+    match crate::worker::legacy::read(&client, &what, || now).await {
+        Ok(event) => {
+            let policy = ops.policy.for_repo(&t.repo);
+            *folded = step(folded, &event, now, &policy).record;
+            Some(match crate::core::legacy::summary(&folded.work) {
+                Some(s) => format!("read from Forgejo: {s}"),
+                None => "read from Forgejo: nothing carried over".to_owned(),
+            })
+        }
+        Err(e) => Some(format!(
+            "read failed ({e}); the record's timer ends the wait"
+        )),
+    }
 }
 
 /// Whether a worker would apply `event` to the PR whose record is folded so far
@@ -191,6 +234,18 @@ async fn apply(
         ..CommitPlan::default()
     };
     track_work(&mut plan, &folded, stored_work, t);
+    // The fold discarded the effects: the legacy timer (read deadline, foreign claim's
+    // TTL) is armed here, or the record could wait for good.
+    if let Some(timer) = crate::core::legacy::timer(&folded.work) {
+        let record = plan.records[0].key.clone();
+        plan.timers.push(TimerWrite::for_timer(
+            &record,
+            &t.repo,
+            Scope::Pr,
+            t.number,
+            &timer,
+        ));
+    }
     match commit::commit(&mut ops.conn(), &ops.keys, &plan).await? {
         CommitOutcome::Committed => {
             tracing::info!(target = %t, version, "rebuilt record applied");

@@ -19,6 +19,7 @@ pub mod budget_gauge;
 pub mod consumer;
 pub mod dispatch;
 pub mod executor;
+pub mod legacy;
 pub mod plan;
 pub mod process;
 pub mod results;

@@ -534,3 +534,86 @@ fn client_for(fake: &FakeForgejo) -> shepherd::forgejo::ForgejoClient {
     let token = secrecy::SecretString::from(fake.token().to_owned());
     shepherd::forgejo::ForgejoClient::new(&fake.url(), token, Default::default()).unwrap()
 }
+
+/// The timeline (`…/issues/{n}/timeline`) lists comments and the `label` entries
+/// Forgejo writes for every label change (`models/issues/issue_label.go`: content `"1"`
+/// when added, empty when removed; the doer as `user`), through the API and the test
+/// mutators alike, oldest first and paginated.
+#[tokio::test]
+async fn the_timeline_has_label_events_with_doer_and_time() {
+    let fake = FakeForgejo::start().await;
+    let n = fake.open_pr(REPO, NewPr::new("alice", "claimed"));
+    fake.add_label_by(REPO, n, "auto/claimed-implementer", "old-dispatcher");
+    fake.add_comment(REPO, n, "alice", "hello");
+    let id = fake
+        .repo_labels(REPO)
+        .iter()
+        .find(|l| l.name == "auto/claimed-implementer")
+        .expect("the label")
+        .id;
+    let one = format!("/repos/{REPO}/issues/{n}/labels/{id}");
+    assert_eq!(
+        send(&fake, reqwest::Method::DELETE, &one, Value::Null)
+            .await
+            .0,
+        204
+    );
+    // Removing a label that is not on the PR writes nothing.
+    assert_eq!(
+        send(&fake, reqwest::Method::DELETE, &one, Value::Null)
+            .await
+            .0,
+        204
+    );
+    let auth = format!("token {}", fake.token());
+    let path = format!("/repos/{REPO}/issues/{n}/timeline");
+    let (code, items, total) = get(&fake, &path, Some(&auth)).await;
+    assert_eq!(code, 200);
+    assert_eq!(total.as_deref(), Some("3"));
+    let items = items.as_array().unwrap();
+    let row = |i: usize| {
+        let it = &items[i];
+        (
+            it["type"].as_str().unwrap().to_owned(),
+            it["body"].as_str().unwrap().to_owned(),
+            it["user"]["login"].as_str().unwrap().to_owned(),
+            it["label"]["name"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    let claim = "auto/claimed-implementer".to_owned();
+    assert_eq!(
+        row(0),
+        (
+            "label".into(),
+            "1".into(),
+            "old-dispatcher".into(),
+            claim.clone()
+        )
+    );
+    assert_eq!(
+        row(1),
+        (
+            "comment".into(),
+            "hello".into(),
+            "alice".into(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        row(2),
+        (
+            "label".into(),
+            String::new(),
+            fake.bot_login().into(),
+            claim
+        )
+    );
+    assert!(
+        items[0]["created_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
+    let (_, page, _) = get(&fake, &format!("{path}?page=2&limit=2"), Some(&auth)).await;
+    assert_eq!(page.as_array().unwrap().len(), 1);
+    fake.assert_calls_match_openapi();
+}

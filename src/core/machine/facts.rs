@@ -109,6 +109,8 @@ pub(crate) fn apply(
             }
         }
         Event::ObservedPermission { .. } => permission(r, event, now, policy, fx),
+        // `core::legacy` folds it (`machine::step`).
+        Event::ObservedLegacy { .. } => false,
         Event::WorkResult {
             work_id,
             outcome,
@@ -277,6 +279,7 @@ fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
+        | Event::ObservedLegacy { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
         | Event::ResyncObserved { .. } => false,
@@ -692,6 +695,8 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
             let waits = r.is_open() && work::head_unmoved(&r.work, work_id, r.head_sha());
             work::on_push_grace(&mut r.work, work_id, waits, policy)
         }
+        // `core::legacy` handles it (`machine::step`).
+        TimerKind::Legacy => false,
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

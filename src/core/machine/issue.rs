@@ -154,6 +154,10 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
     if let Some(why) = transient::waiting(&r.work, None, policy) {
         return (IssuePhase::Implementing, why, None);
     }
+    if let Some(held) = crate::core::legacy::hold(&r.work) {
+        let why = format!("implementation wanted; {held}");
+        return (IssuePhase::Implementing, why, None);
+    }
     (
         IssuePhase::Implementing,
         "implementation wanted".into(),
@@ -171,7 +175,17 @@ pub fn step_issue(
     let mut r = record.clone();
     let mut fx = Fx::default();
     let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
-    if !apply(&mut r, event, now_ms, policy, from_bot, &mut fx) {
+    let relevant = apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
+    let legacy = legacy_step(
+        &mut r,
+        record.issue.is_none(),
+        event,
+        relevant,
+        now_ms,
+        policy,
+        &mut fx,
+    );
+    if !(relevant || legacy) {
         return noop(record, event);
     }
     let open = r.issue.as_ref().is_some_and(|i| i.open);
@@ -212,6 +226,7 @@ pub fn step_issue(
         Some(true) | None => {}
     }
     work::sync_labels(&mut r.work, open && r.done_by_pr.is_none(), policy, &mut fx);
+    crate::core::legacy::sweep(&mut r.work, open, &mut fx);
     if r == *record && fx.is_empty() {
         return noop(record, event);
     }
@@ -224,6 +239,50 @@ pub fn step_issue(
         effects,
         note,
     }
+}
+
+/// What a previous dispatcher left (`core::legacy`), as for PRs (`machine::step`).
+fn legacy_step(
+    r: &mut IssueRecord,
+    unseen: bool,
+    event: &Event,
+    relevant: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    use crate::core::event::IssueAction;
+    use crate::core::legacy::{Me, Sight};
+    let labeled_by = match event {
+        Event::Issue { action, sender, .. } => {
+            Some((*action == IssueAction::Labeled).then_some(sender.as_ref()))
+        }
+        _ => None,
+    };
+    let current = r.issue.clone();
+    let sight = match (labeled_by, &current) {
+        (Some(labeled_by), Some(cur)) if relevant => Some((
+            Sight {
+                labels: &cur.labels,
+                updated_ms: cur.updated_ms,
+            },
+            unseen,
+            labeled_by,
+        )),
+        _ => None,
+    };
+    let me = Me {
+        repo: &r.repo,
+        scope: Scope::Issue,
+        number: r.number,
+    };
+    let mut ws = std::mem::take(&mut r.work);
+    let concerned = crate::core::legacy::on_event(&mut ws, &me, event, sight, now, policy, fx);
+    if relevant || concerned {
+        crate::core::legacy::tick(&mut ws, now, fx);
+    }
+    r.work = ws;
+    concerned
 }
 
 /// The untouched record.
@@ -273,6 +332,7 @@ fn apply(
         | Event::ObservedPr { .. }
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }
@@ -427,6 +487,7 @@ fn commands_of(
         | Event::ObservedStatus { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => return false,
     };
     r.requested |= out.implement;
@@ -452,7 +513,9 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
             | TimerKind::Mergeability
             | TimerKind::MergeRetry
             | TimerKind::StatusSettle
-            | TimerKind::QueueCi => false,
+            | TimerKind::QueueCi
+            // `core::legacy` handles it (`step_issue`).
+            | TimerKind::Legacy => false,
             TimerKind::BudgetReset => {
                 is_this(r, repo, *scope, *number) && budget::on_reset_timer(&mut r.work, now)
             }
@@ -534,6 +597,7 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
+        | Event::ObservedLegacy { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }

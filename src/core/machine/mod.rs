@@ -155,19 +155,23 @@ pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> T
     // The agent users' events count as the bot's: they never start work, and an
     // agent's push ends its claim without a cancel.
     let from_bot = event.sender().is_some_and(|s| policy.is_bot_or_agent(s));
+    let unseen = r.pr.is_none();
     let relevant = facts::apply(&mut r, event, now_ms, policy, from_bot, &mut fx);
+    let legacy = legacy_step(&mut r, event, unseen, relevant, now_ms, policy, &mut fx);
     // PRs into or out of the merge queue's temporary batch branches are the queue's
     // own (issue 29): never reviewed, merged or commented on as PRs.
     let batch_pr = r.pr.as_ref().is_some_and(|p| {
         super::queue::batch::is_batch_branch(&p.base_ref)
             || super::queue::batch::is_batch_branch(&p.head_ref)
     });
-    if !relevant || batch_pr {
+    if !(relevant || legacy) || batch_pr {
         return noop(record, event);
     }
     review::note_verdicts(&mut r, policy);
     let plan = plan_of(&r, policy, now_ms);
     reconcile::reconcile(&mut r, &plan, !from_bot, now_ms, policy, &mut fx);
+    let open = r.is_open();
+    super::legacy::sweep(&mut r.work, open, &mut fx);
     if r == *record && fx.is_empty() {
         return noop(record, event);
     }
@@ -180,6 +184,60 @@ pub fn step(record: &PrRecord, event: &Event, now_ms: i64, policy: &Policy) -> T
         effects,
         note,
     }
+}
+
+/// What a previous dispatcher left (`core::legacy`): the first snapshot seeds the
+/// record, later label webhooks may start a foreign claim, the read's answer and the
+/// legacy timer land here. Returns whether the event was for the legacy facts alone.
+fn legacy_step(
+    r: &mut PrRecord,
+    event: &Event,
+    unseen: bool,
+    relevant: bool,
+    now: i64,
+    policy: &Policy,
+    fx: &mut Fx,
+) -> bool {
+    use super::legacy::{Me, Sight};
+    let snap = match event {
+        Event::PullRequest { pr, .. }
+        | Event::Review { pr, .. }
+        | Event::ObservedPr { pr }
+        | Event::ResyncObserved { pr, .. } => Some(pr),
+        _ => None,
+    };
+    let labeled_by = match event {
+        Event::PullRequest {
+            action: super::event::PrAction::Labeled,
+            sender,
+            ..
+        } => Some(sender.as_ref()),
+        _ => None,
+    };
+    let current = r.pr.clone();
+    let sight = match (snap, &current) {
+        (Some(_), Some(cur)) if relevant => Some((
+            Sight {
+                labels: &cur.labels,
+                updated_ms: cur.updated_ms,
+            },
+            unseen,
+            labeled_by,
+        )),
+        _ => None,
+    };
+    let me = Me {
+        repo: &r.repo,
+        scope: Scope::Pr,
+        number: r.number,
+    };
+    let mut ws = std::mem::take(&mut r.work);
+    let concerned = super::legacy::on_event(&mut ws, &me, event, sight, now, policy, fx);
+    if relevant || concerned {
+        super::legacy::tick(&mut ws, now, fx);
+    }
+    r.work = ws;
+    concerned
 }
 
 /// The untouched record.

@@ -613,6 +613,11 @@ fn want_work(
     {
         return Plan::idle(phase, format!("{why}; waiting for the push of attempt {n}"));
     }
+    // A claim label Shepherd did not set, or the read of what a previous dispatcher
+    // left, holds every dispatch (`core::legacy`; its timer ends the wait).
+    if let Some(held) = crate::core::legacy::hold(&r.work) {
+        return Plan::idle(phase, format!("{why}; {held}"));
+    }
     // Merging a ready PR is not agent work: `agent_authors` does not hold it back.
     if kind != WorkKind::ReadyToMerge {
         match agents_gate(r, policy, now) {

@@ -177,7 +177,13 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         reason: p.reason,
         tier: r.work.tier,
         tier_name: policy.tier_name(r.work.tier),
-        attempts: usize::try_from(r.work.attempts_total()).unwrap_or(usize::MAX),
+        // With the attempts a previous dispatcher made (`core::legacy`).
+        attempts: usize::try_from(
+            r.work
+                .attempts_total()
+                .saturating_add(r.work.legacy.carried_attempts()),
+        )
+        .unwrap_or(usize::MAX),
         last_signature: r.work.attempts.last().map(|a| a.signature.clone()),
         head_sha: r.head_sha().cloned(),
         // Emitting this effect makes the step a change: the record will be committed
@@ -222,6 +228,13 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
             }
         }),
         cost: cost_status(&r.work),
+        claimed_elsewhere: r
+            .work
+            .legacy
+            .foreign_claim
+            .as_ref()
+            .filter(|c| !c.expired)
+            .map(crate::core::legacy::claimed_elsewhere),
     };
     let mut key = serde_json::json!([
         state.phase,
@@ -269,6 +282,12 @@ fn status_comment(r: &mut PrRecord, now: i64, policy: &Policy, fx: &mut Fx) {
         && let Some(parts) = key.as_array_mut()
     {
         parts.push(serde_json::json!(["cost", c.total_micros, c.runs]));
+    }
+    // Likewise only while a claim label Shepherd did not set holds the PR.
+    if let Some(c) = &state.claimed_elsewhere
+        && let Some(parts) = key.as_array_mut()
+    {
+        parts.push(serde_json::json!(["claimed-elsewhere", c]));
     }
     let key = key.to_string();
     if r.status_comment.as_ref() == Some(&key) {

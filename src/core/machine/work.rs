@@ -121,7 +121,11 @@ pub(crate) fn dispatch(
     let id = WorkId::new(spec.repo, spec.scope, spec.number, ws.seq);
     let ttl_ms = i64::try_from(policy.claim_ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     let expires_ms = now.saturating_add(ttl_ms);
-    let attempt = ws.attempts_of(spec.kind).saturating_add(1);
+    // Attempts a previous dispatcher made count on (`core::legacy`).
+    let attempt = ws
+        .attempts_of(spec.kind)
+        .saturating_add(ws.legacy.carried_attempts())
+        .saturating_add(1);
     let mut context = spec.context;
     // The most recent attempts only: the history of a long-lived record grows.
     let recent = ws.attempts.len().saturating_sub(WORK_ITEM_ATTEMPTS);

@@ -358,6 +358,19 @@ impl Executor {
                     at_ms: at(),
                 }
             }
+            ObserveWhat::Legacy {
+                comments,
+                claim_label,
+            } => {
+                let what = crate::worker::legacy::LegacyRead {
+                    repo: &effect.repo,
+                    scope: effect.scope,
+                    number: n,
+                    comments: *comments,
+                    claim_label: claim_label.as_deref(),
+                };
+                crate::worker::legacy::read(&forgejo, &what, at).await?
+            }
         };
         Ok(vec![event])
     }

@@ -7,6 +7,7 @@ mod budget;
 mod dispatch;
 mod faults;
 mod hostile;
+mod legacy;
 mod locks;
 pub(crate) mod merge;
 mod store;

@@ -400,6 +400,19 @@ impl Scenario {
         cmd.output().expect("run the shepherd binary")
     }
 
+    /// [`Scenario::cli`] with the workers' policy file, bot login and Forgejo (what
+    /// `rebuild` needs to fold as the workers did and to read from Forgejo).
+    pub fn cli_as_workers(&self, args: &[&str]) -> std::process::Output {
+        let policy = self._policy.path().display().to_string();
+        let env = [
+            ("SHEPHERD_CONFIG", policy.as_str()),
+            ("SHEPHERD_BOT_LOGIN", self.fake.bot_login()),
+            ("SHEPHERD_FORGEJO_URL", &self.fake.url()),
+            ("SHEPHERD_FORGEJO_TOKEN", self.fake.token()),
+        ];
+        self.cli_with(args, &env)
+    }
+
     /// A connection to the scenario's Redis.
     pub fn redis_conn(&self) -> crate::support::redis::TestConn {
         self.conn.clone()

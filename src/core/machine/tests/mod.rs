@@ -11,6 +11,7 @@ mod economy;
 mod grace;
 mod hostile;
 mod issues;
+mod legacy;
 mod props;
 mod queue;
 mod review;
@@ -272,6 +273,13 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
         EffectKind::Observe(ObserveWhat::Permission { login }) => {
             format!("observe permission {login}")
         }
+        EffectKind::Observe(ObserveWhat::Legacy {
+            comments,
+            claim_label,
+        }) => format!(
+            "observe legacy comments={comments} claim={}",
+            claim_label.as_deref().unwrap_or("-")
+        ),
         EffectKind::Schedule(t) => format!("timer {} +{}s", t.kind.name(), (t.due_ms - now) / 1000),
     }
 }

@@ -33,6 +33,7 @@ mod routes;
 mod routes_context;
 mod routes_repo;
 pub mod sim_failures;
+mod timeline;
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -389,6 +390,7 @@ impl FakeForgejo {
                     .expect("just opened")
                     .labels
                     .push(id);
+                m.label_event(repo, n, id, true, &pr.author);
             }
             n
         })
@@ -536,20 +538,29 @@ impl FakeForgejo {
         self.with_model(|m| m.ensure_label(repo, name, "ededed"))
     }
 
-    /// Puts a label on issue or PR `n` (creating the repository label if missing).
+    /// Puts a label on issue or PR `n` (creating the repository label if missing), as
+    /// its author.
     pub fn add_label(&self, repo: &str, n: u64, name: &str) {
+        let author = self.issue(repo, n).user;
+        self.add_label_by(repo, n, name, &author);
+    }
+
+    /// Puts a label on issue or PR `n` as `user` (a `label` timeline entry by them).
+    pub fn add_label_by(&self, repo: &str, n: u64, name: &str, user: &str) {
         self.with_model(|m| {
             let id = m.ensure_label(repo, name, "ededed");
             let issue = m.repo_mut(repo).issues.get_mut(&n).expect("no such issue");
             if !issue.labels.contains(&id) {
                 issue.labels.push(id);
+                m.label_event(repo, n, id, true, user);
             }
             m.touch(repo, n);
         });
     }
 
-    /// Takes a label off issue or PR `n`.
+    /// Takes a label off issue or PR `n`, as its author.
     pub fn remove_label(&self, repo: &str, n: u64, name: &str) {
+        let author = self.issue(repo, n).user;
         self.with_model(|m| {
             let r = m.repo_mut(repo);
             let ids: Vec<i64> = r
@@ -558,11 +569,17 @@ impl FakeForgejo {
                 .filter(|l| l.name == name)
                 .map(|l| l.id)
                 .collect();
-            r.issues
-                .get_mut(&n)
-                .expect("no such issue")
+            let issue = r.issues.get_mut(&n).expect("no such issue");
+            let on: Vec<i64> = issue
                 .labels
-                .retain(|l| !ids.contains(l));
+                .iter()
+                .copied()
+                .filter(|l| ids.contains(l))
+                .collect();
+            issue.labels.retain(|l| !ids.contains(l));
+            for id in on {
+                m.label_event(repo, n, id, false, &author);
+            }
             m.touch(repo, n);
         });
     }

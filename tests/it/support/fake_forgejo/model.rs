@@ -312,6 +312,8 @@ pub struct RepoRow {
     pub labels: Vec<LabelRow>,
     /// Comments, in creation order.
     pub comments: Vec<CommentRow>,
+    /// Label additions and removals (the timeline's `label` entries), in order.
+    pub label_events: Vec<super::timeline::LabelEventRow>,
     /// Reviews, in submission order.
     pub reviews: Vec<ReviewRow>,
     /// Inline comments of reviews, in posting order.

@@ -72,11 +72,15 @@ pub fn route_repo(
         },
         (_, ["issues", "comments", id]) => comment_by_id(model, method, repo, id, body),
         (_, ["issues", n, "labels"]) => match num(n) {
-            Some(n) => issue_labels(model, method, repo, n, body),
+            Some(n) => issue_labels(model, bot, method, repo, n, body),
             None => Reply::not_found(),
         },
         ("DELETE", ["issues", n, "labels", ident]) => match num(n) {
-            Some(n) => remove_issue_label(model, repo, n, ident),
+            Some(n) => remove_issue_label(model, bot, repo, n, ident),
+            None => Reply::not_found(),
+        },
+        ("GET", ["issues", n, "timeline"]) => match num(n) {
+            Some(n) => super::timeline::timeline(model, repo, n, query),
             None => Reply::not_found(),
         },
         (_, ["issues", n, "comments"]) => match num(n) {
@@ -202,7 +206,15 @@ fn create_label(model: &mut Model, repo: &str, body: &Value) -> Reply {
 
 /// `GET/POST/PUT/DELETE …/issues/{n}/labels`. POST and PUT take all names or all ids;
 /// unknown names are silently ignored, mixing gives 400.
-fn issue_labels(model: &mut Model, method: &str, repo: &str, n: u64, body: &Value) -> Reply {
+/// Every change is a `label` timeline entry by `doer` (`timeline.rs`).
+fn issue_labels(
+    model: &mut Model,
+    doer: &str,
+    method: &str,
+    repo: &str,
+    n: u64,
+    body: &Value,
+) -> Reply {
     let r = model.repos.get_mut(repo).expect("exists");
     if !r.issues.contains_key(&n) {
         return Reply::not_found();
@@ -245,6 +257,7 @@ fn issue_labels(model: &mut Model, method: &str, repo: &str, n: u64, body: &Valu
         _ => Vec::new(),
     };
     let issue = r.issues.get_mut(&n).expect("checked");
+    let before = issue.labels.clone();
     match method {
         "GET" => {}
         "POST" => {
@@ -255,19 +268,26 @@ fn issue_labels(model: &mut Model, method: &str, repo: &str, n: u64, body: &Valu
             }
         }
         "PUT" => issue.labels = wanted,
-        "DELETE" => {
-            issue.labels.clear();
-            return Reply::empty(204);
-        }
+        "DELETE" => issue.labels.clear(),
         _ => return Reply::error(405, "method not allowed"),
     }
-    let issue = &r.issues[&n];
-    Reply::json(200, render::labels_of(r, issue))
+    let after = issue.labels.clone();
+    for id in before.iter().filter(|id| !after.contains(id)) {
+        model.label_event(repo, n, *id, false, doer);
+    }
+    for id in after.iter().filter(|id| !before.contains(id)) {
+        model.label_event(repo, n, *id, true, doer);
+    }
+    if method == "DELETE" {
+        return Reply::empty(204);
+    }
+    let r = &model.repos[repo];
+    Reply::json(200, render::labels_of(r, &r.issues[&n]))
 }
 
 /// `DELETE …/issues/{n}/labels/{identifier}`: a name first (v13+), then an id; an
 /// unknown label is 422; a label not on the issue is a quiet 204.
-fn remove_issue_label(model: &mut Model, repo: &str, n: u64, ident: &str) -> Reply {
+fn remove_issue_label(model: &mut Model, doer: &str, repo: &str, n: u64, ident: &str) -> Reply {
     let r = model.repos.get_mut(repo).expect("exists");
     let id = r
         .labels
@@ -285,7 +305,11 @@ fn remove_issue_label(model: &mut Model, repo: &str, n: u64, ident: &str) -> Rep
     };
     match r.issues.get_mut(&n) {
         Some(issue) => {
+            let was_on = issue.labels.contains(&id);
             issue.labels.retain(|l| *l != id);
+            if was_on {
+                model.label_event(repo, n, id, false, doer);
+            }
             Reply::empty(204)
         }
         None => Reply::not_found(),
