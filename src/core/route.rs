@@ -161,6 +161,7 @@ pub fn route(event: &Event) -> Route {
             | Event::ObservedReviews { .. }
             | Event::ObservedStatus { .. }
             | Event::ObservedPermission { .. }
+            | Event::ObservedDependencies { .. }
             | Event::WorkResult { .. }
             | Event::EffectOutcome { .. }
             | Event::ResyncObserved { .. },

@@ -109,6 +109,8 @@ pub(crate) fn apply(
             }
         }
         Event::ObservedPermission { .. } => permission(r, event, now, policy, fx),
+        // An issue's dependencies concern its issue record only.
+        Event::ObservedDependencies { .. } => false,
         Event::WorkResult {
             work_id,
             outcome,
@@ -265,6 +267,7 @@ fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
+        | Event::ObservedDependencies { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
         | Event::ResyncObserved { .. } => false,
@@ -675,6 +678,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         TimerKind::StaleCheck => r.is_open(),
         TimerKind::QueueCi => super::queue::on_ci_timer(r, now, policy),
         TimerKind::BudgetReset => super::budget::on_reset_timer(&mut r.work, now),
+        TimerKind::DependencyRecheck => false,
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

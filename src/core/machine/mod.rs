@@ -17,6 +17,7 @@ mod budget;
 mod commands;
 mod facts;
 mod issue;
+mod issue_deps;
 mod plan;
 mod queue;
 mod reconcile;
@@ -29,6 +30,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use budget::past_runs;
+pub use issue_deps::branch_of;
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
 pub use plan::{
     CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,

@@ -263,6 +263,7 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
         EffectKind::QueueFreeze(op) => format!("freeze {:?} {}", op.action, op.branch),
         EffectKind::Observe(ObserveWhat::Pr) => "observe pr".into(),
         EffectKind::Observe(ObserveWhat::Reviews) => "observe reviews".into(),
+        EffectKind::Observe(ObserveWhat::Dependencies) => "observe dependencies".into(),
         EffectKind::Observe(ObserveWhat::CombinedStatus { sha }) => {
             format!("observe status {}", short(sha))
         }

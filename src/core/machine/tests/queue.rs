@@ -311,7 +311,7 @@ impl Sim {
                         contexts: self.contexts(sha),
                         at_ms: at,
                     },
-                    ObserveWhat::Permission { .. } => return,
+                    ObserveWhat::Permission { .. } | ObserveWhat::Dependencies => return,
                 };
                 self.events.push((n, ev));
             }
