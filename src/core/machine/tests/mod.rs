@@ -8,6 +8,7 @@ mod bounds;
 mod budget;
 mod economy;
 mod hostile;
+mod issue_deps;
 mod issues;
 mod props;
 mod queue;
