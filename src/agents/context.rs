@@ -525,8 +525,10 @@ async fn issue_inputs(
             match forgejo.repo_settings(item.repo.as_str()).await {
                 Ok(s) if !s.default_branch.is_empty() => inputs.base = one_line(&s.default_branch),
                 Ok(_) => {
-                    ctx.unavailable
-                        .insert("base_branch".into(), "Forgejo named no default branch".into());
+                    ctx.unavailable.insert(
+                        "base_branch".into(),
+                        "Forgejo named no default branch".into(),
+                    );
                 }
                 Err(e) => unavailable(ctx, "base_branch", &e),
             }

@@ -395,7 +395,9 @@ fn the_worker_env_fallbacks_follow_the_credentials() {
 fn v2_issue_work_carries_labels_milestone_branch_and_base() {
     let templates = v2("");
     let [(item, full), (_, degraded)] = samples::items(WorkKind::IssueImpl);
-    let text = templates.render(&item, &full, &params(None)).expect("prompt");
+    let text = templates
+        .render(&item, &full, &params(None))
+        .expect("prompt");
     let p = check_contract(&item, &text, None);
     assert_eq!(p.params["work_branch"], "shepherd/issue-1", "pass-through");
     assert_eq!(p.params["base_branch"], "shepherd/issue-5", "pass-through");
@@ -410,12 +412,17 @@ fn v2_issue_work_carries_labels_milestone_branch_and_base() {
     ] {
         assert!(desc.contains(want), "{want:?} missing in:\n{desc}");
     }
-    let text = templates.render(&item, &degraded, &params(None)).expect("prompt");
+    let text = templates
+        .render(&item, &degraded, &params(None))
+        .expect("prompt");
     let p = check_contract(&item, &text, None);
     assert!(!p.params.contains_key("base_branch"));
     let desc = p.section("## Pre-fetched description");
     assert!(desc.contains("- labels: none\n"), "{desc}");
-    assert!(desc.contains("against\nthe default branch whose description"), "{desc}");
+    assert!(
+        desc.contains("against\nthe default branch whose description"),
+        "{desc}"
+    );
     assert!(
         desc.contains("the repository's default branch (its name could not be read"),
         "{desc}"

@@ -457,8 +457,14 @@ fn text_by_an_author_without_write_access_is_marked_untrusted() {
 fn the_issue_impl_prompt_has_the_labels_milestone_branch_and_base() {
     let [(item, full), (_, degraded)] = samples::items(WorkKind::IssueImpl);
     let prompt = builtin().render(&item, &full, &params()).unwrap();
-    assert!(prompt.lines().any(|l| l == "work_branch: shepherd/issue-1"), "{prompt}");
-    assert!(prompt.lines().any(|l| l == "base_branch: shepherd/issue-5"), "{prompt}");
+    assert!(
+        prompt.lines().any(|l| l == "work_branch: shepherd/issue-1"),
+        "{prompt}"
+    );
+    assert!(
+        prompt.lines().any(|l| l == "base_branch: shepherd/issue-5"),
+        "{prompt}"
+    );
     assert_in_order(
         &prompt,
         &[

@@ -138,7 +138,8 @@ pub async fn inspect(ops: &Ops, target: &str) -> Result<InspectReport, OpsError>
         let t = parse_pr(target)?;
         // PRs and issues share the index space: a number is one or the other.
         return match inspect_pr(ops, &t).await {
-            Err(OpsError::NotFound(e)) => match super::inspect_issue::inspect_issue(ops, &t).await? {
+            Err(OpsError::NotFound(e)) => match super::inspect_issue::inspect_issue(ops, &t).await?
+            {
                 Some(i) => Ok(InspectReport::Issue(Box::new(i))),
                 None => Err(OpsError::NotFound(e)),
             },

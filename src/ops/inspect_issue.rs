@@ -63,17 +63,25 @@ pub async fn inspect_issue(ops: &Ops, t: &PrTarget) -> Result<Option<IssueInspec
         .map_err(|e| OpsError::Other(anyhow::anyhow!("corrupt record {key}: {e}")))?;
     let policy = ops.policy.for_repo(&t.repo);
     let decision = decide_issue(&record, &policy);
-    let history = archive::scan_rev(&mut conn, &ops.keys.issue_history(repo, t.number), HISTORY_SHOWN)
-        .await?
-        .into_iter()
-        .map(|e| e.fields.into_iter().collect())
-        .collect();
+    let history = archive::scan_rev(
+        &mut conn,
+        &ops.keys.issue_history(repo, t.number),
+        HISTORY_SHOWN,
+    )
+    .await?
+    .into_iter()
+    .map(|e| e.fields.into_iter().collect())
+    .collect();
     let shard = ops.keys.shard_of(repo);
     let read = record.deps.read.as_ref();
     Ok(Some(IssueInspection {
         repo: repo.to_owned(),
         number: t.number,
-        title: record.issue.as_ref().map(|i| i.title.clone()).unwrap_or_default(),
+        title: record
+            .issue
+            .as_ref()
+            .map(|i| i.title.clone())
+            .unwrap_or_default(),
         phase: decision.phase.as_str().to_owned(),
         reason: decision.reason,
         labels: record
@@ -116,7 +124,11 @@ pub fn render_issue(i: &IssueInspection, now: i64) -> String {
                     format!("{}#{} {state}", d.repo, d.number)
                 })
                 .collect();
-            let list = if deps.is_empty() { "none".into() } else { deps.join(", ") };
+            let list = if deps.is_empty() {
+                "none".into()
+            } else {
+                deps.join(", ")
+            };
             out += &format!("depends   {list} (read {} ago)\n", duration(now - at));
         }
         None => out += "depends   not read yet\n",
@@ -124,7 +136,10 @@ pub fn render_issue(i: &IssueInspection, now: i64) -> String {
     out += &format!("work      {}\n", i.active.as_deref().unwrap_or("none"));
     out += &format!("attempts  {}\n", i.attempts.len());
     if let Some(h) = &i.hold {
-        out += &format!("hold      {}\n", serde_json::to_string(h).unwrap_or_default());
+        out += &format!(
+            "hold      {}\n",
+            serde_json::to_string(h).unwrap_or_default()
+        );
     }
     for t in &i.timers {
         out += &format!("timer     {} at {}\n", t.id, rfc3339(t.due_ms));

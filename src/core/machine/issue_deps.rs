@@ -102,7 +102,10 @@ fn stack_base(d: &DependencyFact, repo: &RepoName, policy: &Policy) -> Option<(S
 
 /// The record's verdict from its last read (`None`: never read).
 pub(super) fn verdict(r: &IssueRecord, policy: &Policy) -> Option<Verdict> {
-    r.deps.read.as_ref().map(|read| judge(read, &r.repo, policy))
+    r.deps
+        .read
+        .as_ref()
+        .map(|read| judge(read, &r.repo, policy))
 }
 
 /// Asks for a read of the dependencies, unless one is in flight; the recheck timer
@@ -169,8 +172,8 @@ pub fn branch_of(template: &str, number: u64) -> String {
 }
 
 fn schedule_recheck(now: i64, policy: &Policy, fx: &mut Fx) {
-    let delay = i64::try_from(policy.dependency_recheck_secs.saturating_mul(1000))
-        .unwrap_or(i64::MAX);
+    let delay =
+        i64::try_from(policy.dependency_recheck_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     fx.push(EffectKind::Schedule(Timer {
         due_ms: now.saturating_add(delay),
         kind: TimerKind::DependencyRecheck,

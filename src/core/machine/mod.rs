@@ -30,8 +30,8 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use budget::past_runs;
-pub use issue_deps::branch_of;
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
+pub use issue_deps::branch_of;
 pub use plan::{
     CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,
 };

@@ -344,7 +344,10 @@ impl Executor {
             },
             ObserveWhat::Dependencies => {
                 // 404: dependencies are turned off for the repository: none hold it.
-                let list = forgejo.issue_dependencies(repo, n).await?.unwrap_or_default();
+                let list = forgejo
+                    .issue_dependencies(repo, n)
+                    .await?
+                    .unwrap_or_default();
                 let needs_prs = list
                     .iter()
                     .any(|i| i.state == "open" && i.pull_request.is_none());

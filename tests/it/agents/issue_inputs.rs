@@ -65,7 +65,10 @@ const SREPO: &str = "acme/widgets";
 /// `GET /api/v1/admin/inspect/{owner}/{repo}/{n}`.
 async fn inspect(s: &Scenario, n: u64) -> Value {
     reqwest::Client::new()
-        .get(s.shepherd.url(&format!("/api/v1/admin/inspect/{SREPO}/{n}")))
+        .get(
+            s.shepherd
+                .url(&format!("/api/v1/admin/inspect/{SREPO}/{n}")),
+        )
         .bearer_auth(SCENARIO_ADMIN_TOKEN)
         .send()
         .await
@@ -119,15 +122,20 @@ async fn an_issue_waits_for_its_open_dependency_then_starts_on_the_stacked_base(
     fake.add_label(SREPO, a, "auto/implement");
     s.send(&fake.issue_label_updated(SREPO, a, "alice")).await;
     let deps = format!("/repos/{SREPO}/issues/{a}/dependencies");
-    poll_until_named(DEADLINE, "A's dependencies are read three times", || async {
-        fake.calls("GET", &deps).len() >= 3
-    })
+    poll_until_named(
+        DEADLINE,
+        "A's dependencies are read three times",
+        || async { fake.calls("GET", &deps).len() >= 3 },
+    )
     .await;
     let view = inspect(&s, a).await;
     assert_eq!(view["phase"], "blocked", "{view}");
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(reason.contains(&format!("#{b}")), "{reason}");
-    assert!(!reason.contains(&format!("#{c}")), "C is stacked on: {reason}");
+    assert!(
+        !reason.contains(&format!("#{c}")),
+        "C is stacked on: {reason}"
+    );
     assert!(
         s.work_items().await.iter().all(|w| w["number"] != a),
         "no issue-impl while B is open"
@@ -138,20 +146,28 @@ async fn an_issue_waits_for_its_open_dependency_then_starts_on_the_stacked_base(
     let item = items.iter().find(|w| w["number"] == a).expect("A's work");
     assert_eq!(item["kind"], "issue-impl");
     assert_eq!(item["context"]["issue"]["base"], stacked.as_str());
-    assert_eq!(item["context"]["issue"]["base_of"], serde_json::json!([c, c_pr]));
+    assert_eq!(
+        item["context"]["issue"]["base_of"],
+        serde_json::json!([c, c_pr])
+    );
     let prompt_file = dir.path().join(format!("prompt-{a}"));
     poll_until_named(DEADLINE, "the agent kept A's prompt", || async {
         prompt_file.exists()
     })
     .await;
     let prompt = std::fs::read_to_string(&prompt_file).expect("prompt");
-    assert!(prompt.contains(&format!("\nbase_branch: {stacked}\n")), "{prompt}");
+    assert!(
+        prompt.contains(&format!("\nbase_branch: {stacked}\n")),
+        "{prompt}"
+    );
     assert!(
         prompt.contains(&format!("\nwork_branch: shepherd/issue-{a}\n")),
         "{prompt}"
     );
     assert!(
-        prompt.contains(&format!("the head branch of pull request #{c_pr}, the open pull request of issue #{c}")),
+        prompt.contains(&format!(
+            "the head branch of pull request #{c_pr}, the open pull request of issue #{c}"
+        )),
         "{prompt}"
     );
     s.wait_idle().await;
@@ -179,18 +195,33 @@ async fn a_blocked_label_holds_the_issue_with_the_reason_in_inspect() {
     let view = inspect(&s, n).await;
     let reason = view["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("`Blocked`"), "{view}");
-    assert!(view["labels"].as_array().is_some_and(|l| l.len() == 2), "{view}");
+    assert!(
+        view["labels"].as_array().is_some_and(|l| l.len() == 2),
+        "{view}"
+    );
     assert!(s.work_items().await.is_empty());
     let deps = format!("/repos/{SREPO}/issues/{n}/dependencies");
-    assert!(fake.calls("GET", &deps).is_empty(), "a held issue reads nothing");
+    assert!(
+        fake.calls("GET", &deps).is_empty(),
+        "a held issue reads nothing"
+    );
     fake.remove_label(SREPO, n, "Blocked");
     s.send(&fake.issue_label_updated(SREPO, n, "alice")).await;
     let items = s.wait_work_items(1).await;
     assert_eq!(items[0]["number"], n);
-    assert_eq!(items[0]["context"]["issue"]["branch"], format!("shepherd/issue-{n}"));
-    assert!(items[0]["context"]["issue"].get("base").is_none(), "the default branch");
+    assert_eq!(
+        items[0]["context"]["issue"]["branch"],
+        format!("shepherd/issue-{n}")
+    );
+    assert!(
+        items[0]["context"]["issue"].get("base").is_none(),
+        "the default branch"
+    );
     // Read before the dispatch (and again before each later attempt).
-    assert!(!fake.calls("GET", &deps).is_empty(), "read before the dispatch");
+    assert!(
+        !fake.calls("GET", &deps).is_empty(),
+        "read before the dispatch"
+    );
     s.wait_idle().await;
     fake.assert_calls_match_openapi();
 }

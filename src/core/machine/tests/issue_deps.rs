@@ -109,7 +109,12 @@ fn every_dispatch_is_preceded_by_a_read_and_uses_the_issue_branch() {
     assert!(d.reason.contains("dependencies"), "{}", d.reason);
     // The same delivery again: the read is in flight, nothing new.
     assert!(step_issue(&r, &labelled(issue(&[], "", T0)), T0, &p).is_noop());
-    let fx = go(&mut r, read(vec![dep(3, false, Vec::new())], T0 + 1), T0 + 1, &p);
+    let fx = go(
+        &mut r,
+        read(vec![dep(3, false, Vec::new())], T0 + 1),
+        T0 + 1,
+        &p,
+    );
     assert_eq!(fx[0], "dispatch issue-impl tier=0 attempt=1 head=-");
     let work = work_of(&r);
     assert_eq!(work.branch, "agents/9-impl");
@@ -130,7 +135,12 @@ fn a_blocked_label_holds_the_issue_until_it_is_removed() {
     assert!(d.reason.contains("`Blocked`"), "{}", d.reason);
     // `State/Paused` (any case) holds it as well.
     let mut paused = IssueRecord::new(repo(), ISSUE);
-    go(&mut paused, labelled(issue(&["state/paused"], "", T0)), T0, &p);
+    go(
+        &mut paused,
+        labelled(issue(&["state/paused"], "", T0)),
+        T0,
+        &p,
+    );
     assert_eq!(decide_issue(&paused, &p).phase, IssuePhase::Blocked);
     assert!(paused.work.active.is_none());
     // The label goes: a read, then the dispatch.
@@ -155,18 +165,38 @@ fn an_open_dependency_holds_the_issue_until_the_recheck_finds_it_closed() {
     let p = policy();
     let mut r = IssueRecord::new(repo(), ISSUE);
     go(&mut r, labelled(issue(&[], "", T0)), T0, &p);
-    let fx = go(&mut r, read(vec![dep(3, true, Vec::new())], T0 + 1), T0 + 1, &p);
+    let fx = go(
+        &mut r,
+        read(vec![dep(3, true, Vec::new())], T0 + 1),
+        T0 + 1,
+        &p,
+    );
     assert_eq!(fx, lines(&[RECHECK]), "blocked: only the next recheck");
     let d = decide_issue(&r, &p);
     assert_eq!(d.phase, IssuePhase::Blocked);
     assert!(d.reason.contains("open dependencies: #3"), "{}", d.reason);
     // Other events on the blocked issue change nothing (the read is fresh).
-    assert!(step_issue(&r, &labelled(issue(&[], "", T0 + 2)), T0 + 2, &p).record.work.active.is_none());
+    assert!(
+        step_issue(&r, &labelled(issue(&[], "", T0 + 2)), T0 + 2, &p)
+            .record
+            .work
+            .active
+            .is_none()
+    );
     // The timer: a new read; #3 closed meanwhile: dispatched.
     let fx = go(&mut r, recheck(), T0 + 301_000, &p);
     assert_eq!(fx, lines(&[READ, RECHECK]));
-    assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Blocked, "still shown");
-    let fx = go(&mut r, read(vec![dep(3, false, Vec::new())], T0 + 301_001), T0 + 301_001, &p);
+    assert_eq!(
+        decide_issue(&r, &p).phase,
+        IssuePhase::Blocked,
+        "still shown"
+    );
+    let fx = go(
+        &mut r,
+        read(vec![dep(3, false, Vec::new())], T0 + 301_001),
+        T0 + 301_001,
+        &p,
+    );
     assert_eq!(fx[0], "dispatch issue-impl tier=0 attempt=1 head=-");
     assert_eq!(work_of(&r).base, None);
 }
@@ -180,7 +210,12 @@ fn a_read_that_never_comes_back_is_asked_for_again() {
     let fx = go(&mut r, recheck(), T0 + 300_000, &p);
     assert_eq!(fx, lines(&[READ, RECHECK]), "the lost read is asked again");
     // A late read older than the last one is ignored.
-    go(&mut r, read(vec![dep(3, true, Vec::new())], T0 + 300_500), T0 + 300_500, &p);
+    go(
+        &mut r,
+        read(vec![dep(3, true, Vec::new())], T0 + 300_500),
+        T0 + 300_500,
+        &p,
+    );
     assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Blocked);
     assert!(step_issue(&r, &read(Vec::new(), T0 + 10), T0 + 300_600, &p).is_noop());
 }
@@ -194,10 +229,19 @@ fn the_base_is_the_head_branch_of_the_agents_open_pr_of_the_dependency() {
         linking(14, "bot", "shepherd/issue-3-again", true),
         linking(12, "bot", "shepherd/issue-3", true),
     ];
-    let fx = go(&mut r, read(vec![dep(3, true, prs), dep(2, false, Vec::new())], T0 + 1), T0 + 1, &p);
+    let fx = go(
+        &mut r,
+        read(vec![dep(3, true, prs), dep(2, false, Vec::new())], T0 + 1),
+        T0 + 1,
+        &p,
+    );
     assert_eq!(fx[0], "dispatch issue-impl tier=0 attempt=1 head=-");
     let work = work_of(&r);
-    assert_eq!(work.base.as_deref(), Some("shepherd/issue-3"), "the lowest PR");
+    assert_eq!(
+        work.base.as_deref(),
+        Some("shepherd/issue-3"),
+        "the lowest PR"
+    );
     assert_eq!(work.base_of, Some((3, 12)));
     assert_eq!(work.branch, "shepherd/issue-9");
 }
@@ -216,13 +260,23 @@ fn untrusted_prs_and_body_text_decide_nothing() {
     ] {
         let mut r = IssueRecord::new(repo(), ISSUE);
         go(&mut r, labelled(issue(&[], "", T0)), T0, &p);
-        go(&mut r, read(vec![dep(3, true, vec![bad.clone()])], T0 + 1), T0 + 1, &p);
+        go(
+            &mut r,
+            read(vec![dep(3, true, vec![bad.clone()])], T0 + 1),
+            T0 + 1,
+            &p,
+        );
         assert!(r.work.active.is_none(), "{bad:?} must not unblock");
         assert_eq!(decide_issue(&r, &p).phase, IssuePhase::Blocked);
     }
     // "Depends on #3" in the body, no dependency in Forgejo: dispatched, default base.
     let mut r = IssueRecord::new(repo(), ISSUE);
-    go(&mut r, labelled(issue(&[], "Depends on #3. Blocked by #4.", T0)), T0, &p);
+    go(
+        &mut r,
+        labelled(issue(&[], "Depends on #3. Blocked by #4.", T0)),
+        T0,
+        &p,
+    );
     go(&mut r, read(Vec::new(), T0 + 1), T0 + 1, &p);
     assert_eq!(work_of(&r).base, None);
 }
