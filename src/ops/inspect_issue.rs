@@ -146,3 +146,53 @@ pub fn render_issue(i: &IssueInspection, now: i64) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_issue_shows_why_and_its_dependencies() {
+        let dep = |n: u64, open: bool| DependencyFact {
+            repo: "acme/web".parse().expect("repo"),
+            number: n,
+            open,
+            is_pull: false,
+            linking_prs: Vec::new(),
+        };
+        let i = IssueInspection {
+            repo: "acme/web".into(),
+            number: 9,
+            title: "Feature".into(),
+            phase: "blocked".into(),
+            reason: "blocked by open dependencies: #3 (dispatched when they close)".into(),
+            labels: vec!["auto/implement".into(), "Type/Bug".into()],
+            dependencies: vec![dep(3, true), dep(4, false)],
+            dependencies_read_ms: Some(1_000),
+            active: None,
+            attempts: Vec::new(),
+            hold: None,
+            timers: vec![TimerView {
+                id: "dependency-recheck".into(),
+                due_ms: 301_000,
+            }],
+            history: Vec::new(),
+            record: serde_json::Value::Null,
+        };
+        let text = render_issue(&i, 61_000);
+        assert!(
+            text.contains("phase     blocked — blocked by open dependencies: #3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("labels    auto/implement, Type/Bug\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("depends   acme/web#3 open, acme/web#4 closed (read 1m"),
+            "{text}"
+        );
+        assert!(text.contains("timer     dependency-recheck at "), "{text}");
+        assert!(text.contains("work      none\n"), "{text}");
+    }
+}
