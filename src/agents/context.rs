@@ -501,11 +501,16 @@ async fn issue_inputs(
     issue: &Issue,
     ctx: &mut AgentContext,
 ) -> IssueInputs {
-    let work = item.context.issue.clone().unwrap_or_else(|| IssueWork {
-        branch: crate::core::machine::branch_of(&Policy::default().issue_branch, item.number),
-        base: None,
-        base_of: None,
-    });
+    let work = item
+        .context
+        .issue
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(|| IssueWork {
+            branch: crate::core::machine::branch_of(&Policy::default().issue_branch, item.number),
+            base: None,
+            base_of: None,
+        });
     let mut inputs = IssueInputs {
         labels: issue.labels.iter().map(|l| one_line(&l.name)).collect(),
         milestone: issue

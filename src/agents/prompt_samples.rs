@@ -54,10 +54,12 @@ pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
                 max_rounds: 3,
             }),
             author_trusted: Some(false),
-            issue: (kind == WorkKind::IssueImpl).then(|| crate::core::effect::IssueWork {
-                branch: "shepherd/issue-1".into(),
-                base: Some("shepherd/issue-5".into()),
-                base_of: Some((5, 9)),
+            issue: (kind == WorkKind::IssueImpl).then(|| {
+                Box::new(crate::core::effect::IssueWork {
+                    branch: "shepherd/issue-1".into(),
+                    base: Some("shepherd/issue-5".into()),
+                    base_of: Some((5, 9)),
+                })
             }),
         },
     };

@@ -369,7 +369,7 @@ pub struct WorkContext {
     pub author_trusted: Option<bool>,
     /// `issue-impl` only: the branch to work on and the branch to start from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub issue: Option<IssueWork>,
+    pub issue: Option<Box<IssueWork>>,
 }
 
 /// The `context.issue` object of an `issue-impl` work item: where the agent works.

@@ -199,42 +199,6 @@ impl EffectId {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repo_names_normalize_and_reject_garbage() {
-        let r: RepoName = " Org/Repo ".parse().unwrap();
-        assert_eq!(r.to_string(), "org/repo");
-        assert_eq!((r.owner(), r.name()), ("org", "repo"));
-        for bad in ["", "org", "/repo", "org/", "a/b/c", "a b/c"] {
-            assert!(bad.parse::<RepoName>().is_err(), "{bad}");
-        }
-        let json = serde_json::to_string(&r).unwrap();
-        assert_eq!(json, "\"org/repo\"");
-        let back: RepoName = serde_json::from_str("\"ORG/Repo\"").unwrap();
-        assert_eq!(back, r);
-    }
-
-    #[test]
-    fn shas_and_logins_normalize() {
-        assert_eq!("ABCdef12".parse::<Sha>().unwrap().as_str(), "abcdef12");
-        assert!("xyz".parse::<Sha>().is_err());
-        assert_eq!("Alice".parse::<Login>().unwrap().as_str(), "alice");
-        assert!(" ".parse::<Login>().is_err());
-    }
-
-    #[test]
-    fn work_ids_name_their_record() {
-        let repo: RepoName = "my-org/my.repo".parse().unwrap();
-        let id = WorkId::new(&repo, Scope::Issue, 12, 3);
-        assert_eq!(id.as_str(), "my-org:my.repo:issue:12:3");
-        assert_eq!(id.subject(), Some((repo, Scope::Issue, 12)));
-        assert_eq!("nonsense".parse::<WorkId>().unwrap().subject(), None);
-    }
-}
-
 /// Why git would refuse `name` as a branch name (`git check-ref-format --branch`'s
 /// rules: no control characters, space, `~ ^ : ? * [ \`, no `..` or `@{`, no empty,
 /// leading-dot or `.lock` component, no leading `-`, no trailing `/` or `.`, not `@`),
@@ -269,4 +233,40 @@ pub fn branch_name_problem(name: &str) -> Option<&'static str> {
         return Some("has an empty component, one starting with `.` or ending with `.lock`");
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_names_normalize_and_reject_garbage() {
+        let r: RepoName = " Org/Repo ".parse().unwrap();
+        assert_eq!(r.to_string(), "org/repo");
+        assert_eq!((r.owner(), r.name()), ("org", "repo"));
+        for bad in ["", "org", "/repo", "org/", "a/b/c", "a b/c"] {
+            assert!(bad.parse::<RepoName>().is_err(), "{bad}");
+        }
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(json, "\"org/repo\"");
+        let back: RepoName = serde_json::from_str("\"ORG/Repo\"").unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn shas_and_logins_normalize() {
+        assert_eq!("ABCdef12".parse::<Sha>().unwrap().as_str(), "abcdef12");
+        assert!("xyz".parse::<Sha>().is_err());
+        assert_eq!("Alice".parse::<Login>().unwrap().as_str(), "alice");
+        assert!(" ".parse::<Login>().is_err());
+    }
+
+    #[test]
+    fn work_ids_name_their_record() {
+        let repo: RepoName = "my-org/my.repo".parse().unwrap();
+        let id = WorkId::new(&repo, Scope::Issue, 12, 3);
+        assert_eq!(id.as_str(), "my-org:my.repo:issue:12:3");
+        assert_eq!(id.subject(), Some((repo, Scope::Issue, 12)));
+        assert_eq!("nonsense".parse::<WorkId>().unwrap().subject(), None);
+    }
 }

@@ -221,7 +221,7 @@ pub fn step_issue(
         }
         Some(true) if !from_bot && r.work.active.is_none() => {
             let context = WorkContext {
-                issue: Some(issue_deps::issue_work(&mut r, policy)),
+                issue: Some(Box::new(issue_deps::issue_work(&mut r, policy))),
                 ..WorkContext::default()
             };
             let spec = work::DispatchSpec {

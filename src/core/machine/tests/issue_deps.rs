@@ -88,7 +88,7 @@ fn go(r: &mut IssueRecord, e: Event, now: i64, p: &Policy) -> Vec<String> {
 /// The `context.issue` of the active work item.
 fn work_of(r: &IssueRecord) -> IssueWork {
     let a = r.work.active.as_ref().expect("dispatched");
-    a.item.context.issue.clone().expect("context.issue")
+    *a.item.context.issue.clone().expect("context.issue")
 }
 
 const READ: &str = "observe dependencies";
