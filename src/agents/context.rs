@@ -17,8 +17,9 @@ use std::collections::BTreeMap;
 use futures_util::future::join_all;
 use serde::Serialize;
 
-use crate::core::effect::{WorkItem, WorkKind, rfc3339_ms};
+use crate::core::effect::{IssueWork, WorkItem, WorkKind, rfc3339_ms};
 use crate::core::payload::PullReview as Review;
+use crate::core::policy::Policy;
 use crate::core::record::linked_issues;
 use crate::core::texts::{EFFECT_MARKER, STATE_MARKER};
 use crate::forgejo::{
@@ -122,6 +123,31 @@ pub struct AgentContext {
     pub unavailable: BTreeMap<String, String>,
     /// The PR's head moved since the work item was made: the sha it has now.
     pub head_moved_to: Option<String>,
+    /// `issue-impl`: the issue's labels and milestone, the branch to work on and the
+    /// base branch.
+    pub inputs: Option<IssueInputs>,
+}
+
+/// What `issue-impl` work needs besides the issue's text: its labels (`Type/Bug` …)
+/// and milestone as read just now, and where to work, as the machine decided at
+/// dispatch (the work item's `context.issue`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IssueInputs {
+    /// Label names (one line each, bounded).
+    pub labels: Vec<String>,
+    /// The milestone's title (`""`: none).
+    pub milestone: String,
+    /// The branch to create and push (policy `issue_branch`).
+    pub branch: String,
+    /// The branch to start from and open the PR against (`""` when the default
+    /// branch's name could not be read: `unavailable["base_branch"]`).
+    pub base: String,
+    /// `base` is the repository's default branch.
+    pub base_is_default: bool,
+    /// When stacked: the dependency whose open PR `base` is the head branch of.
+    pub base_issue: Option<u64>,
+    /// When stacked: that PR.
+    pub base_pr: Option<u64>,
 }
 
 /// The PR as the prompt shows it.
@@ -445,12 +471,14 @@ async fn gather_issue(
         forgejo.get_issue(repo, item.number),
         forgejo.comments_since(repo, item.number, None),
     );
+    let issue = issue?;
     ctx.issue = Some(issue_context(
-        &issue?,
+        &issue,
         forgejo.base_url(),
         repo,
         MAX_BODY_BYTES,
     ));
+    ctx.inputs = Some(issue_inputs(forgejo, item, &issue, ctx).await);
     match comments {
         Ok(list) => {
             let (shown, omitted) = conversation(list);
@@ -461,6 +489,57 @@ async fn gather_issue(
     }
     super::epic::gather(forgejo, repo, &[item.number], ctx).await;
     Ok(())
+}
+
+/// The issue's labels and milestone, its branch and its base: the stacked base the
+/// work item names, else the repository's default branch, read now. A work item made
+/// before items carried `context.issue` gets the default branch name of policy
+/// `issue_branch`.
+async fn issue_inputs(
+    forgejo: &ForgejoClient,
+    item: &WorkItem,
+    issue: &Issue,
+    ctx: &mut AgentContext,
+) -> IssueInputs {
+    let work = item
+        .context
+        .issue
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(|| IssueWork {
+            branch: crate::core::machine::branch_of(&Policy::default().issue_branch, item.number),
+            base: None,
+            base_of: None,
+        });
+    let mut inputs = IssueInputs {
+        labels: issue.labels.iter().map(|l| one_line(&l.name)).collect(),
+        milestone: issue
+            .milestone
+            .as_ref()
+            .map(|m| one_line(&m.title))
+            .unwrap_or_default(),
+        branch: one_line(&work.branch),
+        base_issue: work.base_of.map(|(i, _)| i),
+        base_pr: work.base_of.map(|(_, p)| p),
+        ..IssueInputs::default()
+    };
+    match work.base {
+        Some(base) => inputs.base = one_line(&base),
+        None => {
+            inputs.base_is_default = true;
+            match forgejo.repo_settings(item.repo.as_str()).await {
+                Ok(s) if !s.default_branch.is_empty() => inputs.base = one_line(&s.default_branch),
+                Ok(_) => {
+                    ctx.unavailable.insert(
+                        "base_branch".into(),
+                        "Forgejo named no default branch".into(),
+                    );
+                }
+                Err(e) => unavailable(ctx, "base_branch", &e),
+            }
+        }
+    }
+    inputs
 }
 
 /// The change requests the prompt shows: the work item's own (the ones the machine

@@ -390,3 +390,41 @@ fn the_worker_env_fallbacks_follow_the_credentials() {
     let with = names(&agents);
     assert!(with.contains(&("FORGEJO_PAT".into(), "agent-token".into())));
 }
+
+#[test]
+fn v2_issue_work_carries_labels_milestone_branch_and_base() {
+    let templates = v2("");
+    let [(item, full), (_, degraded)] = samples::items(WorkKind::IssueImpl);
+    let text = templates
+        .render(&item, &full, &params(None))
+        .expect("prompt");
+    let p = check_contract(&item, &text, None);
+    assert_eq!(p.params["work_branch"], "shepherd/issue-1", "pass-through");
+    assert_eq!(p.params["base_branch"], "shepherd/issue-5", "pass-through");
+    // The worker forwards only `##` sections: the inputs are in the description too.
+    let desc = p.section("## Pre-fetched description");
+    for want in [
+        "on the branch `shepherd/issue-1`, started from\n`shepherd/issue-5`, and open one pull request from it against\n`shepherd/issue-5` whose",
+        "- labels: Type/Bug, Priority/High\n",
+        "- milestone: v1.2\n",
+        "- branch: `shepherd/issue-1`",
+        "- base branch: `shepherd/issue-5`, the head branch of pull request #9",
+    ] {
+        assert!(desc.contains(want), "{want:?} missing in:\n{desc}");
+    }
+    let text = templates
+        .render(&item, &degraded, &params(None))
+        .expect("prompt");
+    let p = check_contract(&item, &text, None);
+    assert!(!p.params.contains_key("base_branch"));
+    let desc = p.section("## Pre-fetched description");
+    assert!(desc.contains("- labels: none\n"), "{desc}");
+    assert!(
+        desc.contains("against\nthe default branch whose description"),
+        "{desc}"
+    );
+    assert!(
+        desc.contains("the repository's default branch (its name could not be read"),
+        "{desc}"
+    );
+}

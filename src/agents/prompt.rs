@@ -24,7 +24,11 @@ use crate::core::policy::{PolicyFile, PromptProfile};
 
 /// The built-in templates: their names (as `{% extends %}`/`{% include %}` see them)
 /// and sources.
-const BUILTIN: [(&str, &str); 13] = [
+const BUILTIN: [(&str, &str); 14] = [
+    (
+        "builtin/issue-inputs.md.j2",
+        include_str!("templates/issue-inputs.md.j2"),
+    ),
     (
         "builtin/cleveragents-v2.md.j2",
         include_str!("templates/cleveragents-v2.md.j2"),

@@ -54,6 +54,13 @@ pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
                 max_rounds: 3,
             }),
             author_trusted: Some(false),
+            issue: (kind == WorkKind::IssueImpl).then(|| {
+                Box::new(crate::core::effect::IssueWork {
+                    branch: "shepherd/issue-1".into(),
+                    base: Some("shepherd/issue-5".into()),
+                    base_of: Some((5, 9)),
+                })
+            }),
         },
     };
     let text = |s: &str| s.to_owned();
@@ -163,6 +170,15 @@ pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
         }],
         unavailable: Default::default(),
         head_moved_to: Some(text("fedcba9876543210fedcba9876543210fedcba98")),
+        inputs: (kind == WorkKind::IssueImpl).then(|| IssueInputs {
+            labels: vec![text("Type/Bug"), text("Priority/High")],
+            milestone: text("v1.2"),
+            branch: text("shepherd/issue-1"),
+            base: text("shepherd/issue-5"),
+            base_is_default: false,
+            base_issue: Some(5),
+            base_pr: Some(9),
+        }),
     };
     let mut degraded = AgentContext {
         repo: full.repo.clone(),
@@ -170,6 +186,12 @@ pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
         name: full.name.clone(),
         pr: full.pr.clone(),
         issue: full.issue.clone(),
+        // No labels, no milestone, and the default branch's name unreadable.
+        inputs: (kind == WorkKind::IssueImpl).then(|| IssueInputs {
+            branch: text("shepherd/issue-1"),
+            base_is_default: true,
+            ..IssueInputs::default()
+        }),
         ..AgentContext::default()
     };
     for piece in [
@@ -180,6 +202,7 @@ pub(super) fn items(kind: WorkKind) -> [(WorkItem, AgentContext); 2] {
         "comments",
         "linked_issues",
         "epic",
+        "base_branch",
     ] {
         degraded.unavailable.insert(piece.into(), text("HTTP 500"));
     }

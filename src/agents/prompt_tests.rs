@@ -452,3 +452,44 @@ fn text_by_an_author_without_write_access_is_marked_untrusted() {
         "{trusted}"
     );
 }
+
+#[test]
+fn the_issue_impl_prompt_has_the_labels_milestone_branch_and_base() {
+    let [(item, full), (_, degraded)] = samples::items(WorkKind::IssueImpl);
+    let prompt = builtin().render(&item, &full, &params()).unwrap();
+    assert!(
+        prompt.lines().any(|l| l == "work_branch: shepherd/issue-1"),
+        "{prompt}"
+    );
+    assert!(
+        prompt.lines().any(|l| l == "base_branch: shepherd/issue-5"),
+        "{prompt}"
+    );
+    assert_in_order(
+        &prompt,
+        &[
+            "## Task",
+            "Work on the branch `shepherd/issue-1`",
+            "started from `shepherd/issue-5`",
+            "against\n`shepherd/issue-5`",
+            "## Issue",
+            "- labels: Type/Bug, Priority/High\n",
+            "- milestone: v1.2\n",
+            "- branch: `shepherd/issue-1`",
+            "- base branch: `shepherd/issue-5`, the head branch of pull request #9, the open pull request of issue #5",
+            "## Issue comments",
+        ],
+    );
+    // No labels, no milestone, and the default branch's name unreadable: each says so.
+    let prompt = builtin().render(&item, &degraded, &params()).unwrap();
+    assert!(!prompt.contains("base_branch:"), "{prompt}");
+    assert_in_order(
+        &prompt,
+        &[
+            "started from the default branch",
+            "- labels: none\n",
+            "- milestone: none\n",
+            "- base branch: the repository's default branch (its name could not be read from Forgejo: HTTP 500)",
+        ],
+    );
+}

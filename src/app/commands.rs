@@ -66,6 +66,7 @@ pub async fn inspect_cmd(ops: &Ops, args: &InspectArgs) -> anyhow::Result<()> {
     let now = now_ms();
     match &report {
         InspectReport::Pr(i) => print!("{}", render_pr(i, now)),
+        InspectReport::Issue(i) => print!("{}", crate::ops::inspect_issue::render_issue(i, now)),
         InspectReport::Repo(prs) => {
             for s in prs {
                 println!("{}", render_line(s, now));

@@ -208,6 +208,9 @@ pub enum ObserveWhat {
         /// Read the timeline for this label's events (a claim label to time).
         claim_label: Option<String>,
     },
+    /// An issue's dependencies (`GET …/issues/{index}/dependencies`) and the open PRs
+    /// that link them → `ObservedDependencies`.
+    Dependencies,
 }
 
 /// A timer: fires `TimerFired` for the same record at `due_ms`.
@@ -261,6 +264,9 @@ pub enum TimerKind {
     /// A foreign claim's TTL ran out, or the read of a previous dispatcher's state did
     /// not answer in time (`core::legacy`).
     Legacy,
+    /// An issue's dependencies are read again (`dependency_recheck_secs`): while it
+    /// is blocked by an open one, and when a read never came back.
+    DependencyRecheck,
 }
 
 impl TimerKind {
@@ -278,6 +284,7 @@ impl TimerKind {
             TimerKind::TransientRetry => "transient-retry",
             TimerKind::PushGrace { .. } => "push-grace",
             TimerKind::Legacy => "legacy",
+            TimerKind::DependencyRecheck => "dependency-recheck",
         }
     }
 }
@@ -385,6 +392,23 @@ pub struct WorkContext {
     /// `agent_authors = "anyone"` without a permission read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub author_trusted: Option<bool>,
+    /// `issue-impl` only: the branch to work on and the branch to start from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issue: Option<Box<IssueWork>>,
+}
+
+/// The `context.issue` object of an `issue-impl` work item: where the agent works.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssueWork {
+    /// The branch to create and push (policy `issue_branch`).
+    pub branch: String,
+    /// The branch to start from and open the PR against: the head branch of the open
+    /// PR of a dependency (stacked work); `None`: the repository's default branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// The dependency whose PR `base` is, and that PR: `(issue, pr)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_of: Option<(u64, u64)>,
 }
 
 /// The `context.review` object of a `review` work item.

@@ -9,7 +9,8 @@ use super::command::Command;
 use super::effect::{EffectKindName, Timer};
 use super::ids::{EffectId, Login, RepoName, Scope, Sha, WorkId};
 pub use super::observation::{
-    CiContext, CiState, IssueSnapshot, Permission, PrSnapshot, PrState, ReviewFact, ReviewState,
+    CiContext, CiState, DependencyFact, IssueSnapshot, LinkingPrFact, Permission, PrSnapshot,
+    PrState, ReviewFact, ReviewState,
 };
 
 /// The record an event is for. The worker loads that record (for `Repo`: every open
@@ -306,6 +307,17 @@ pub enum Event {
         /// When it was read (unix ms).
         at_ms: i64,
     },
+    /// `Observe(Dependencies)` result: the issues that block issue `number`.
+    ObservedDependencies {
+        /// Repository.
+        repo: RepoName,
+        /// Issue index.
+        number: u64,
+        /// Every dependency Forgejo lists, open and closed.
+        dependencies: Vec<DependencyFact>,
+        /// When they were read (unix ms).
+        at_ms: i64,
+    },
     /// `Observe(Permission)` result.
     ObservedPermission {
         /// Repository.
@@ -406,6 +418,9 @@ impl Event {
             Event::Status { repo, .. } | Event::Push { repo, .. } => Target::Repo(repo.clone()),
             Event::ObservedReviews { repo, number, .. }
             | Event::ObservedStatus { repo, number, .. } => Target::Pr(repo.clone(), *number),
+            Event::ObservedDependencies { repo, number, .. } => {
+                Target::Issue(repo.clone(), *number)
+            }
             Event::TimerFired {
                 repo,
                 scope,
@@ -453,6 +468,7 @@ impl Event {
             | Event::ObservedStatus { .. }
             | Event::ObservedPermission { .. }
             | Event::ObservedLegacy { .. }
+            | Event::ObservedDependencies { .. }
             | Event::WorkResult { .. }
             | Event::EffectOutcome { .. }
             | Event::ResyncObserved { .. } => None,
@@ -475,6 +491,7 @@ impl Event {
             Event::ObservedStatus { .. } => "observed/status".into(),
             Event::ObservedPermission { .. } => "observed/permission".into(),
             Event::ObservedLegacy { .. } => "observed/legacy".into(),
+            Event::ObservedDependencies { .. } => "observed/dependencies".into(),
             Event::WorkResult { outcome, .. } => format!("work-result/{}", kebab(outcome)),
             Event::EffectOutcome { .. } => "effect-outcome".into(),
             Event::ResyncObserved { .. } => "resync".into(),

@@ -199,6 +199,42 @@ impl EffectId {
     }
 }
 
+/// Why git would refuse `name` as a branch name (`git check-ref-format --branch`'s
+/// rules: no control characters, space, `~ ^ : ? * [ \`, no `..` or `@{`, no empty,
+/// leading-dot or `.lock` component, no leading `-`, no trailing `/` or `.`, not `@`),
+/// or `None` when it is a valid name. Policy `issue_branch` and the head branch of a
+/// dependency's PR (read from Forgejo) are checked with it before they reach a prompt.
+pub fn branch_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name == "@" {
+        return Some("is empty or `@`");
+    }
+    if name.len() > 255 {
+        return Some("is longer than 255 bytes");
+    }
+    if name.starts_with('-') {
+        return Some("starts with `-`");
+    }
+    if name
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c))
+    {
+        return Some("holds a space, a control character or one of ~ ^ : ? * [ \\");
+    }
+    if name.contains("..") || name.contains("@{") {
+        return Some("holds `..` or `@{`");
+    }
+    if name.ends_with('.') || name.ends_with('/') {
+        return Some("ends with `.` or `/`");
+    }
+    if name
+        .split('/')
+        .any(|part| part.is_empty() || part.starts_with('.') || part.ends_with(".lock"))
+    {
+        return Some("has an empty component, one starting with `.` or ending with `.lock`");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -196,3 +196,35 @@ pub enum Permission {
     /// Admin or owner.
     Admin,
 }
+
+/// One issue that blocks an issue (Forgejo's "depends on": `GET
+/// …/issues/{index}/dependencies`), as `Observe(Dependencies)` read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyFact {
+    /// The dependency's repository (Forgejo allows dependencies across repositories).
+    pub repo: RepoName,
+    /// Its index.
+    pub number: u64,
+    /// Open (`true`) or closed.
+    pub open: bool,
+    /// The dependency is itself a pull request.
+    #[serde(default)]
+    pub is_pull: bool,
+    /// Open PRs of the issue's repository whose body links the dependency (`Closes
+    /// #N`), as read (the core decides which of them to trust).
+    #[serde(default)]
+    pub linking_prs: Vec<LinkingPrFact>,
+}
+
+/// An open PR that links a dependency.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkingPrFact {
+    /// PR index.
+    pub number: u64,
+    /// Its author.
+    pub author: Option<Login>,
+    /// Its head branch.
+    pub head_ref: String,
+    /// The head branch is in the PR's own repository (not a fork).
+    pub same_repo: bool,
+}

@@ -357,6 +357,10 @@ policy_settings! {
     issue_branch: String = "shepherd/issue-{number}".into();
     /// Labels that keep an issue from being dispatched (besides open dependencies).
     blocked_labels: Vec<String> = ["State/Paused", "Blocked"].map(String::from).to_vec();
+    /// How often an issue blocked by an open dependency reads its dependencies again,
+    /// in seconds (Forgejo sends the dependency's `closed` webhook, never one for the
+    /// issue it blocks); also how long a dependency read may stay unanswered.
+    dependency_recheck_secs: u64 = 300;
 }
 
 /// Which prompt contract the agents get (`prompt_profile`).
@@ -577,6 +581,15 @@ impl Policy {
                 "must be 0 to 86400 (a day)",
             ));
         }
+        if let Err(problem) = issue_branch_problem(&self.issue_branch) {
+            return Err(invalid("issue_branch", &problem));
+        }
+        if self.blocked_labels.iter().any(|l| l.trim().is_empty()) {
+            return Err(invalid("blocked_labels", "has an empty label name"));
+        }
+        if self.dependency_recheck_secs == 0 {
+            return Err(invalid("dependency_recheck_secs", "must be at least 1"));
+        }
         if self.ci_poll_initial_secs == 0 || self.ci_poll_max_secs < self.ci_poll_initial_secs {
             return Err(invalid(
                 "ci_poll_max_secs",
@@ -584,6 +597,19 @@ impl Policy {
             ));
         }
         Ok(())
+    }
+}
+
+/// Why `template` (policy `issue_branch`) cannot name one branch per issue: it must
+/// hold `{number}`, and with a number in its place be a name git accepts.
+fn issue_branch_problem(template: &str) -> Result<(), String> {
+    if !template.contains("{number}") {
+        return Err("must contain {number} (one branch per issue)".into());
+    }
+    let example = template.replace("{number}", "7");
+    match super::ids::branch_name_problem(&example) {
+        Some(p) => Err(format!("{example:?} is not a branch name git accepts: {p}")),
+        None => Ok(()),
     }
 }
 

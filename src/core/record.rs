@@ -697,6 +697,31 @@ pub struct IssueRecord {
     /// A trusted `/shepherd implement` asked for `issue-impl` (as the label does).
     #[serde(default)]
     pub requested: bool,
+    /// The issue's dependencies (Forgejo issue dependencies) as last read, and
+    /// whether a read is due or in flight: every dispatch is preceded by a read.
+    #[serde(default)]
+    pub deps: DependencyState,
+}
+
+/// What an issue record knows of its dependencies (`core::machine::issue_deps`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyState {
+    /// The last read: when, and every dependency Forgejo listed.
+    pub read: Option<DependencyRead>,
+    /// The last read may be used for a dispatch: set by a read, cleared by the
+    /// dispatch it allowed and by the recheck timer.
+    pub fresh: bool,
+    /// A read was asked for at this time and has not come back yet.
+    pub requested_ms: Option<i64>,
+}
+
+/// One read of an issue's dependencies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyRead {
+    /// When it was read (unix ms).
+    pub at_ms: i64,
+    /// The dependencies, open and closed.
+    pub items: Vec<super::event::DependencyFact>,
 }
 
 impl PrRecord {
@@ -776,6 +801,7 @@ impl IssueRecord {
             done_by_pr: None,
             linking_prs: BTreeSet::new(),
             requested: false,
+            deps: DependencyState::default(),
         }
     }
 

@@ -162,6 +162,7 @@ pub fn route(event: &Event) -> Route {
             | Event::ObservedStatus { .. }
             | Event::ObservedPermission { .. }
             | Event::ObservedLegacy { .. }
+            | Event::ObservedDependencies { .. }
             | Event::WorkResult { .. }
             | Event::EffectOutcome { .. }
             | Event::ResyncObserved { .. },

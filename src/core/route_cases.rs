@@ -367,6 +367,17 @@ fn named_cases() -> Vec<Case> {
             want: vec!["issue 3 named"],
         },
         Case {
+            name: "a dependency read reaches the issue it was read for",
+            event: Event::ObservedDependencies {
+                repo: repo(),
+                number: 3,
+                dependencies: Vec::new(),
+                at_ms: T0,
+            },
+            stored: mixed_repo(),
+            want: vec!["issue 3 named"],
+        },
+        Case {
             name: "a work result reaches the record its work id names",
             event: Event::WorkResult {
                 work_id: WorkId::new(&repo(), Scope::Issue, 3, 1),

@@ -56,12 +56,14 @@ pub struct BranchCommit {
     pub id: String,
 }
 
-/// A repository's merge settings (`GET /repos/{owner}/{repo}`).
+/// A repository's merge settings and default branch (`GET /repos/{owner}/{repo}`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct RepoSettings {
     /// `Do: fast-forward-only` is allowed.
     pub allow_fast_forward_only_merge: bool,
+    /// The default branch (`issue-impl` work starts from it unless it is stacked).
+    pub default_branch: String,
 }
 
 /// A branch name as a path: each `/`-separated part percent-encoded (Forgejo's route

@@ -50,6 +50,9 @@ pub struct BranchInfo {
     pub ref_name: String,
     /// Current tip of the branch: for `head`, the sha to match statuses against.
     pub sha: String,
+    /// The repository the branch is in (a fork's for a PR from a fork; 0 when the
+    /// answer did not say).
+    pub repo_id: i64,
 }
 
 /// A pull request (`GET …/pulls/{n}`, `GET …/pulls`).
@@ -347,6 +350,28 @@ pub struct Issue {
     pub pull_request: Option<IssuePullRef>,
     /// Last update.
     pub updated_at: Option<DateTime<FixedOffset>>,
+    /// The milestone, when it has one.
+    pub milestone: Option<Milestone>,
+    /// The issue's repository (`RepositoryMeta`; dependencies may be in another).
+    pub repository: Option<RepositoryMeta>,
+}
+
+/// An issue's milestone (the fields Shepherd shows).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Milestone {
+    /// Title.
+    pub title: String,
+    /// `open` or `closed`.
+    pub state: String,
+}
+
+/// The repository an issue belongs to (`RepositoryMeta`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RepositoryMeta {
+    /// `owner/name`.
+    pub full_name: String,
 }
 
 /// The `pull_request` summary inside an issue.

@@ -133,13 +133,23 @@ pub enum InspectReport {
     Pr(Box<Inspection>),
     /// Every open PR of a repository.
     Repo(Vec<PrSummary>),
+    /// One issue (`issue-impl` work, what blocks it).
+    Issue(Box<super::inspect_issue::IssueInspection>),
 }
 
 /// Inspects `owner/repo#N` or `owner/repo`.
 pub async fn inspect(ops: &Ops, target: &str) -> Result<InspectReport, OpsError> {
     if target.contains('#') {
         let t = parse_pr(target)?;
-        return Ok(InspectReport::Pr(Box::new(inspect_pr(ops, &t).await?)));
+        // PRs and issues share the index space: a number is one or the other.
+        return match inspect_pr(ops, &t).await {
+            Err(OpsError::NotFound(e)) => match super::inspect_issue::inspect_issue(ops, &t).await?
+            {
+                Some(i) => Ok(InspectReport::Issue(Box::new(i))),
+                None => Err(OpsError::NotFound(e)),
+            },
+            other => Ok(InspectReport::Pr(Box::new(other?))),
+        };
     }
     let repo = parse_repo(target)?;
     Ok(InspectReport::Repo(status::repo_prs(ops, &repo).await?))
@@ -276,7 +286,7 @@ async fn pending_effects(
 }
 
 /// Timers of record `key` (members `<key>/<timer id>` of the shard's timers set).
-async fn timers(
+pub(super) async fn timers(
     conn: &mut Conn,
     ops: &Ops,
     shard: u16,

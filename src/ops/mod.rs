@@ -26,6 +26,7 @@ pub mod diff;
 pub mod dlq;
 pub mod doctor;
 pub mod inspect;
+pub mod inspect_issue;
 pub mod rebuild;
 pub mod replay;
 pub mod resync;

@@ -111,6 +111,8 @@ pub(crate) fn apply(
         Event::ObservedPermission { .. } => permission(r, event, now, policy, fx),
         // `core::legacy` folds it (`machine::step`).
         Event::ObservedLegacy { .. } => false,
+        // An issue's dependencies concern its issue record only.
+        Event::ObservedDependencies { .. } => false,
         Event::WorkResult {
             work_id,
             outcome,
@@ -280,6 +282,7 @@ fn repo_event(r: &mut PrRecord, event: &Event, now: i64, policy: &Policy, fx: &m
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
         | Event::ObservedLegacy { .. }
+        | Event::ObservedDependencies { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
         | Event::ResyncObserved { .. } => false,
@@ -697,6 +700,7 @@ fn on_timer(r: &mut PrRecord, timer: &Timer, now: i64, policy: &Policy, fx: &mut
         }
         // `core::legacy` handles it (`machine::step`).
         TimerKind::Legacy => false,
+        TimerKind::DependencyRecheck => false,
         TimerKind::StatusSettle => match r.status_pending_since_ms {
             // Due: the step's reconcile writes the waiting status.
             Some(since) if now >= since.saturating_add(super::reconcile::settle_ms(policy)) => true,

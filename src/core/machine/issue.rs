@@ -3,7 +3,9 @@
 //! stuck rules as PRs; cancelled when the issue closes; done when a PR that links the
 //! issue (`Closes #N`) is merged — the worker delivers such PR events to the issue
 //! record. An open linking PR only holds the issue (no new dispatch; the agent's own PR
-//! ends its claim); closed unmerged, it releases the issue again.
+//! ends its claim); closed unmerged, it releases the issue again. A blocked issue
+//! (a label of `blocked_labels`, an open dependency) is not dispatched until unblocked,
+//! and every dispatch is preceded by a read of its dependencies ([`super::issue_deps`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +14,7 @@ use super::super::event::{EffectOutcome, Event, PrState, WorkOutcome};
 use super::super::ids::Scope;
 use super::super::policy::Policy;
 use super::super::record::{AttemptOutcome, Hold, IssueRecord, LINKING_PRS_KEPT, linked_issues};
+use super::issue_deps::{self, Verdict};
 use super::{Fx, budget, commands, transient, work};
 
 /// Where an issue stands.
@@ -36,6 +39,8 @@ pub enum IssuePhase {
     Paused,
     /// Implementation is wanted, but a spend cap is reached (issue 28).
     OverBudget,
+    /// Implementation is wanted, but a blocking label or an open dependency holds it.
+    Blocked,
 }
 
 impl IssuePhase {
@@ -51,6 +56,7 @@ impl IssuePhase {
             IssuePhase::NeedsHuman => "needs-human",
             IssuePhase::Paused => "paused",
             IssuePhase::OverBudget => "over-budget",
+            IssuePhase::Blocked => "blocked",
         }
     }
 }
@@ -158,11 +164,39 @@ fn plan(r: &IssueRecord, policy: &Policy) -> (IssuePhase, String, Option<bool>) 
         let why = format!("implementation wanted; {held}");
         return (IssuePhase::Implementing, why, None);
     }
-    (
-        IssuePhase::Implementing,
-        "implementation wanted".into(),
-        Some(true),
-    )
+    blocked_plan(r, issue, policy)
+}
+
+/// The last part of [`plan`]: a blocking label, then the dependencies. `Some(true)`
+/// while the read is not fresh means "read them" (`step_issue` never dispatches on a
+/// read that is not fresh).
+fn blocked_plan(
+    r: &IssueRecord,
+    issue: &super::super::event::IssueSnapshot,
+    policy: &Policy,
+) -> (IssuePhase, String, Option<bool>) {
+    if let Some(why) = issue_deps::blocked_by_label(issue, policy) {
+        return (IssuePhase::Blocked, why, None);
+    }
+    let deps = &r.deps;
+    let want = match deps.requested_ms.is_some() {
+        true => None,
+        false => Some(true),
+    };
+    match issue_deps::verdict(r, policy) {
+        Some(Verdict::Blocked(why)) if deps.fresh => (IssuePhase::Blocked, why, None),
+        Some(Verdict::Blocked(why)) => (IssuePhase::Blocked, why, want),
+        Some(Verdict::Clear { .. }) if deps.fresh => (
+            IssuePhase::Implementing,
+            "implementation wanted".into(),
+            Some(true),
+        ),
+        Some(Verdict::Clear { .. }) | None => (
+            IssuePhase::Implementing,
+            "reading the issue's dependencies from Forgejo before dispatch".into(),
+            want,
+        ),
+    }
 }
 
 /// Folds one event into an issue record.
@@ -200,7 +234,14 @@ pub fn step_issue(
     }
     let (_, reason, want) = plan(&r, policy);
     match want {
+        Some(true) if !from_bot && r.work.active.is_none() && !r.deps.fresh => {
+            issue_deps::request_read(&mut r, now_ms, policy, &mut fx);
+        }
         Some(true) if !from_bot && r.work.active.is_none() => {
+            let context = WorkContext {
+                issue: Some(Box::new(issue_deps::issue_work(&mut r, policy))),
+                ..WorkContext::default()
+            };
             let spec = work::DispatchSpec {
                 repo: &record.repo,
                 scope: Scope::Issue,
@@ -208,7 +249,7 @@ pub fn step_issue(
                 kind: WorkKind::IssueImpl,
                 signature: ISSUE_SIGNATURE.into(),
                 head_sha: None,
-                context: WorkContext::default(),
+                context,
             };
             work::dispatch(&mut r.work, spec, now_ms, policy, &mut fx);
         }
@@ -319,6 +360,15 @@ fn apply(
             true
         }
         Event::PullRequest { pr, .. } => on_linking_pr(r, pr, now, policy, fx),
+        Event::ObservedDependencies {
+            repo,
+            number,
+            dependencies,
+            at_ms,
+        } => {
+            is_this(r, repo, Scope::Issue, *number)
+                && issue_deps::on_read(r, dependencies, *at_ms, now, policy, fx)
+        }
         Event::Comment { .. } | Event::ObservedPermission { .. } => {
             commands_of(r, event, now, policy, from_bot, fx)
         }
@@ -485,6 +535,7 @@ fn commands_of(
         | Event::ObservedPr { .. }
         | Event::ObservedReviews { .. }
         | Event::ObservedStatus { .. }
+        | Event::ObservedDependencies { .. }
         | Event::WorkResult { .. }
         | Event::EffectOutcome { .. }
         | Event::ObservedLegacy { .. }
@@ -527,6 +578,9 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
                 work::on_push_grace(&mut r.work, work_id, waits, policy)
             }
             TimerKind::PushGrace { .. } => false,
+            TimerKind::DependencyRecheck => {
+                is_this(r, repo, *scope, *number) && issue_deps::on_recheck(r)
+            }
         },
         Event::WorkResult {
             work_id,
@@ -598,6 +652,7 @@ fn claim_event(r: &mut IssueRecord, event: &Event, now: i64, policy: &Policy, fx
         | Event::ObservedStatus { .. }
         | Event::ObservedPermission { .. }
         | Event::ObservedLegacy { .. }
+        | Event::ObservedDependencies { .. }
         | Event::ResyncObserved { .. } => false,
     }
 }

@@ -18,6 +18,7 @@ mod budget;
 mod commands;
 mod facts;
 mod issue;
+mod issue_deps;
 mod plan;
 mod queue;
 mod reconcile;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use budget::past_runs;
 pub use issue::{IssueDecision, IssuePhase, IssueTransition, decide_issue, step_issue};
+pub use issue_deps::branch_of;
 pub use plan::{
     CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,
 };

@@ -342,6 +342,26 @@ impl Executor {
                 contexts: observe::contexts(&forgejo.combined_status(repo, sha.as_str()).await?),
                 at_ms: at(),
             },
+            ObserveWhat::Dependencies => {
+                // 404: dependencies are turned off for the repository: none hold it.
+                let list = forgejo
+                    .issue_dependencies(repo, n)
+                    .await?
+                    .unwrap_or_default();
+                let needs_prs = list
+                    .iter()
+                    .any(|i| i.state == "open" && i.pull_request.is_none());
+                let pulls = match needs_prs {
+                    true => forgejo.list_open_pulls(repo).await?,
+                    false => Vec::new(),
+                };
+                Event::ObservedDependencies {
+                    repo: effect.repo.clone(),
+                    number: n,
+                    dependencies: observe::dependencies(&effect.repo, &list, &pulls),
+                    at_ms: at(),
+                }
+            }
             ObserveWhat::Permission { login } => {
                 let permission = match forgejo.collaborator_permission(repo, login.as_str()).await {
                     Ok(p) => observe::permission(&p.permission),

@@ -34,6 +34,47 @@ pub fn permission(text: &str) -> Permission {
     }
 }
 
+/// An issue's dependencies as the machine sees them: each with its repository (the
+/// issue's own when Forgejo does not say), state, and the open PRs of `repo` whose
+/// body links it (`Closes #N`; only for open dependencies of `repo` itself). Whom to
+/// trust among those PRs is the core's decision (`core::machine::issue_deps`).
+pub fn dependencies(
+    repo: &RepoName,
+    list: &[forgejo::Issue],
+    open_pulls: &[forgejo::PullRequest],
+) -> Vec<crate::core::event::DependencyFact> {
+    use crate::core::event::{DependencyFact, LinkingPrFact};
+    list.iter()
+        .filter_map(|i| {
+            let dep_repo = match &i.repository {
+                Some(m) if !m.full_name.is_empty() => m.full_name.parse().ok()?,
+                Some(_) | None => repo.clone(),
+            };
+            let open = i.state == "open";
+            let linking_prs = match open && dep_repo == *repo && i.pull_request.is_none() {
+                true => open_pulls
+                    .iter()
+                    .filter(|p| crate::core::record::linked_issues(&p.body).contains(&i.number))
+                    .map(|p| LinkingPrFact {
+                        number: p.number,
+                        author: p.user.login.parse().ok(),
+                        head_ref: p.head.ref_name.clone(),
+                        same_repo: p.head.repo_id != 0 && p.head.repo_id == p.base.repo_id,
+                    })
+                    .collect(),
+                false => Vec::new(),
+            };
+            Some(DependencyFact {
+                repo: dep_repo,
+                number: i.number,
+                open,
+                is_pull: i.pull_request.is_some(),
+                linking_prs,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,6 +41,7 @@ mod context;
 mod e2e;
 mod epic;
 mod hostile_agent;
+mod issue_inputs;
 mod ledger_e2e;
 mod opencode;
 mod opencode_loop;

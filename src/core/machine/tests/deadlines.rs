@@ -148,6 +148,13 @@ fn issue_op() -> impl Strategy<Value = IssueOp> {
     ]
 }
 
+/// Whether `effects` ask for the issue's dependencies (`Observe(Dependencies)`).
+fn asks_dependencies(effects: &[Effect]) -> bool {
+    effects
+        .iter()
+        .any(|e| matches!(&e.kind, EffectKind::Observe(ObserveWhat::Dependencies)))
+}
+
 /// Makes `op` concrete against the issue record.
 fn issue_event(op: &IssueOp, r: &IssueRecord, now: &mut i64) -> Option<Event> {
     *now += 1000;
@@ -245,9 +252,24 @@ proptest! {
             let Some(timer) = timers.next() else { break };
             now = now.max(timer.due_ms);
             let e = Event::TimerFired { repo: repo(), scope: Scope::Issue, number: ISSUE, timer };
-            let t = step_issue(&r, &e, now, &p);
+            let mut t = step_issue(&r, &e, now, &p);
             timers.arm(&t.effects);
             r = t.record;
+            // Shepherd's own read of the issue's dependencies is answered (none), as the
+            // executor does when Forgejo answers: time alone, no one else acting.
+            if asks_dependencies(&t.effects) {
+                now += 1000;
+                let e = Event::ObservedDependencies {
+                    repo: repo(),
+                    number: ISSUE,
+                    dependencies: Vec::new(),
+                    at_ms: now,
+                };
+                let answered = step_issue(&r, &e, now, &p);
+                timers.arm(&answered.effects);
+                r = answered.record;
+                t.effects.extend(answered.effects);
+            }
             if starts_something(&t.effects) {
                 reached = true;
                 break;

@@ -230,7 +230,7 @@ fn issue_timer(kind: TimerKind, due: i64) -> Event {
 
 /// Steps an issue record, returning the effects as lines.
 fn go(r: &mut IssueRecord, e: Event, now: i64, p: &Policy) -> Vec<String> {
-    let t = step_issue(r, &e, now, p);
+    let t = step_issue_answered(r, &e, now, p);
     *r = t.record;
     t.effects.iter().map(|x| show(x, now)).collect()
 }

@@ -36,11 +36,26 @@ fn ev(action: IssueAction, snap: IssueSnapshot, sender: &str) -> Event {
     }
 }
 
-/// Steps and returns the effects as lines.
+/// Steps and returns the effects as lines. A read of the dependencies (asked for
+/// before every dispatch) is answered at once with none, as Forgejo answers for an
+/// issue without dependencies, and the read and its timer are left out of the lines:
+/// these tests are about what follows (`tests/issue_deps.rs` shows the reads).
 fn go(r: &mut IssueRecord, e: Event, now: i64, p: &Policy) -> (Vec<String>, IssueTransition) {
     let t = step_issue(r, &e, now, p);
-    let shown = t.effects.iter().map(|x| show(x, now)).collect();
+    let mut shown: Vec<String> = t.effects.iter().map(|x| show(x, now)).collect();
     *r = t.record.clone();
+    if shown.iter().any(|l| l == "observe dependencies") {
+        shown.retain(|l| l != "observe dependencies" && !l.starts_with("timer dependency-recheck"));
+        let read = Event::ObservedDependencies {
+            repo: repo(),
+            number: r.number,
+            dependencies: Vec::new(),
+            at_ms: now,
+        };
+        let (more, t2) = go(r, read, now, p);
+        shown.extend(more);
+        return (shown, t2);
+    }
     (shown, t)
 }
 
@@ -390,14 +405,16 @@ fn issue_claim_expiry_escalates_and_untrusted_implement_waits_for_permission() {
         },
     };
     let (fx, _) = go(&mut r, expiry, a.expires_ms, &p);
+    // The claim is down while the dependencies are read again before the next attempt.
     assert_eq!(
         fx,
         lines(&[
             &format!("cancel {}", a.item.id),
+            "-auto/claimed-implementer",
             "dispatch issue-impl tier=1 attempt=2 head=-",
             "timer claim-expiry +7200s",
             "-auto/last-attempt-tier-0",
-            "+auto/last-attempt-tier-1",
+            "+auto/claimed-implementer,auto/last-attempt-tier-1",
         ])
     );
 

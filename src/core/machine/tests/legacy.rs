@@ -308,7 +308,7 @@ fn a_labelled_issue_claimed_elsewhere_waits_for_the_ttl() {
         issue: snap,
         sender: Some(login("alice")),
     };
-    let t = step_issue(&r, &ev, T0, &p);
+    let t = step_issue_answered(&r, &ev, T0, &p);
     r = t.record;
     assert!(
         !t.effects
@@ -324,7 +324,7 @@ fn a_labelled_issue_claimed_elsewhere_waits_for_the_ttl() {
         claim_events: vec![],
         at_ms: T0 + 1000,
     };
-    let t = step_issue(&r, &answer, T0 + 1000, &p);
+    let t = step_issue_answered(&r, &answer, T0 + 1000, &p);
     r = t.record;
     assert!(
         !t.effects
@@ -342,7 +342,7 @@ fn a_labelled_issue_claimed_elsewhere_waits_for_the_ttl() {
             id: "legacy".into(),
         },
     };
-    let t = step_issue(&r, &fire, until, &p);
+    let t = step_issue_answered(&r, &fire, until, &p);
     let tier = t.effects.iter().find_map(|e| match &e.kind {
         EffectKind::Dispatch(w) => Some(w.tier),
         _ => None,

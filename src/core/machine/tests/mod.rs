@@ -10,6 +10,7 @@ mod deadlines;
 mod economy;
 mod grace;
 mod hostile;
+mod issue_deps;
 mod issues;
 mod legacy;
 mod props;
@@ -267,6 +268,7 @@ pub(super) fn show(e: &Effect, now: i64) -> String {
         EffectKind::QueueFreeze(op) => format!("freeze {:?} {}", op.action, op.branch),
         EffectKind::Observe(ObserveWhat::Pr) => "observe pr".into(),
         EffectKind::Observe(ObserveWhat::Reviews) => "observe reviews".into(),
+        EffectKind::Observe(ObserveWhat::Dependencies) => "observe dependencies".into(),
         EffectKind::Observe(ObserveWhat::CombinedStatus { sha }) => {
             format!("observe status {}", short(sha))
         }
@@ -402,4 +404,34 @@ impl H {
 /// Lines for comparison.
 pub(super) fn lines(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Steps an issue record as the worker does when Forgejo answers: Shepherd's own read
+/// of the issue's dependencies (asked before every dispatch) is answered at once with
+/// none, as for an issue without dependencies, and the read and its recheck timer are
+/// left out of the effects (`tests/issue_deps.rs` shows them).
+pub(super) fn step_issue_answered(
+    r: &crate::core::record::IssueRecord,
+    e: &Event,
+    now: i64,
+    p: &Policy,
+) -> super::IssueTransition {
+    let mut t = super::step_issue(r, e, now, p);
+    let asks = |x: &Effect| matches!(x.kind, EffectKind::Observe(ObserveWhat::Dependencies));
+    if t.effects.iter().any(asks) {
+        t.effects.retain(|x| {
+            !asks(x)
+                && !matches!(&x.kind, EffectKind::Schedule(tm) if tm.kind == TimerKind::DependencyRecheck)
+        });
+        let read = Event::ObservedDependencies {
+            repo: t.record.repo.clone(),
+            number: t.record.number,
+            dependencies: Vec::new(),
+            at_ms: now,
+        };
+        let answered = step_issue_answered(&t.record, &read, now, p);
+        t.effects.extend(answered.effects);
+        t.record = answered.record;
+    }
+    t
 }

@@ -311,7 +311,9 @@ impl Sim {
                         contexts: self.contexts(sha),
                         at_ms: at,
                     },
-                    ObserveWhat::Permission { .. } | ObserveWhat::Legacy { .. } => return,
+                    ObserveWhat::Permission { .. }
+                    | ObserveWhat::Legacy { .. }
+                    | ObserveWhat::Dependencies => return,
                 };
                 self.events.push((n, ev));
             }

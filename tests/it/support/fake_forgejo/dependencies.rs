@@ -67,4 +67,12 @@ impl FakeForgejo {
             .dependencies
             .push((repo.into(), blocker, blocked));
     }
+
+    /// Sets the milestone (by title) of issue `n`.
+    pub fn set_milestone(&self, repo: &str, n: u64, title: &str) {
+        let mut model = lock(&self.shared.model);
+        if let Some(i) = model.repo_mut(repo).issues.get_mut(&n) {
+            i.milestone = Some(title.into());
+        }
+    }
 }

@@ -182,6 +182,8 @@ pub struct IssueRow {
     pub updated_at: String,
     /// When closed.
     pub closed_at: Option<String>,
+    /// The milestone's title, when it has one.
+    pub milestone: Option<String>,
 }
 
 impl IssueRow {
@@ -515,6 +517,7 @@ impl Model {
                 created_at: t.clone(),
                 updated_at: t,
                 closed_at: None,
+                milestone: None,
             },
         );
         number

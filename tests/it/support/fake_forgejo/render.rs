@@ -177,7 +177,7 @@ pub fn issue(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
         "ref": "",
         "assets": [],
         "labels": labels_of(r, i),
-        "milestone": null,
+        "milestone": milestone(i),
         "assignee": null,
         "assignees": null,
         "state": i.state,
@@ -222,7 +222,7 @@ pub fn pull(model: &Model, r: &RepoRow, i: &IssueRow) -> Value {
         "title": i.title,
         "body": i.body,
         "labels": labels_of(r, i),
-        "milestone": null,
+        "milestone": milestone(i),
         "assignee": null,
         "assignees": null,
         "requested_reviewers": [],
@@ -349,5 +349,24 @@ pub fn review_comment(model: &Model, r: &RepoRow, number: u64, c: &ReviewComment
         "original_position": 0,
         "html_url": format!("{HTML_BASE}/{full}/pulls/{number}#issuecomment-{}", c.id),
         "pull_request_url": format!("{HTML_BASE}/{full}/pulls/{number}"),
+    })
+}
+
+/// An issue's milestone as Forgejo's `Milestone` (v15 definition), or `null`.
+fn milestone(i: &IssueRow) -> Value {
+    let Some(title) = &i.milestone else {
+        return Value::Null;
+    };
+    json!({
+        "id": i.id + 10_000,
+        "title": title,
+        "description": "",
+        "state": "open",
+        "open_issues": 1,
+        "closed_issues": 0,
+        "created_at": i.created_at,
+        "updated_at": i.updated_at,
+        "closed_at": null,
+        "due_on": null,
     })
 }
