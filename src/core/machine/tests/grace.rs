@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::core::event::{IssueAction, IssueSnapshot};
-use crate::core::machine::{IssuePhase, decide_issue, step_issue};
+use crate::core::machine::{IssuePhase, decide_issue};
 use crate::core::record::{AttemptOutcome, Hold, IssueRecord};
 
 /// A failing `ci / test` read of `head` at `at`.

@@ -11,7 +11,6 @@ use crate::core::legacy::{
     LabelEvent, LegacyComment, MAX_CARRIED_ATTEMPTS, MAX_STATE_COMMENT_BYTES, READ_TIMEOUT_MS,
     STATE_END, STATE_START, parse_escalation_state,
 };
-use crate::core::machine::step_issue;
 use crate::core::record::IssueRecord;
 
 /// `ci / test` failing.

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::core::event::{IssueAction, IssueSnapshot};
-use crate::core::machine::{IssuePhase, decide_issue, step_issue};
+use crate::core::machine::{IssuePhase, decide_issue};
 use crate::core::record::{AttemptOutcome, IssueRecord};
 use crate::core::usage::{StopReason, Usage};
 
