@@ -1,6 +1,7 @@
 //! The optional working copy (`SHEPHERD_AGENT_CHECKOUT=true`): a fresh clone of the
 //! work item's repository in the item's folder, on the PR's head branch at its head
-//! commit (`issue-impl`: the default branch), so the agent can commit and
+//! commit (`issue-impl`: the branch it is to push, made at its base — a dependency's
+//! PR branch, else the default branch), so the agent can commit and
 //! `git push origin HEAD` at once. Removed with the folder afterwards.
 //!
 //! The clone URL comes from `SHEPHERD_AGENT_CLONE_URL` (default
@@ -94,14 +95,35 @@ pub async fn checkout(
     git(env, dir, &["init", "-q", &w], &mut log).await?;
     git(env, &work, &["remote", "add", "origin", url], &mut log).await?;
     if item.kind == WorkKind::IssueImpl {
+        // The base the work item names (a dependency's PR branch: stacked work), else
+        // the default branch; the agent starts on the branch it is to push (policy
+        // `issue_branch`), made there. Both names come from Shepherd's own work item,
+        // checked when the policy loads (`issue_branch`) or taken only from the
+        // agents' own PRs (`base`); as full ref names they never read as options.
+        let issue = item.context.issue.as_deref();
+        let base = match issue.and_then(|w| w.base.as_deref()) {
+            Some(b) => format!("refs/heads/{b}"),
+            None => "HEAD".to_owned(),
+        };
         git(
             env,
             &work,
-            &["fetch", "-q", "--depth", DEPTH, "origin", "HEAD"],
+            &["fetch", "-q", "--depth", DEPTH, "origin", &base],
             &mut log,
         )
         .await?;
-        git(env, &work, &["checkout", "-q", "FETCH_HEAD"], &mut log).await?;
+        match issue {
+            Some(w) => {
+                git(
+                    env,
+                    &work,
+                    &["checkout", "-q", "-B", &w.branch, "FETCH_HEAD"],
+                    &mut log,
+                )
+                .await?;
+            }
+            None => git(env, &work, &["checkout", "-q", "FETCH_HEAD"], &mut log).await?,
+        }
         return Ok((work, log));
     }
     let pr = forgejo.get_pull(item.repo.as_str(), item.number).await?;

@@ -248,7 +248,10 @@ async fn webhook_to_start(hooks: usize, rate: usize) {
     let script = write_script(
         dir.path(),
         "start.sh",
-        r#"echo "$SHEPHERD_NUMBER $(date +%s%N)" >> "$DIR/started""#,
+        // It says it succeeded (the record then waits for the push, past the bench's
+        // end): one start per webhook, none for a `no-changes` retry.
+        r#"echo "$SHEPHERD_NUMBER $(date +%s%N)" >> "$DIR/started"
+echo '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
     );
     let _runner = s
         .agents(&script)
@@ -436,7 +439,10 @@ async fn runner_cpu(second: &str, secs: usize, rounds: usize) {
         std::fs::write(rig.path("events.jsonl"), second).expect("events file");
         let script = rig.script(
             "events.sh",
-            r#"i=0; while [ "$i" -lt "$1" ]; do cat "$DIR/events.jsonl"; sleep 1; i=$((i+1)); done"#,
+            // A result file, so the outcome is the agent's word, not read from Forgejo
+            // (the agent pushes nothing: that would be `no-changes`).
+            r#"i=0; while [ "$i" -lt "$1" ]; do cat "$DIR/events.jsonl"; sleep 1; i=$((i+1)); done
+echo '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
         );
         let n = rig.open_pr(REPO);
         let runner = rig

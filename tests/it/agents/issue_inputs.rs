@@ -83,7 +83,8 @@ fn prompt_keeper(dir: &std::path::Path) -> String {
     let script = write_script(
         dir,
         "keep.sh",
-        r#"cat "$1" > "$DIR/prompt-$SHEPHERD_NUMBER"
+        // Written whole, then renamed: a later attempt never shows a half-written file.
+        r#"cat "$1" > "$DIR/.prompt-$$" && mv "$DIR/.prompt-$$" "$DIR/prompt-$SHEPHERD_NUMBER"
 printf '{"outcome":"no-changes"}' > "$SHEPHERD_RESULT_FILE""#,
     );
     format!("{script} {{prompt_file}}")

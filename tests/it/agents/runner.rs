@@ -800,3 +800,72 @@ exec sleep 600"#,
     .await;
     assert_eq!(rig.results().await.len(), 1);
 }
+
+/// `SHEPHERD_AGENT_CHECKOUT` for `issue-impl` (issue 27, item 6): the agent starts on
+/// the branch its work item names (policy `issue_branch`), made at the base the item
+/// names — a dependency's PR branch (stacked work) — not at the default branch.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_issue_agent_starts_on_its_branch_made_at_the_stacked_base() {
+    let rig = Rig::start().await;
+    let (bare, base_sha, _pr) = pr_on_a_git_branch(&rig);
+    // The default branch has another commit than the dependency's PR branch.
+    let seed = rig.path("seed");
+    std::fs::write(seed.join("MAIN"), "main only\n").unwrap();
+    git(&seed, &["add", "MAIN"]);
+    git(
+        &seed,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.org",
+            "commit",
+            "-qm",
+            "main",
+        ],
+    );
+    let remote = format!("file://{}", bare.display());
+    git(&seed, &["push", "-q", &remote, "HEAD:refs/heads/main"]);
+    git(&bare, &["symbolic-ref", "HEAD", "refs/heads/main"]);
+    let issue = rig
+        .fake
+        .create_issue(REPO, "alice", "Stack on the parser", "");
+    let script = rig.script(
+        "issue.sh",
+        r#"git rev-parse HEAD > "$DIR/head"
+git rev-parse --abbrev-ref HEAD > "$DIR/branch""#,
+    );
+    let url = format!(
+        "file://{}/git/{{owner}}/{{repo}}.git",
+        rig.dir.path().display()
+    );
+    let _runner = rig
+        .runner(&script)
+        .env("SHEPHERD_AGENT_CHECKOUT", "true")
+        .env("SHEPHERD_AGENT_CLONE_URL", url)
+        .start()
+        .await;
+    let mut item = rig.activate(REPO, issue, "issue-impl", 0, HOUR).await;
+    item["context"]["issue"] = serde_json::json!({
+        "branch": format!("shepherd/issue-{issue}"),
+        "base": "feature-x",
+        "base_of": [issue + 100, 1],
+    });
+    // The record's active work is the item as dispatched (the runner checks).
+    let mut conn = rig.conn.clone();
+    super::set_active_work(&mut conn, &rig.keys(), &item).await;
+    rig.enqueue(&item).await;
+    rig.wait_results(1).await;
+    let read = |f: &str| {
+        std::fs::read_to_string(rig.path(f))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("branch"), format!("shepherd/issue-{issue}"));
+    assert_eq!(
+        read("head"),
+        base_sha,
+        "made at the stacked base, not at main"
+    );
+}
