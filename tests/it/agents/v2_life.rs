@@ -18,6 +18,8 @@
 //! 2. An issue labelled `auto/implement`: the agent (no claim: 004 step 5) pushes a
 //!    branch and opens the PR that closes the issue; CI green, approval, merge, the
 //!    issue closed.
+//! 3. The same worker without a git identity: it stops at startup, each run is
+//!    `no-changes`, the tiers climb, and the PR asks for a human.
 
 use std::future::Future;
 use std::path::Path;
@@ -119,7 +121,23 @@ struct Life {
 
 impl Life {
     async fn start() -> Self {
-        let s = Scenario::start_with_defaults(POLICY).await;
+        Self::start_with(&["stub-haiku"], "", true).await
+    }
+
+    /// A life whose tiers use `models` (tier order), with `extra` policy lines, and
+    /// with or without the agents' git identity (`SHEPHERD_AGENT_GIT_NAME`/`_EMAIL`).
+    async fn start_with(models: &[&str], extra: &str, identity: bool) -> Self {
+        let tiers = ["haiku", "codex", "sonnet", "opus"];
+        let table: Vec<String> = tiers
+            .iter()
+            .zip(models)
+            .map(|(t, m)| format!("{t} = \"{m}\""))
+            .collect();
+        let policy = POLICY.replace(
+            "models = { haiku = \"stub-haiku\" }\n",
+            &format!("models = {{ {} }}\n{extra}", table.join(", ")),
+        );
+        let s = Scenario::start_with_defaults(&policy).await;
         s.fake.set_forgejo_version(V16);
         s.fake.add_user_token(AGENT_USER, AGENT_PAT);
         let marks = tempfile::tempdir().unwrap();
@@ -129,10 +147,10 @@ impl Life {
         let remote = GitRemote::create(marks.path(), &s.fake, REPO);
         let command = format!("{PYTHON} {m}/v2_worker.py {{prompt}} {m}");
         let stub = ModelStub::start_with_prompt_files(&command, marks.path()).await;
-        let project = OpencodeProject::prepare(&stub, &["stub-haiku"]);
+        let project = OpencodeProject::prepare(&stub, models);
         open_to_agents(project.root());
         open_to_agents(marks.path());
-        let runner = s
+        let mut runner = s
             .agents(&project.command_line())
             .env("SHEPHERD_AGENT_SANDBOX", "on")
             .env(
@@ -149,11 +167,13 @@ impl Life {
                 GitRemote::clone_url(marks.path()),
             )
             .env("SHEPHERD_AGENT_FORGEJO_TOKEN", AGENT_PAT)
-            .env("SHEPHERD_AGENT_CREDENTIALS", "true")
-            .env("SHEPHERD_AGENT_GIT_NAME", GIT_NAME)
-            .env("SHEPHERD_AGENT_GIT_EMAIL", GIT_EMAIL)
-            .start()
-            .await;
+            .env("SHEPHERD_AGENT_CREDENTIALS", "true");
+        if identity {
+            runner = runner
+                .env("SHEPHERD_AGENT_GIT_NAME", GIT_NAME)
+                .env("SHEPHERD_AGENT_GIT_EMAIL", GIT_EMAIL);
+        }
+        let runner = runner.start().await;
         Self {
             s,
             stub,
@@ -571,4 +591,74 @@ async fn a_v2_worker_implements_a_labelled_issue_and_its_pr_merges() {
     assert_eq!(kinds, ["issue-impl"], "one work item in the whole life");
     s.assert_no_duplicate_dispatch().await;
     s.fake.assert_calls_match_openapi();
+}
+
+/// The same worker exiting early (issue 27, "Done when"): no git identity reaches it
+/// (no `SHEPHERD_AGENT_GIT_NAME`/`_EMAIL`, so no `git_user_name` line and nothing for
+/// its `printenv GIT_USER_NAME` fallback), so 004's startup stops it — exit 0, no
+/// result file, nothing pushed. Shepherd reads the PR from Forgejo: `no-changes`, a
+/// failed attempt; each next dispatch is one tier up, and after the top tier the PR
+/// asks for a human — never a silent stall.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_v2_worker_stopping_at_startup_climbs_every_tier_then_needs_a_human() {
+    // Two tiers show the climb; each is one opencode run.
+    let models = ["stub-haiku", "stub-codex"];
+    let extra = "stuck_after = 1\ntiers = [\"haiku\", \"codex\"]\n";
+    let life = Life::start_with(&models, extra, false).await;
+    let s = &life.s;
+    let sha0 = life
+        .remote
+        .branch_with("add-y", "y.txt", "y, not yet right\n");
+    life.remote.sync(&s.fake, AGENT_USER);
+    let n = s.fake.open_pr(
+        REPO,
+        NewPr::new("agent-bot", "Add y")
+            .body("Adds y.")
+            .head_sha(&sha0)
+            .head_ref("add-y"),
+    );
+    s.fake
+        .set_status(REPO, &sha0, "ci/test", "failure", "2 tests failed");
+    s.send(&s.fake.pr_opened(REPO, n)).await;
+    life.drive("the PR asks for a human", || async {
+        s.fake
+            .labels_on(REPO, n)
+            .contains(&"needs feedback".to_owned())
+    })
+    .await;
+    s.wait_idle().await;
+    assert_eq!(s.fake.head_sha(REPO, n), sha0, "nothing was pushed");
+    let a = attempts(s, n).await;
+    assert_eq!(a.len(), models.len(), "{a:?}");
+    for (i, attempt) in a.iter().enumerate() {
+        assert_eq!(attempt["tier"], i, "{attempt}");
+        assert_eq!(attempt["outcome"], "no-changes", "{attempt}");
+        let summary = attempt["summary"].as_str().unwrap_or_default();
+        assert!(summary.contains("git_user_name"), "{summary}");
+    }
+    let kinds: Vec<String> = s
+        .work_items()
+        .await
+        .iter()
+        .map(|w| w["kind"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(kinds, ["ci-fix"; 2], "no dispatch once it needs a human");
+    // Each tier's run used that tier's model: the worker really ran at both.
+    let used: Vec<String> = life
+        .stub
+        .agent_turns()
+        .iter()
+        .map(|r| r.model().to_owned())
+        .collect();
+    for m in models {
+        assert!(used.iter().any(|u| u.ends_with(m)), "{m} in {used:?}");
+    }
+    let trace = life.trace("pr_fix", n);
+    assert!(
+        trace["exit"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("git_user_name"),
+        "{trace}"
+    );
 }
