@@ -19,7 +19,7 @@ use super::diff::{self, Change};
 use super::{Ops, OpsError, PrTarget, archive, parse_pr};
 use crate::core::event::Event;
 use crate::core::ids::Scope;
-use crate::core::machine::{claim_timer, decide, step};
+use crate::core::machine::{claim_timer, decide, standing_timers, step};
 use crate::core::record::PrRecord;
 use crate::core::route::{self, Facts, RecordRef};
 use crate::store::commit::{
@@ -234,9 +234,10 @@ async fn apply(
         ..CommitPlan::default()
     };
     track_work(&mut plan, &folded, stored_work, t);
-    // The fold discarded the effects: the legacy timer (read deadline, foreign claim's
-    // TTL) is armed here, or the record could wait for good.
-    if let Some(timer) = crate::core::legacy::timer(&folded.work) {
+    // The fold discarded the effects: the timers the record stands on (legacy read
+    // deadline or foreign claim's TTL, push grace, transient back-off) are armed here,
+    // or the record could wait for good.
+    for timer in standing_timers(&folded.work, &policy) {
         let record = plan.records[0].key.clone();
         plan.timers.push(TimerWrite::for_timer(
             &record,

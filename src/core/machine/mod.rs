@@ -37,7 +37,7 @@ pub use issue_deps::branch_of;
 pub use plan::{
     CiView, active_change_requests, ci_view, merge_blockers, unofficial_change_requests,
 };
-pub use work::claim_timer;
+pub use work::{claim_timer, standing_timers};
 
 use super::effect::{Effect, EffectKind};
 use super::event::Event;

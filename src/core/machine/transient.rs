@@ -106,6 +106,16 @@ pub(crate) fn on_timer(ws: &mut WorkState, now: i64) -> bool {
     }
 }
 
+/// The back-off's timer while one runs (re-armed by whoever writes a folded record).
+pub(crate) fn timer(ws: &WorkState) -> Option<Timer> {
+    let due_ms = ws.transient.as_ref()?.retry_at_ms?;
+    Some(Timer {
+        due_ms,
+        kind: TimerKind::TransientRetry,
+        id: TIMER_ID.into(),
+    })
+}
+
 /// A new dispatch: whatever back-off there was is over (the row's count stays).
 pub(crate) fn on_dispatch(ws: &mut WorkState) {
     if let Some(t) = &mut ws.transient {

@@ -493,3 +493,22 @@ pub(crate) fn grace_over(ws: &WorkState, now: i64, policy: &Policy) -> bool {
         .last()
         .is_some_and(|a| now >= a.ended_ms.saturating_add(grace_ms))
 }
+
+/// The timers a record's work state stands on besides its claim's ([`claim_timer`]):
+/// the legacy read's deadline or a foreign claim's TTL, the push grace of a
+/// `succeeded` result still waiting (due `push_grace_secs` after it ended), and a
+/// transient back-off. A fold discards effects (`rebuild`), so whoever writes a folded
+/// record arms these, or a wait would have no end.
+pub fn standing_timers(ws: &WorkState, policy: &Policy) -> Vec<Timer> {
+    let mut timers: Vec<Timer> = crate::core::legacy::timer(ws).into_iter().collect();
+    if let Some(i) = ws.attempts.len().checked_sub(1)
+        && i >= ws.stuck_base
+        && ws.active.is_none()
+        && ws.attempts[i].outcome == AttemptOutcome::Succeeded
+    {
+        let a = &ws.attempts[i];
+        timers.push(push_grace_timer(&a.work_id, a.ended_ms, policy));
+    }
+    timers.extend(super::transient::timer(ws));
+    timers
+}

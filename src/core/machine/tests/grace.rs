@@ -67,6 +67,28 @@ fn a_success_without_a_push_becomes_no_changes_and_escalates() {
     assert!(t.effects.is_empty());
 }
 
+/// A folded record (`rebuild --apply` writes it without the fold's effects) names the
+/// push-grace timer it waits on, due `push_grace_secs` after the result, so the wait
+/// still ends; once the attempt is `no-changes` it names none.
+#[test]
+fn a_folded_record_waiting_for_a_push_names_its_grace_timer() {
+    let mut h = red_pr();
+    assert!(
+        crate::core::machine::standing_timers(&h.r.work, &h.p).is_empty(),
+        "a running item stands on its claim timer only"
+    );
+    let (id, _) = succeeded_without_push(&mut h);
+    let ended = h.r.work.attempts[0].ended_ms;
+    let timers = crate::core::machine::standing_timers(&h.r.work, &h.p);
+    assert_eq!(timers.len(), 1, "{timers:?}");
+    assert_eq!(timers[0].kind, grace(&id));
+    assert_eq!(timers[0].due_ms, ended + 300_000);
+    h.later(300);
+    h.step(timer(grace(&id), h.now));
+    let timers = crate::core::machine::standing_timers(&h.r.work, &h.p);
+    assert!(timers.iter().all(|t| t.kind != grace(&id)), "{timers:?}");
+}
+
 #[test]
 fn a_push_within_the_grace_keeps_the_success() {
     let mut h = red_pr();
