@@ -511,6 +511,48 @@ pub(crate) struct Me<'a> {
     pub number: u64,
 }
 
+/// How a step sees the record for [`fold`]: its current snapshot when the event brought
+/// one, whether the record had none before (`unseen`), the sender of a `labeled`
+/// webhook (`Some(sender)`), and whether the event matters to the record (`relevant`).
+pub(crate) struct Seen<'a> {
+    /// The record's current snapshot, when the event brought one.
+    pub current: Option<Sight<'a>>,
+    /// The record had no snapshot before this event.
+    pub unseen: bool,
+    /// `Some(sender)` for a `labeled` webhook.
+    pub labeled_by: Option<Option<&'a Login>>,
+    /// The event matters to the record.
+    pub relevant: bool,
+}
+
+/// One step's part in a record's legacy facts, PRs and issues alike: [`on_event`] with
+/// the snapshot when the event is relevant, then the hold's [`tick`]. Returns whether
+/// the event was for the legacy facts alone.
+pub(crate) fn fold(
+    ws: &mut WorkState,
+    me: &Me<'_>,
+    event: &super::event::Event,
+    seen: Seen<'_>,
+    now: i64,
+    policy: &Policy,
+    fx: &mut super::machine::Fx,
+) -> bool {
+    let Seen {
+        current,
+        unseen,
+        labeled_by,
+        relevant,
+    } = seen;
+    let sight = current
+        .filter(|_| relevant)
+        .map(|c| (c, unseen, labeled_by));
+    let concerned = on_event(ws, me, event, sight, now, policy, fx);
+    if relevant || concerned {
+        tick(ws, now, fx);
+    }
+    concerned
+}
+
 /// Folds `event` into the record's legacy facts. `sight`: the record's current snapshot
 /// when the event brought one (`unseen`: the record had none before it; `labeled_by`:
 /// the event was a label webhook by this sender). Returns whether the event was the

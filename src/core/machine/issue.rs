@@ -293,35 +293,29 @@ fn legacy_step(
     fx: &mut Fx,
 ) -> bool {
     use crate::core::event::IssueAction;
-    use crate::core::legacy::{Me, Sight};
+    use crate::core::legacy::{Me, Seen, Sight};
     let labeled_by = match event {
         Event::Issue { action, sender, .. } => {
             Some((*action == IssueAction::Labeled).then_some(sender.as_ref()))
         }
         _ => None,
     };
-    let current = r.issue.clone();
-    let sight = match (labeled_by, &current) {
-        (Some(labeled_by), Some(cur)) if relevant => Some((
-            Sight {
-                labels: &cur.labels,
-                updated_ms: cur.updated_ms,
-            },
-            unseen,
-            labeled_by,
-        )),
-        _ => None,
+    let mut ws = std::mem::take(&mut r.work);
+    let seen = Seen {
+        current: labeled_by.and(r.issue.as_ref()).map(|cur| Sight {
+            labels: &cur.labels,
+            updated_ms: cur.updated_ms,
+        }),
+        unseen,
+        labeled_by: labeled_by.flatten(),
+        relevant,
     };
     let me = Me {
         repo: &r.repo,
         scope: Scope::Issue,
         number: r.number,
     };
-    let mut ws = std::mem::take(&mut r.work);
-    let concerned = crate::core::legacy::on_event(&mut ws, &me, event, sight, now, policy, fx);
-    if relevant || concerned {
-        crate::core::legacy::tick(&mut ws, now, fx);
-    }
+    let concerned = crate::core::legacy::fold(&mut ws, &me, event, seen, now, policy, fx);
     r.work = ws;
     concerned
 }

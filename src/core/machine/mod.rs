@@ -200,7 +200,7 @@ fn legacy_step(
     policy: &Policy,
     fx: &mut Fx,
 ) -> bool {
-    use super::legacy::{Me, Sight};
+    use super::legacy::{Me, Seen, Sight};
     let snap = match event {
         Event::PullRequest { pr, .. }
         | Event::Review { pr, .. }
@@ -216,28 +216,22 @@ fn legacy_step(
         } => Some(sender.as_ref()),
         _ => None,
     };
-    let current = r.pr.clone();
-    let sight = match (snap, &current) {
-        (Some(_), Some(cur)) if relevant => Some((
-            Sight {
-                labels: &cur.labels,
-                updated_ms: cur.updated_ms,
-            },
-            unseen,
-            labeled_by,
-        )),
-        _ => None,
+    let mut ws = std::mem::take(&mut r.work);
+    let seen = Seen {
+        current: snap.and(r.pr.as_ref()).map(|cur| Sight {
+            labels: &cur.labels,
+            updated_ms: cur.updated_ms,
+        }),
+        unseen,
+        labeled_by,
+        relevant,
     };
     let me = Me {
         repo: &r.repo,
         scope: Scope::Pr,
         number: r.number,
     };
-    let mut ws = std::mem::take(&mut r.work);
-    let concerned = super::legacy::on_event(&mut ws, &me, event, sight, now, policy, fx);
-    if relevant || concerned {
-        super::legacy::tick(&mut ws, now, fx);
-    }
+    let concerned = super::legacy::fold(&mut ws, &me, event, seen, now, policy, fx);
     r.work = ws;
     concerned
 }
