@@ -27,7 +27,7 @@
 //! lowers or replaces a figure, and negative or non-finite numbers count as 0), so a
 //! forged line can only bring a stop nearer; a real event is found even behind garbage on
 //! its line (every `{"type":"…` on a line is tried, so bytes written without a newline
-//! before it cannot hide it; a `tool_use` is read only up to its call, and the scan
+//! before it cannot hide it; a `step_start` counts by its type alone, a `tool_use` is read only up to its call, and the scan
 //! goes on inside it, where a JSON string hides no event but the call's arguments —
 //! the model's own JSON — may hold a forged one, which again only adds); a line longer
 //! than [`MAX_LINE`] is not parsed, but a tool call it announces still counts. What this cannot see is usage opencode never prints (a
@@ -223,7 +223,10 @@ impl Meter {
                     1
                 })
             } else if rest.starts_with(STEP_START) {
-                self.parse_one::<serde::de::IgnoredAny>(rest, |m, _| m.step_started())
+                // Its type is all a step's start says: no need to read the rest (the
+                // scan goes on after the type, and a step's parts hold no event).
+                self.step_started();
+                Some(STEP_START.len())
             } else {
                 None
             };
