@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn opencodes_json_error_event_is_transient() {
-        let line = r#"{"type":"error","timestamp":1796479153660,"sessionID":"ses_1","error":{"name":"APIError","data":{"message":"Too Many Requests: Too Many Requests","statusCode":429,"isRetryable":true,"responseHeaders":{"content-type":"application/json"},"responseBody":"Too Many Requests","metadata":{"url":"http://127.0.0.1:1/v1/chat/completions"}}}}"#;
+        let line = r#"{"type":"error","timestamp":1700000000000,"sessionID":"ses_1","error":{"name":"APIError","data":{"message":"Too Many Requests: Too Many Requests","statusCode":429,"isRetryable":true,"responseHeaders":{"content-type":"application/json"},"responseBody":"Too Many Requests","metadata":{"url":"http://127.0.0.1:1/v1/chat/completions"}}}}"#;
         let out = format!("{{\"type\":\"step_start\"}}\n{line}\n");
         assert_eq!(run(exit(1), None, &out).outcome, WorkOutcome::Transient);
         // A retryable error whose body is a long HTML page still matches: the
