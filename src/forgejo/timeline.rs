@@ -66,7 +66,7 @@ mod tests {
         let added: TimelineComment = serde_json::from_value(serde_json::json!({
             "id": 3, "type": "label", "body": "1", "user": {"id": 1, "login": "old-bot"},
             "label": {"id": 9, "name": "auto/claimed-implementer", "color": "c5def5"},
-            "created_at": "2026-01-02T03:04:05Z"
+            "created_at": "2001-01-02T03:04:05Z"
         }))
         .unwrap();
         assert_eq!(added.label_change("auto/claimed-implementer"), Some(true));

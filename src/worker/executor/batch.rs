@@ -451,22 +451,36 @@ impl Executor {
         Ok(Step::Next)
     }
 
-    /// Merges a helper PR into the batch branch pinned to `head`: true when merged,
-    /// false on a conflict (or a moved head); anything unclear is read back.
-    async fn merge_helper(&self, repo: &str, number: u64, head: &Sha) -> Result<bool, Failure> {
+    /// Merges PR `number` of `repo` with `style`, pinned to `head` (Forgejo's own
+    /// title and message, no branch deleted): Forgejo's answer.
+    async fn merge_pinned(
+        &self,
+        repo: &str,
+        number: u64,
+        head: &Sha,
+        style: MergeStyle,
+    ) -> Result<forgejo::MergeOutcome, Failure> {
         let request = MergeRequest {
-            style: MergeStyle::Merge,
+            style,
             head_commit_id: head.to_string(),
             delete_branch_after_merge: false,
             title: None,
             message: None,
         };
-        let answer = self
+        Ok(self
             .forgejo
             .with_cause(Cause::Effect)
             .merge(repo, number, &request)
-            .await?;
-        match answer {
+            .await?)
+    }
+
+    /// Merges a helper PR into the batch branch pinned to `head`: true when merged,
+    /// false on a conflict (or a moved head); anything unclear is read back.
+    async fn merge_helper(&self, repo: &str, number: u64, head: &Sha) -> Result<bool, Failure> {
+        match self
+            .merge_pinned(repo, number, head, MergeStyle::Merge)
+            .await?
+        {
             forgejo::MergeOutcome::Merged => Ok(true),
             forgejo::MergeOutcome::Conflict { .. } => Ok(false),
             other => {
@@ -677,17 +691,8 @@ impl Executor {
 
     /// The fast-forward of the target to the tested tip: true when it happened.
     async fn fast_forward(&self, repo: &str, landing: u64, tip: &Sha) -> Result<bool, Failure> {
-        let request = MergeRequest {
-            style: MergeStyle::FastForwardOnly,
-            head_commit_id: tip.to_string(),
-            delete_branch_after_merge: false,
-            title: None,
-            message: None,
-        };
         let answer = self
-            .forgejo
-            .with_cause(Cause::Effect)
-            .merge(repo, landing, &request)
+            .merge_pinned(repo, landing, tip, MergeStyle::FastForwardOnly)
             .await?;
         tracing::info!(?answer, "batch fast-forward");
         if answer.is_merged() {

@@ -50,7 +50,7 @@ fn item(repo: &str, number: u64) -> WorkItem {
         "kind": "ci-fix", "repo": repo, "number": number,
         "head_sha": "0123456789abcdef0123456789abcdef01234567",
         "tier": 0, "tier_name": "small", "attempt": 1, "priority": 50,
-        "claim_expires_at": "2031-01-01T00:00:00Z",
+        "claim_expires_at": (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc3339(),
         "context": {"failing_checks": [], "change_requests": [], "attempts": []},
         "limits": {"max_steps": 40}
     }))
