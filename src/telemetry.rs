@@ -543,6 +543,18 @@ impl Metrics {
         self.merge_queue.updates.with_label_values(&[label]).inc();
     }
 
+    /// The stored figures of a branch's queue after a write that is not an op (a batch
+    /// step).
+    pub fn queue_written(
+        &self,
+        repo: &str,
+        branch: &str,
+        queue: &crate::core::queue::BranchQueue,
+        now_ms: i64,
+    ) {
+        (self.queue_analytics).stored_figures(repo, branch, queue, now_ms);
+    }
+
     /// Whether a branch's queue is frozen (seen at a freeze command or a head's advance).
     pub fn queue_frozen(&self, repo: &str, branch: &str, frozen: bool) {
         (self.queue_analytics.frozen)

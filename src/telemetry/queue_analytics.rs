@@ -104,6 +104,19 @@ impl QueueAnalytics {
                 .with_label_values(&[repo, branch, reason.as_str()])
                 .inc();
         }
+        self.stored_figures(repo, branch, queue, now_ms);
+    }
+
+    /// Sets the gauges read from `queue`'s stored figures (totals, flaky checks, time
+    /// in queue) as of `now_ms`: after every write of the queue, an op's or a batch
+    /// step's, so a batch that landed shows at once and not at the next op.
+    pub(super) fn stored_figures(
+        &self,
+        repo: &str,
+        branch: &str,
+        queue: &BranchQueue,
+        now_ms: i64,
+    ) {
         let s = &queue.stats;
         for (figure, n) in [
             ("batches_tested", s.batches_tested),

@@ -149,6 +149,8 @@ impl Executor {
         let mut conn = self.ctx.store.conn();
         let keys = self.ctx.store.keys();
         let applied = queue::update(&mut conn, keys, effect.repo.as_str(), branch, f).await?;
+        let now = i64::try_from(streams::now_ms()).unwrap_or(i64::MAX);
+        (self.ctx.metrics).queue_written(effect.repo.as_str(), branch, &applied.queue, now);
         for (number, place) in applied.notices {
             events.push(place_event(effect, number, place));
         }

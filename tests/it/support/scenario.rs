@@ -463,6 +463,23 @@ impl Scenario {
         }
     }
 
+    /// Waits until the text of `/metrics` satisfies `holds` (a gauge or counter is set
+    /// just after the stored write a test waits for); returns it.
+    pub async fn metrics_until(&self, what: &str, holds: impl Fn(&str) -> bool) -> String {
+        let end = std::time::Instant::now() + DEADLINE;
+        loop {
+            let metrics = self.metrics().await;
+            if holds(&metrics) {
+                return metrics;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "/metrics never showed {what}:\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Comments on issue or PR `n` whose body contains `text`.
     pub fn comments_containing(&self, repo: &str, n: u64, text: &str) -> usize {
         self.fake

@@ -236,11 +236,9 @@ pub(super) async fn run_until(s: &Scenario, what: &str, cond: impl Fn(&FakeForge
 async fn assert_ejection_shown(s: &Scenario, on_page: &str, series: &str) {
     let page = s.status_page().await;
     assert!(page.contains(on_page), "{page}");
-    let metrics = s.metrics().await;
-    assert!(
-        metrics.contains(&format!("shepherd_merge_queue_ejections_total{series}")),
-        "{metrics}"
-    );
+    let line = format!("shepherd_merge_queue_ejections_total{series}");
+    s.metrics_until(&line, |metrics| metrics.contains(&line))
+        .await;
 }
 
 /// main moves, CI is held and `prs` are approved in order: waits until #1 is updated
@@ -644,15 +642,16 @@ async fn operator_commands_queue_priority_and_dequeue() {
     command(&s, 3, "/shepherd queue").await;
     run_until(&s, "#3 merged", |f| merges(f).len() == 4).await;
     assert_main_stayed_green(&s.fake);
-    let metrics = s.metrics().await;
-    for line in [
+    let lines = [
         "shepherd_merge_queue_merged_total{branch=\"main\",repo=\"acme/widgets\"} 4",
         "shepherd_merge_queue_length{branch=\"main\",repo=\"acme/widgets\"} 0",
         "shepherd_merge_queue_updates_total{outcome=\"updated\"} 3",
         "shepherd_merge_queue_wait_seconds_count{branch=\"main\",repo=\"acme/widgets\"} 4",
-    ] {
-        assert!(metrics.contains(line), "{line} in\n{metrics}");
-    }
+    ];
+    s.metrics_until(&format!("{lines:?}"), |metrics| {
+        lines.iter().all(|line| metrics.contains(line))
+    })
+    .await;
     s.fake.assert_calls_match_openapi();
 }
 

@@ -456,15 +456,14 @@ async fn a_serial_flake_on_the_tip_is_re_tested_and_merges() {
     assert!(q.stats.ejections.is_empty(), "{:?}", q.stats.ejections);
     assert!(q.entries.is_empty(), "both left the queue merged: {q:?}");
     assert!(work_for(&s, "ci-fix", 2).await.is_empty(), "no ci-fix");
-    let metrics = s.metrics().await;
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("shepherd_merge_queue_flaky_checks{")
+    s.metrics_until("the suspected-flaky check counted once", |metrics| {
+        metrics.lines().any(|l| {
+            l.starts_with("shepherd_merge_queue_flaky_checks{")
                 && l.contains(&format!("context=\"{CI}\""))
-                && l.ends_with(" 1")),
-        "{metrics}"
-    );
+                && l.ends_with(" 1")
+        })
+    })
+    .await;
     let page = s.status_page().await;
     assert!(
         page.contains("Suspected flaky checks") && page.contains(CI),

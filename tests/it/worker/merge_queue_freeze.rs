@@ -161,9 +161,9 @@ async fn a_writer_freezes_and_unfreezes_the_queue_and_a_reader_is_refused() {
     assert!(merged(&s).is_empty(), "nothing merges while frozen");
     let page = s.status_page().await;
     assert!(page.contains(&format!("Frozen: {note}")), "{page}");
-    let metrics = s.metrics().await;
     let frozen = "shepherd_merge_queue_frozen{branch=\"main\",repo=\"acme/widgets\"}";
-    assert_eq!(metric(&metrics, frozen), Some(1.0), "{metrics}");
+    s.metrics_until("the queue frozen", |m| metric(m, frozen) == Some(1.0))
+        .await;
 
     comment(&s, pr, "acme", "/shepherd unfreeze main").await;
     run_until(&s, "the merge after the unfreeze", |s| merged(s) == [pr]).await;
@@ -177,12 +177,18 @@ async fn a_writer_freezes_and_unfreezes_the_queue_and_a_reader_is_refused() {
 /// `/metrics` and the status page show `merges` merges in the last 24 h and 7 d,
 /// the longest after `max_ms` in queue (as stored from the merges).
 async fn assert_analytics_match(s: &Scenario, merges: u64, max_ms: u64) {
-    let metrics = s.metrics().await;
     let series = |window: &str, stat: &str| {
         format!(
             "shepherd_merge_queue_time_in_queue_seconds{{branch=\"main\",repo=\"acme/widgets\",stat=\"{stat}\",window=\"{window}\"}}"
         )
     };
+    let metrics = s
+        .metrics_until(&format!("{merges} merges in both windows"), |m| {
+            ["24h", "7d"]
+                .iter()
+                .all(|w| metric(m, &series(w, "count")) == Some(merges as f64))
+        })
+        .await;
     for window in ["24h", "7d"] {
         let count = metric(&metrics, &series(window, "count"));
         assert_eq!(count, Some(merges as f64), "{metrics}");
