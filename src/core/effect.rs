@@ -179,6 +179,10 @@ pub struct BatchSettings {
     pub wait_secs: u64,
     /// `merge_queue_flaky_retries`.
     pub flaky_retries: u32,
+    /// `merge_queue_step_results` (an effect stored before it existed reads `true`, the
+    /// default).
+    #[serde(default = "yes")]
+    pub step_results: bool,
 }
 
 /// What to read from the API.

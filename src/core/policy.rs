@@ -261,6 +261,13 @@ policy_settings! {
     /// that held it (reproduced); a red batch of several is bisected, never re-tested
     /// whole, and a check the tip does not know is never retried.
     merge_queue_flaky_retries: u32 = 1;
+    /// Whether a red batch of several first reads the CI of its intermediate commits
+    /// (the batch branch after each PR merged in, which CI tests as pushes): the
+    /// longest green prefix lands at once and the first red one narrows the suspects,
+    /// so a culprit is usually found without another run. `false` for a CI that
+    /// cancels superseded runs and reports them as plain failures (Forgejo Actions'
+    /// own cancellations, "Has been cancelled", are never read as red).
+    merge_queue_step_results: bool = true;
     /// Spend caps (issue 28; 0 = no cap, the default), in US dollars: the most one run
     /// may cost. Every applicable cap is checked before dispatch and during the run,
     /// and the tightest remaining one decides (docs/costs.md).

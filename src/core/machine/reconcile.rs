@@ -114,6 +114,7 @@ fn merge(r: &mut PrRecord, sha: &super::super::ids::Sha, now: i64, policy: &Poli
                     size: policy.merge_queue_batch_size,
                     wait_secs: policy.merge_queue_batch_wait_secs,
                     flaky_retries: policy.merge_queue_flaky_retries,
+                    step_results: policy.merge_queue_step_results,
                 },
             ),
         }),

@@ -55,6 +55,8 @@ pub struct BatchConfig {
     pub wait_ms: i64,
     /// `merge_queue_flaky_retries`.
     pub flaky_retries: u32,
+    /// `merge_queue_step_results`: a red batch reads its intermediate commits' CI.
+    pub step_results: bool,
 }
 
 /// One PR of a batch.
@@ -117,6 +119,14 @@ pub struct Batch {
     /// restart reads whether it was merged instead of opening another).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub helpers: std::collections::BTreeMap<u64, u64>,
+    /// The branch's tip after each PR merged in (`steps[i]` holds `prs[..=i]`): CI
+    /// tests each as a push, so a red batch reads which prefixes passed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<Sha>,
+    /// A green prefix of a red batch, landed without a run of its own: its branch is
+    /// made at this commit (the intermediate commit CI passed) instead of being built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_at: Option<Sha>,
 }
 
 impl Batch {
@@ -164,7 +174,80 @@ pub enum BatchCi {
         /// Contexts that passed on the target's tip (a failing check among them is
         /// known there; one that is not is a new test, never retried).
         tip_green: BTreeSet<String>,
+        /// The CI of the intermediate commits (`Batch::steps` but the last: the
+        /// prefixes of 1 … k − 1 PRs), read when the batch has several PRs and
+        /// `merge_queue_step_results` is on; empty otherwise.
+        steps: Vec<StepCi>,
     },
+}
+
+/// The CI of one intermediate commit of a batch branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepCi {
+    /// No result to use: still running, never run (a CI that tests only the tip),
+    /// or cancelled (Forgejo Actions reports a cancelled job as `failure` with the
+    /// description "Has been cancelled": not a test result).
+    Unknown,
+    /// Every check passed.
+    Green,
+    /// Some checks failed.
+    Red {
+        /// The failing contexts.
+        failing: Vec<String>,
+    },
+}
+
+/// What a red batch's intermediate results say ([`narrow`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Narrowed {
+    /// The longest prefix (number of PRs) whose commit passed: it lands (0: none).
+    pub green: usize,
+    /// The shortest prefix longer than `green` that failed (the whole batch when no
+    /// intermediate one did): its PRs after `green` are the suspects; the PRs after
+    /// it wait for the next batch.
+    pub red: usize,
+    /// The checks that failed on prefix `red` when it is an intermediate one (a
+    /// second red run holding every suspect: a check failing on both is reproduced).
+    pub red_failing: Vec<String>,
+    /// Checks that failed on a prefix shorter than one that passed: they passed
+    /// with more on top, so they are counted as suspected flaky.
+    pub flaky: Vec<String>,
+}
+
+/// Narrows a red batch of `n` PRs by its intermediate results `steps` (prefixes of 1
+/// … n − 1 PRs; unknown ones are skipped): the longest green prefix, and the first
+/// red prefix above it. Without usable results: nothing lands, every PR is a suspect.
+pub fn narrow(n: usize, steps: &[StepCi]) -> Narrowed {
+    let known = steps.iter().take(n.saturating_sub(1));
+    let green = known
+        .clone()
+        .enumerate()
+        .filter(|(_, s)| **s == StepCi::Green)
+        .map(|(i, _)| i + 1)
+        .max()
+        .unwrap_or(0);
+    let mut out = Narrowed {
+        green,
+        red: n,
+        ..Narrowed::default()
+    };
+    for (i, s) in known.enumerate() {
+        let StepCi::Red { failing } = s else {
+            continue;
+        };
+        let len = i + 1;
+        if len < green {
+            for f in failing {
+                if !out.flaky.contains(f) {
+                    out.flaky.push(f.clone());
+                }
+            }
+        } else if len < out.red {
+            out.red = len;
+            out.red_failing = failing.clone();
+        }
+    }
+    out
 }
 
 /// What to do with the batch under test.
@@ -184,8 +267,9 @@ pub enum BatchDecision {
         /// The culprit.
         number: u64,
     },
-    /// Red, several PRs: test the first half.
-    Bisect,
+    /// Red, several PRs: land the green prefix its intermediate results show (if
+    /// any), and test the first half of the suspects they leave.
+    Bisect(Narrowed),
 }
 
 /// What the next batch would be.
@@ -289,10 +373,18 @@ pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> Batc
     match ci {
         BatchCi::Pending => BatchDecision::Wait,
         BatchCi::Green => BatchDecision::Land,
-        BatchCi::Red { failing, tip_green } => {
+        BatchCi::Red {
+            failing,
+            tip_green,
+            steps,
+        } => {
             // Several PRs: their parts are tested anyway, which re-tests them.
             let [one] = batch.prs.as_slice() else {
-                return BatchDecision::Bisect;
+                let steps: &[StepCi] = match cfg.step_results {
+                    true => steps,
+                    false => &[],
+                };
+                return BatchDecision::Bisect(narrow(batch.prs.len(), steps));
             };
             let retest = Retest {
                 failing,
@@ -334,13 +426,17 @@ impl BranchQueue {
             started_ms: now_ms,
             landing_pr: None,
             helpers: std::collections::BTreeMap::new(),
+            steps: Vec::new(),
+            made_at: None,
         });
     }
 
-    /// The next PR of the batch is merged into its branch.
-    pub fn batch_merged_one(&mut self) {
+    /// The next PR of the batch is merged into its branch, whose tip is now `step`.
+    pub fn batch_merged_one(&mut self, step: Sha) {
         if let Some(b) = &mut self.batch {
             b.built = (b.built + 1).min(b.prs.len());
+            b.steps.truncate(b.built.saturating_sub(1));
+            b.steps.push(step);
         }
     }
 
@@ -350,6 +446,7 @@ impl BranchQueue {
         if let Some(b) = &mut self.batch {
             b.prs.retain(|p| p.number != number);
             b.built = b.built.min(b.prs.len());
+            b.steps.truncate(b.built);
         }
         if let Some(bi) = &mut self.bisect {
             bi.suspects.retain(|n| *n != number);
@@ -443,8 +540,14 @@ impl BranchQueue {
         }
     }
 
-    /// Red with several PRs: the first half is tested next, the others wait.
-    pub fn batch_bisect(&mut self, failing: Vec<String>) {
+    /// Red with several PRs (`failing` on the whole batch), narrowed by its
+    /// intermediate results `n` ([`narrow`]): the green prefix `..n.green` lands next
+    /// (a batch of its own, its branch made at that intermediate commit, no new run),
+    /// the PRs `n.green..n.red` are the suspects (the first half is tested next), and
+    /// the PRs after `n.red` wait for the bisection to end. A check that failed on two
+    /// red runs holding every suspect (an enclosing one, or prefix `n.red` and the
+    /// whole batch) is reproduced.
+    pub fn batch_bisect(&mut self, failing: Vec<String>, n: Narrowed, now_ms: i64) {
         let Some(b) = self.batch.clone() else {
             return;
         };
@@ -453,13 +556,23 @@ impl BranchQueue {
             false => b.failing.clone(),
         };
         let numbers = b.numbers();
+        let red = n.red.min(numbers.len());
+        let green = n.green.min(red.saturating_sub(1));
+        let suspects = numbers[green..red].to_vec();
+        let mut twice: Vec<String> = Vec::new();
+        for f in &failing {
+            let enclosing = b.failed_before.contains(f);
+            let on_prefix = red < numbers.len() && n.red_failing.contains(f);
+            if (enclosing || on_prefix) && !twice.contains(f) {
+                twice.push(f.clone());
+            }
+        }
         match &mut self.bisect {
             Some(bi) => {
-                bi.suspects = numbers;
-                // A check that failed on an enclosing red run too failed twice.
-                for f in failing.iter().filter(|f| b.failed_before.contains(f)) {
-                    if !bi.reproduced.contains(f) {
-                        bi.reproduced.push(f.clone());
+                bi.suspects = suspects;
+                for f in twice {
+                    if !bi.reproduced.contains(&f) {
+                        bi.reproduced.push(f);
                     }
                 }
                 for f in failing {
@@ -470,14 +583,30 @@ impl BranchQueue {
             }
             None => {
                 self.bisect = Some(Bisection {
-                    suspects: numbers.clone(),
+                    suspects,
                     tested_with: numbers,
                     failing,
-                    reproduced: Vec::new(),
+                    reproduced: twice,
                 });
             }
         }
+        if !n.flaky.is_empty() {
+            self.count_flake(&n.flaky);
+        }
         self.end_batch();
+        let made_at = green.checked_sub(1).and_then(|i| b.steps.get(i)).cloned();
+        if let Some(tip) = made_at {
+            // The green prefix lands on the same base: tested there by CI already.
+            self.start_batch(b.prs[..green].to_vec(), b.base.clone(), now_ms);
+            if let Some(x) = &mut self.batch {
+                x.built = green;
+                x.steps = b.steps[..green].to_vec();
+                x.tip = Some(tip.clone());
+                x.made_at = Some(tip);
+                x.stage = BatchStage::Landing;
+                x.bisecting = true;
+            }
+        }
     }
 
     /// Red with one PR: it is the culprit, parked `ci-failed`; the bisection ends and

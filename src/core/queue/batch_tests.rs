@@ -17,6 +17,7 @@ fn cfg(size: usize) -> BatchConfig {
         size,
         wait_ms: 0,
         flaky_retries: 1,
+        step_results: true,
     }
 }
 
@@ -50,8 +51,8 @@ fn form(q: &mut BranchQueue, c: &BatchConfig, base: &Sha) -> Vec<u64> {
         return Vec::new();
     };
     q.start_batch(numbers.iter().map(|n| pr(*n)).collect(), base.clone(), 0);
-    for _ in &numbers {
-        q.batch_merged_one();
+    for n in &numbers {
+        q.batch_merged_one(sha(500 + n));
     }
     q.batch_built(sha(999));
     numbers
@@ -61,6 +62,15 @@ fn red(failing: &[&str], tip_green: &[&str]) -> BatchCi {
     BatchCi::Red {
         failing: failing.iter().map(|s| s.to_string()).collect(),
         tip_green: tip_green.iter().map(|s| s.to_string()).collect(),
+        steps: Vec::new(),
+    }
+}
+
+/// A bisection of the whole red batch of `n` (no intermediate result used).
+fn whole(n: usize) -> Narrowed {
+    Narrowed {
+        red: n,
+        ..Narrowed::default()
     }
 }
 
@@ -122,8 +132,12 @@ fn a_red_batch_is_bisected_until_the_culprit_is_alone() {
     assert_eq!(form(&mut q, &c, &base), vec![1, 2, 3, 4]);
     let ci = red(&["ci"], &["ci"]);
     let b = q.batch.clone().unwrap();
-    assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
-    q.batch_bisect(vec!["ci".into()]);
+    assert_eq!(
+        decide(&b, &c, &ci, &base),
+        BatchDecision::Bisect(whole(b.prs.len()))
+    );
+    let n = q.batch.as_ref().map_or(0, |b| b.prs.len());
+    q.batch_bisect(vec!["ci".into()], whole(n), 0);
     // First half green: lands; the culprit is among 3 and 4.
     assert_eq!(form(&mut q, &c, &base), vec![1, 2]);
     q.batch_landed(5);
@@ -167,7 +181,7 @@ fn a_single_pr_flake_is_retried_once_and_counted_flaky() {
         decide(&b, &c, &ci, &base),
         BatchDecision::Eject { number: 1 }
     );
-    q.batch_merged_one();
+    q.batch_merged_one(sha(600));
     q.batch_built(sha(5));
     q.batch_landed(0);
     assert_eq!(q.stats.flaky_retries, 1);
@@ -207,14 +221,18 @@ fn a_bisected_pr_failing_another_check_is_re_tested_and_saved() {
     form(&mut q, &c, &base);
     let b = q.batch.clone().unwrap();
     let ci = red(&["ci"], &["ci", "lint"]);
-    assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
-    q.batch_bisect(vec!["ci".into()]);
+    assert_eq!(
+        decide(&b, &c, &ci, &base),
+        BatchDecision::Bisect(whole(b.prs.len()))
+    );
+    let n = q.batch.as_ref().map_or(0, |b| b.prs.len());
+    q.batch_bisect(vec!["ci".into()], whole(n), 0);
     assert_eq!(form(&mut q, &c, &base), vec![1]);
     let b = q.batch.clone().unwrap();
     let lint = red(&["lint"], &["ci", "lint"]);
     assert_eq!(decide(&b, &c, &lint, &base), BatchDecision::Retry);
     q.batch_retry(vec!["lint".into()], base.clone(), 0);
-    q.batch_merged_one();
+    q.batch_merged_one(sha(600));
     q.batch_built(sha(5));
     // The re-test is still inside the bisection: `ci` failing now would reproduce.
     let b = q.batch.clone().unwrap();
@@ -244,9 +262,10 @@ fn a_bisection_with_every_part_green_is_a_flake() {
     let b = q.batch.clone().unwrap();
     assert_eq!(
         decide(&b, &c, &red(&["ci"], &["ci"]), &sha(1)),
-        BatchDecision::Bisect
+        BatchDecision::Bisect(whole(b.prs.len()))
     );
-    q.batch_bisect(vec!["ci".into()]);
+    let n = q.batch.as_ref().map_or(0, |b| b.prs.len());
+    q.batch_bisect(vec!["ci".into()], whole(n), 0);
     assert_eq!(form(&mut q, &c, &sha(1)), vec![1]);
     q.batch_landed(0);
     assert_eq!(form(&mut q, &c, &sha(2)), vec![2]);
@@ -266,7 +285,7 @@ fn a_conflicting_pr_is_parked_and_the_batch_goes_on() {
         panic!("a batch")
     };
     q.start_batch(numbers.iter().map(|n| pr(*n)).collect(), sha(1), 0);
-    q.batch_merged_one();
+    q.batch_merged_one(sha(600));
     q.batch_conflict(2);
     let b = q.batch.clone().unwrap();
     assert_eq!((b.numbers(), b.built), (vec![1, 3], 1));
@@ -304,11 +323,16 @@ fn a_lone_suspect_whose_failure_was_reproduced_is_ejected_without_a_run() {
         let base = sha(1);
         let ci = red(&["ci"], &["ci"]);
         assert_eq!(form(&mut q, &c, &base), vec![1, 2, 3, 4]);
-        q.batch_bisect(vec!["ci".into()]);
+        let n = q.batch.as_ref().map_or(0, |b| b.prs.len());
+        q.batch_bisect(vec!["ci".into()], whole(n), 0);
         assert_eq!(form(&mut q, &c, &base), vec![1, 2]);
         let b = q.batch.clone().unwrap();
-        assert_eq!(decide(&b, &c, &ci, &base), BatchDecision::Bisect);
-        q.batch_bisect(vec!["ci".into()]);
+        assert_eq!(
+            decide(&b, &c, &ci, &base),
+            BatchDecision::Bisect(whole(b.prs.len()))
+        );
+        let n = q.batch.as_ref().map_or(0, |b| b.prs.len());
+        q.batch_bisect(vec!["ci".into()], whole(n), 0);
         assert_eq!(q.bisect.as_ref().unwrap().reproduced, ["ci"]);
         assert_eq!(form(&mut q, &c, &base), vec![1]);
         if close_first {
@@ -358,7 +382,7 @@ fn the_serial_head_is_re_tested_once_unless_its_check_is_new() {
         let mut q = queue_of(&[1, 2]);
         let c = cfg(1);
         q.start_retest(pr(1), sha(1), ci.clone(), 0);
-        q.batch_merged_one();
+        q.batch_merged_one(sha(600));
         q.batch_built(sha(50));
         let b = q.batch.clone().unwrap();
         assert_eq!((b.numbers(), b.retries), (vec![1], 1));
@@ -394,8 +418,14 @@ fn the_serial_head_is_re_tested_once_unless_its_check_is_new() {
 /// What happens between two decisions of the model run.
 #[derive(Debug, Clone)]
 enum Step {
-    /// CI finishes; a flaky run fails though nothing is broken.
-    Ci { flaky: bool },
+    /// CI finishes; a flaky run fails though nothing is broken. The intermediate
+    /// commits (prefixes of 1 … k − 1 PRs): bit i of `known` says whether prefix
+    /// i + 1 has a result, bit i of `prefix_flaky` whether its run flaked.
+    Ci {
+        flaky: bool,
+        known: u8,
+        prefix_flaky: u8,
+    },
     /// Someone pushes to the target (the tip moves).
     BaseMoves,
     /// A PR of the batch (by index) is closed: it leaves the queue.
@@ -408,7 +438,9 @@ enum Step {
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(
         prop_oneof![
-            6 => any::<bool>().prop_map(|f| Step::Ci { flaky: f }),
+            6 => (any::<bool>(), any::<u8>(), any::<u8>()).prop_map(|(flaky, known, prefix_flaky)| {
+                Step::Ci { flaky, known, prefix_flaky }
+            }),
             1 => Just(Step::BaseMoves),
             1 => (0usize..6).prop_map(Step::Close),
             1 => (0usize..6).prop_map(Step::Push),
@@ -432,7 +464,7 @@ proptest! {
     ) {
         let check = match new_check { true => "new-test", false => "ci" };
         let tip_green: BTreeSet<String> = ["ci".to_string()].into();
-        let c = BatchConfig { size: 1, wait_ms: 0, flaky_retries: max };
+        let c = BatchConfig { size: 1, wait_ms: 0, flaky_retries: max, step_results: true };
         let mut q = queue_of(&[1]);
         let mut runs = flakes.iter().map(|f| broken || *f);
         let failing = vec![check.to_string()];
@@ -449,7 +481,7 @@ proptest! {
             landed = true;
         }
         while let Some(b) = q.batch.clone() {
-            q.batch_merged_one();
+            q.batch_merged_one(sha(600));
             q.batch_built(sha(77));
             let is_red = runs.next().unwrap_or(broken);
             red_runs += u32::from(is_red);
@@ -504,7 +536,7 @@ proptest! {
                 match next_batch(&q, &c, 0) {
                     NextBatch::Form(numbers) => {
                         q.start_batch(numbers.iter().map(|x| pr(*x)).collect(), sha(tip), 0);
-                        for _ in &numbers { q.batch_merged_one(); }
+                        for x in &numbers { q.batch_merged_one(sha(20_000 + 100 * tip + x)); }
                         q.batch_built(sha(10_000 + tip));
                     }
                     NextBatch::Eject { number, failing } => {
@@ -521,6 +553,30 @@ proptest! {
             let b = q.batch.clone().unwrap();
             let broken = b.prs.iter().any(|p| bad.contains(&p.number));
             let op = |number, version, action| QueueOp { branch: "main".into(), number, version, action };
+            if b.stage == BatchStage::Landing {
+                // A green prefix of a red batch: the executor lands it as it lands any
+                // batch (unless a PR of it changed or the target moved).
+                if matches!(step, Step::BaseMoves) {
+                    tip += 1;
+                }
+                if let Some(gone) = q.batch_left().first().copied() {
+                    q.batch_drop(gone);
+                } else if let Some(pushed) = b.numbers().into_iter().find(|x| stale.contains(x)) {
+                    stale.remove(&pushed);
+                    q.batch_drop(pushed);
+                } else if b.base != sha(tip) {
+                    q.batch_rebuild();
+                } else {
+                    prop_assert!(b.numbers().iter().all(|x| !closed.contains(x)), "a closed PR landed");
+                    prop_assert!(!broken, "a broken prefix landed: {:?}", b.numbers());
+                    prop_assert!(b.made_at.is_some() && b.made_at == b.tip);
+                    prop_assert_eq!(b.steps.last(), b.tip.as_ref(), "the tested step is the landed one");
+                    landed.extend(b.numbers());
+                    q.batch_landed(0);
+                    tip += 1;
+                }
+                continue;
+            }
             let ci = match step {
                 Step::BaseMoves => { tip += 1; BatchCi::Pending }
                 Step::Close(i) => {
@@ -539,13 +595,36 @@ proptest! {
                     BatchCi::Pending
                 }
                 Step::Push(_) => BatchCi::Pending,
-                Step::Ci { flaky } => {
+                Step::Ci { flaky, known, prefix_flaky } => {
                     let is_red = broken || (flaky && flaky_on);
                     for x in b.numbers().into_iter().filter(|_| is_red) {
                         *reds.entry(x).or_default() += 1;
                     }
+                    // Each intermediate commit's run (the runs happened either way; a
+                    // red one held the PRs of its prefix).
+                    let mut steps = Vec::new();
+                    for i in 1..b.prs.len() {
+                        let bit = 1u8 << (i - 1).min(7);
+                        let prefix = &b.prs[..i];
+                        let red_run = prefix.iter().any(|p| bad.contains(&p.number))
+                            || (flaky_on && prefix_flaky & bit != 0);
+                        if red_run {
+                            for p in prefix {
+                                *reds.entry(p.number).or_default() += 1;
+                            }
+                        }
+                        steps.push(match (known & bit != 0, red_run) {
+                            (false, _) => StepCi::Unknown,
+                            (true, false) => StepCi::Green,
+                            (true, true) => StepCi::Red { failing: vec!["ci".into()] },
+                        });
+                    }
                     match is_red {
-                        true => red(&["ci"], &["ci"]),
+                        true => BatchCi::Red {
+                            failing: vec!["ci".into()],
+                            tip_green: ["ci".to_string()].into(),
+                            steps,
+                        },
                         false => BatchCi::Green,
                     }
                 }
@@ -576,7 +655,11 @@ proptest! {
                     prop_assert_eq!(b.prs.len(), 1, "a batch of several re-tested whole");
                     q.batch_retry(vec!["ci".into()], sha(tip), 0)
                 }
-                BatchDecision::Bisect => q.batch_bisect(vec!["ci".into()]),
+                BatchDecision::Bisect(narrowed) => {
+                    prop_assert!(b.prs.len() > 1);
+                    prop_assert!(narrowed.green < narrowed.red && narrowed.red <= b.prs.len());
+                    q.batch_bisect(vec!["ci".into()], narrowed, 0);
+                }
                 BatchDecision::Eject { number } => {
                     prop_assert_eq!(b.prs.len(), 1);
                     let twice = reds.get(&number).copied().unwrap_or(0) >= 2;
@@ -598,4 +681,125 @@ proptest! {
         }
         prop_assert_eq!(q.stats.merged, landed.len() as u64);
     }
+}
+
+fn step_red() -> StepCi {
+    StepCi::Red {
+        failing: vec!["ci".into()],
+    }
+}
+
+/// The longest green prefix lands, the first red one above it bounds the suspects;
+/// unknown results are skipped, and a red prefix below a green one was a flake.
+#[test]
+fn intermediate_results_narrow_a_red_batch() {
+    use StepCi::{Green, Unknown};
+    let cases: Vec<(Vec<StepCi>, (usize, usize, usize))> = vec![
+        // (steps of prefixes 1..n-1 of a batch of 4, (green, red, flaky checks))
+        (vec![Green, Green, step_red()], (2, 3, 0)),
+        (vec![Green, Unknown, Unknown], (1, 4, 0)),
+        (vec![Unknown, Unknown, Unknown], (0, 4, 0)),
+        (vec![step_red(), step_red(), step_red()], (0, 1, 0)),
+        (vec![Green, Green, Green], (3, 4, 0)),
+        (vec![step_red(), Green, Unknown], (2, 4, 1)),
+        (vec![Unknown, step_red(), Green], (3, 4, 1)),
+        (vec![], (0, 4, 0)),
+    ];
+    for (steps, (green, red, flaky)) in cases {
+        let n = narrow(4, &steps);
+        assert_eq!(
+            (n.green, n.red, n.flaky.len()),
+            (green, red, flaky),
+            "{steps:?}"
+        );
+        assert_eq!(n.red_failing.is_empty(), red == 4, "{steps:?}");
+    }
+    // Results beyond the batch's own prefixes are ignored.
+    assert_eq!(narrow(2, &[StepCi::Green, StepCi::Green]).green, 1);
+}
+
+/// A red batch of 4 whose culprit is #3 (prefixes 1 and 2 green, 3 red): #1 and #2
+/// land at once on the commit CI passed (a batch of their own made at that step, no
+/// new run), #3 failed on two runs that held it and is ejected without one, and #4
+/// waits for the next batch.
+#[test]
+fn a_green_prefix_lands_and_a_reproduced_culprit_is_ejected_without_a_run() {
+    let mut q = queue_of(&[1, 2, 3, 4, 5]);
+    let c = cfg(4);
+    let base = sha(1);
+    assert_eq!(form(&mut q, &c, &base), vec![1, 2, 3, 4]);
+    let b = q.batch.clone().unwrap();
+    let ci = BatchCi::Red {
+        failing: vec!["ci".into()],
+        tip_green: ["ci".to_string()].into(),
+        steps: vec![StepCi::Green, StepCi::Green, step_red()],
+    };
+    let BatchDecision::Bisect(n) = decide(&b, &c, &ci, &base) else {
+        panic!("a bisection")
+    };
+    assert_eq!((n.green, n.red), (2, 3));
+    // Without `merge_queue_step_results` the whole batch is bisected.
+    let off = BatchConfig {
+        step_results: false,
+        ..c
+    };
+    assert_eq!(decide(&b, &off, &ci, &base), BatchDecision::Bisect(whole(4)));
+    q.batch_bisect(vec!["ci".into()], n, 7);
+    let land = q.batch.clone().expect("the green prefix lands");
+    assert_eq!(land.numbers(), [1, 2]);
+    assert_eq!(land.stage, BatchStage::Landing);
+    assert_eq!(land.made_at, Some(sha(502)), "the commit holding #1 and #2");
+    assert_eq!(land.tip, land.made_at);
+    assert_eq!(land.base, base);
+    assert_eq!(land.branch_name("main"), "shepherd/batch/main/2");
+    assert_eq!(q.stale_branches, ["shepherd/batch/main/1"]);
+    let bi = q.bisect.clone().unwrap();
+    assert_eq!((bi.suspects, bi.reproduced), (vec![3], vec!["ci".to_string()]));
+    q.batch_landed(9);
+    assert_eq!(q.stats.merged, 2);
+    assert_eq!(
+        next_batch(&q, &c, 0),
+        NextBatch::Eject {
+            number: 3,
+            failing: vec!["ci".into()]
+        }
+    );
+    assert_eq!(q.batch_eject(3), vec![1, 2, 4]);
+    assert_eq!(next_batch(&q, &c, 0), NextBatch::Form(vec![4, 5]));
+    assert_eq!(
+        (q.stats.ci_runs, q.stats.batches_first_pass_green),
+        (1, 0),
+        "one run found the culprit; a landed prefix is no first pass"
+    );
+}
+
+/// The culprit last in the batch (every intermediate commit green): the prefix
+/// before it lands and it is tested alone (one red run held it so far), where a
+/// second red ejects it.
+#[test]
+fn a_culprit_last_in_its_batch_is_tested_alone_after_the_prefix_lands() {
+    let mut q = queue_of(&[1, 2, 3]);
+    let c = cfg(3);
+    let base = sha(1);
+    form(&mut q, &c, &base);
+    let b = q.batch.clone().unwrap();
+    let ci = BatchCi::Red {
+        failing: vec!["ci".into()],
+        tip_green: ["ci".to_string()].into(),
+        steps: vec![StepCi::Green, StepCi::Green],
+    };
+    let BatchDecision::Bisect(n) = decide(&b, &c, &ci, &base) else {
+        panic!("a bisection")
+    };
+    q.batch_bisect(vec!["ci".into()], n, 0);
+    assert_eq!(q.batch.as_ref().unwrap().numbers(), [1, 2]);
+    q.batch_landed(0);
+    assert!(q.bisect.as_ref().unwrap().reproduced.is_empty());
+    assert_eq!(form(&mut q, &c, &sha(2)), vec![3]);
+    let b = q.batch.clone().unwrap();
+    assert_eq!(b.failed_before, ["ci"]);
+    assert_eq!(
+        decide(&b, &c, &red(&["ci"], &["ci"]), &sha(2)),
+        BatchDecision::Eject { number: 3 }
+    );
 }

@@ -28,8 +28,8 @@ use crate::core::event::{EffectOutcome, Event, MergeOutcome};
 use crate::core::ids::{Scope, Sha};
 use crate::core::policy::MergeStyle;
 use crate::core::queue::batch::{
-    Batch, BatchCi, BatchConfig, BatchDecision, BatchPr, BatchStage, NextBatch, Retest, decide,
-    next_batch,
+    Batch, BatchCi, BatchConfig, BatchDecision, BatchPr, BatchStage, NextBatch, Retest, StepCi,
+    decide, next_batch,
 };
 use crate::core::queue::{BranchQueue, Ejection};
 use crate::core::record::BatchFailure;
@@ -63,6 +63,7 @@ fn config(s: &BatchSettings) -> BatchConfig {
         size: usize::try_from(s.size).unwrap_or(usize::MAX).max(1),
         wait_ms: i64::try_from(s.wait_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
         flaky_retries: s.flaky_retries,
+        step_results: s.step_results,
     }
 }
 
@@ -308,7 +309,9 @@ impl Executor {
         fast_forward: bool,
     ) -> Result<Option<Vec<Event>>, Failure> {
         let repo = effect.repo.as_str();
-        let BatchCi::Red { failing, tip_green } = self.batch_ci(repo, ask.head_sha, tip).await?
+        let BatchCi::Red {
+            failing, tip_green, ..
+        } = self.batch_ci(repo, ask.head_sha, tip, &[]).await?
         else {
             return Ok(None);
         };
@@ -379,6 +382,7 @@ impl Executor {
             size: 1,
             wait_secs: 0,
             flaky_retries: max,
+            step_results: false,
         };
         events.extend(self.batch_advance(effect, ask, &settings, keeper).await?);
         Ok(Some(events))
@@ -434,11 +438,14 @@ impl Executor {
         let merged = helper.merged || self.merge_helper(repo, helper.number, &p.head).await?;
         let (number, id) = (p.number, b.id);
         if merged {
+            // Only the queue writes to its batch branch, and the next merge waits for
+            // this write: its tip is this merge's commit (a step CI tests).
+            let step = parse_sha(&writes.branch_tip(repo, &name).await?)?;
             self.write(effect, &q.branch, events, move |q| {
                 if q.batch.as_ref().is_some_and(|x| {
                     x.id == id && x.prs.get(x.built).is_some_and(|p| p.number == number)
                 }) {
-                    q.batch_merged_one();
+                    q.batch_merged_one(step.clone());
                 }
             })
             .await?;
@@ -522,7 +529,12 @@ impl Executor {
                 "a batch under test without a tip".into(),
             ));
         };
-        let ci = self.batch_ci(repo, batch_tip, &tip).await?;
+        // The intermediate commits (prefixes of 1 … k − 1 PRs), read only on red.
+        let steps = match (cfg.step_results, b.steps.split_last()) {
+            (true, Some((_, before))) if b.steps.len() == b.prs.len() => before,
+            _ => &[],
+        };
+        let ci = self.batch_ci(repo, batch_tip, &tip, steps).await?;
         let decision = decide(b, cfg, &ci, &tip);
         tracing::info!(batch = b.id, prs = ?b.numbers(), ?decision, "batch CI");
         let failing = match &ci {
@@ -548,7 +560,35 @@ impl Executor {
                 let now = now_ms();
                 Box::new(move |q| q.batch_retry(failing.clone(), tip.clone(), now))
             }
-            BatchDecision::Bisect => Box::new(move |q| q.batch_bisect(failing.clone())),
+            BatchDecision::Bisect(narrowed) => {
+                // The green prefix lands: none of its PRs may have changed since.
+                let prefix = Batch {
+                    prs: b.prs[..narrowed.green.min(b.prs.len())].to_vec(),
+                    ..b.clone()
+                };
+                let changed = match prefix.prs.is_empty() {
+                    true => None,
+                    false => self.changed_member(repo, q, &prefix).await?,
+                };
+                match changed {
+                    Some(number) => {
+                        tracing::info!(
+                            pr = number,
+                            "a PR of the green prefix changed since it was tested"
+                        );
+                        Box::new(move |q| q.batch_drop(number))
+                    }
+                    None => {
+                        tracing::info!(
+                            green = narrowed.green,
+                            red = narrowed.red,
+                            "red batch narrowed by its intermediate commits' CI"
+                        );
+                        let now = now_ms();
+                        Box::new(move |q| q.batch_bisect(failing.clone(), narrowed.clone(), now))
+                    }
+                }
+            }
             BatchDecision::Eject { number } => {
                 let note = match cfg.size <= 1 {
                     true => serial_note(q, b, &tip, "re-tested once on a new branch: failed again"),
@@ -593,8 +633,15 @@ impl Executor {
         Ok(None)
     }
 
-    /// The CI of `batch_tip`; on red, with the checks that passed on the target's tip.
-    async fn batch_ci(&self, repo: &str, batch_tip: &Sha, tip: &Sha) -> Result<BatchCi, Failure> {
+    /// The CI of `batch_tip`; on red, with the checks that passed on the target's tip
+    /// and the CI of the intermediate commits `steps`.
+    async fn batch_ci(
+        &self,
+        repo: &str,
+        batch_tip: &Sha,
+        tip: &Sha,
+        steps: &[Sha],
+    ) -> Result<BatchCi, Failure> {
         let reads = self.forgejo.with_cause(Cause::MergeCheck);
         let combined = reads.combined_status(repo, batch_tip.as_str()).await?;
         let failing: Vec<String> = combined
@@ -618,7 +665,16 @@ impl Executor {
             .filter(|s| s.status == "success")
             .map(|s| s.context.clone())
             .collect();
-        Ok(BatchCi::Red { failing, tip_green })
+        let mut step_ci = Vec::with_capacity(steps.len());
+        for step in steps {
+            let combined = reads.combined_status(repo, step.as_str()).await?;
+            step_ci.push(step_result(&combined));
+        }
+        Ok(BatchCi::Red {
+            failing,
+            tip_green,
+            steps: step_ci,
+        })
     }
 
     /// Lands a green batch: the landing PR, the fast-forward, the PRs marked merged.
@@ -637,6 +693,14 @@ impl Executor {
         };
         let id = b.id;
         let Some(landing) = b.landing_pr else {
+            if let Some(at) = &b.made_at {
+                // A green prefix of a red batch: its branch at the intermediate commit
+                // CI passed (409: made before a crash).
+                let made = (self.forgejo.with_cause(Cause::Effect))
+                    .create_branch(repo, &name, at.as_str())
+                    .await?;
+                tracing::info!(branch = %name, %at, ?made, "green prefix branch");
+            }
             let title = format!("Shepherd merge queue batch {id} of `{}`", q.branch);
             let pr = self
                 .forgejo
@@ -706,6 +770,28 @@ impl Executor {
             .get_pull(repo, landing)
             .await?;
         Ok(pr.merged)
+    }
+}
+
+/// What an intermediate commit's combined status says: unknown while a check is
+/// pending, when nothing ran there, or when a failure is a cancellation (Forgejo
+/// Actions writes a cancelled job as `failure` with the description "Has been
+/// cancelled": `services/actions/commit_status.go`, forgejo-facts.md §3.8).
+fn step_result(combined: &forgejo::CombinedStatus) -> StepCi {
+    let s = &combined.statuses;
+    let cancelled = s
+        .iter()
+        .any(|x| x.status == "failure" && x.description.starts_with("Has been cancelled"));
+    if s.is_empty() || cancelled || s.iter().any(|x| x.status == "pending") {
+        return StepCi::Unknown;
+    }
+    let failing: Vec<String> = (s.iter())
+        .filter(|x| matches!(x.status.as_str(), "failure" | "error" | "warning"))
+        .map(|x| x.context.clone())
+        .collect();
+    match failing.is_empty() {
+        true => StepCi::Green,
+        false => StepCi::Red { failing },
     }
 }
 

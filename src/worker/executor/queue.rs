@@ -157,6 +157,7 @@ impl Executor {
                     size: 1,
                     wait_secs: 0,
                     flaky_retries: policy.merge_queue_flaky_retries,
+                    step_results: false,
                 };
                 self.batch_advance(effect, &ask, &settings, &keeper).await
             }

@@ -60,7 +60,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
             }
             // The tip must be an ancestor of the head (the head is built on it);
             // git's "Not possible to fast-forward" is not mapped: 500, empty message.
-            if pull.merge_base != tip_before {
+            if pull.merge_base != tip_before && !r.is_ancestor(&tip_before, &pull.head_sha) {
                 return Reply::error(500, "");
             }
             pull.head_sha.clone()
@@ -70,6 +70,7 @@ pub fn merge(model: &mut Model, doer: &str, repo: &str, number: u64, body: &Valu
             let mut content = super::queue::content_of(r, &tip_before);
             content.extend(super::queue::content_of(r, &pull.head_sha));
             r.content.insert(sha.clone(), content);
+            (r.parents).insert(sha.clone(), vec![tip_before.clone(), pull.head_sha.clone()]);
             sha
         }
     };

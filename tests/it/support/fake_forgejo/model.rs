@@ -343,11 +343,30 @@ pub struct RepoRow {
     /// Branches made through the API → the commit they were made at (the merge base
     /// of a PR from such a branch).
     pub made_at: HashMap<String, String>,
+    /// The parents of each merge commit the fake made (`[base tip, head]`): enough of
+    /// the commit graph for "the tip is an ancestor of the head" of a fast-forward
+    /// from a branch made at an intermediate commit of a batch branch.
+    pub parents: HashMap<String, Vec<String>>,
     /// The repository does not allow `manually-merged` (`allow_manual_merge` off).
     pub no_manual_merge: bool,
 }
 
 impl RepoRow {
+    /// Whether `ancestor` is `commit` or reachable from it through [`Self::parents`].
+    pub fn is_ancestor(&self, ancestor: &str, commit: &str) -> bool {
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![commit.to_owned()];
+        while let Some(c) = todo.pop() {
+            if c == ancestor {
+                return true;
+            }
+            if seen.insert(c.clone()) {
+                todo.extend(self.parents.get(&c).into_iter().flatten().cloned());
+            }
+        }
+        false
+    }
+
     /// `owner/name`.
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.owner, self.name)
