@@ -743,7 +743,10 @@ fn a_green_prefix_lands_and_a_reproduced_culprit_is_ejected_without_a_run() {
         step_results: false,
         ..c
     };
-    assert_eq!(decide(&b, &off, &ci, &base), BatchDecision::Bisect(whole(4)));
+    assert_eq!(
+        decide(&b, &off, &ci, &base),
+        BatchDecision::Bisect(whole(4))
+    );
     q.batch_bisect(vec!["ci".into()], n, 7);
     let land = q.batch.clone().expect("the green prefix lands");
     assert_eq!(land.numbers(), [1, 2]);
@@ -754,7 +757,10 @@ fn a_green_prefix_lands_and_a_reproduced_culprit_is_ejected_without_a_run() {
     assert_eq!(land.branch_name("main"), "shepherd/batch/main/2");
     assert_eq!(q.stale_branches, ["shepherd/batch/main/1"]);
     let bi = q.bisect.clone().unwrap();
-    assert_eq!((bi.suspects, bi.reproduced), (vec![3], vec!["ci".to_string()]));
+    assert_eq!(
+        (bi.suspects, bi.reproduced),
+        (vec![3], vec!["ci".to_string()])
+    );
     q.batch_landed(9);
     assert_eq!(q.stats.merged, 2);
     assert_eq!(

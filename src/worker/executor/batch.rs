@@ -883,3 +883,59 @@ fn ejected(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn combined(statuses: &[(&str, &str, &str)]) -> forgejo::CombinedStatus {
+        forgejo::CombinedStatus {
+            statuses: (statuses.iter())
+                .map(|(context, status, description)| forgejo::CommitStatus {
+                    context: (*context).into(),
+                    status: (*status).into(),
+                    description: (*description).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// An intermediate commit's statuses: a cancelled Forgejo Actions job (`failure`,
+    /// "Has been cancelled") or a pending or missing check is no result; a real
+    /// failure is red with its contexts.
+    #[test]
+    fn a_cancelled_or_running_step_is_no_result() {
+        let cases = [
+            (combined(&[]), StepCi::Unknown),
+            (
+                combined(&[("ci / test (push)", "failure", "Has been cancelled")]),
+                StepCi::Unknown,
+            ),
+            (
+                combined(&[
+                    ("ci / lint (push)", "success", "Successful in 3s"),
+                    ("ci / test (push)", "pending", "Has started running"),
+                ]),
+                StepCi::Unknown,
+            ),
+            (
+                combined(&[("ci / test (push)", "success", "Successful in 1m2s")]),
+                StepCi::Green,
+            ),
+            (
+                combined(&[
+                    ("ci / lint (push)", "success", "Successful in 3s"),
+                    ("ci / test (push)", "failure", "Failing after 1m2s"),
+                ]),
+                StepCi::Red {
+                    failing: vec!["ci / test (push)".into()],
+                },
+            ),
+        ];
+        for (status, want) in cases {
+            assert_eq!(step_result(&status), want, "{status:?}");
+        }
+    }
+}

@@ -181,19 +181,43 @@ async fn three_prs_are_tested_together_and_land_with_one_ci_run() {
 }
 
 /// Four PRs, the third of which breaks CI on top of the first: the batch of four is
-/// red; bisection tests #1 and #2 (green: they land), then #3 alone on top of them
-/// (red on the check that failed in the batch: reproduced, so ejected to `ci-fix`
-/// without a re-test, with the note naming what it was tested with), then #4 (green:
-/// lands). Nobody else is ejected; `main` is green at every landing.
+/// red. Its intermediate commits were tested too (each merge into the batch branch is
+/// a push): #1 and #1+#2 green, #1+#2+#3 red. So #1 and #2 land at once on the commit
+/// CI passed (a branch made there, fast-forwarded: no new run), #3 failed on two runs
+/// that held it and is ejected to `ci-fix` without a run of its own, with the note
+/// naming what it was tested with, and #4 is batched again (green: lands). One run
+/// beyond the two batches'; nobody else is ejected; `main` is green at every landing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_red_batch_is_narrowed_by_its_intermediate_commits_and_the_rest_lands() {
+    bisect_to_the_culprit(true).await;
+}
+
+/// The same with `merge_queue_step_results = false` (a CI whose intermediate runs
+/// cannot be trusted): bisection tests #1 and #2 (green: they land), then #3 alone on
+/// top of them (red on the check that failed in the batch: reproduced, so ejected
+/// without a re-test), then #4 (green: lands).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
-    let s = start_with(&batch_policy(4), 300, &[(3, 1)]).await;
+    bisect_to_the_culprit(false).await;
+}
+
+async fn bisect_to_the_culprit(step_results: bool) {
+    let policy = format!(
+        "{}merge_queue_step_results = {step_results}\n",
+        batch_policy(4)
+    );
+    let s = start_with(&policy, 300, &[(3, 1)]).await;
     let prs = open_green(&s, 4).await;
     approve_in_order(&s, &prs).await;
     run_until(&s, "#1, #2 and #4 marked merged", |f| marked(f).len() == 3).await;
     let order: Vec<u64> = marked(&s.fake).iter().map(|m| m.number).collect();
     assert_eq!(order, vec![1, 2, 4]);
-    assert_eq!(landings(&s.fake).len(), 2, "the green half, then #4");
+    let lands = landings(&s.fake);
+    assert_eq!(lands.len(), 2, "the green prefix or half, then #4");
+    assert_eq!(
+        content(&s.fake, &lands[0].tip_after),
+        BTreeSet::from([1, 2])
+    );
     assert_main_stayed_green(&s.fake);
     let fix = loop {
         if let Some(item) = work_for(&s, "ci-fix", 3).await.into_iter().next() {
@@ -220,11 +244,16 @@ async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
     assert_eq!(e3.parked, Some(shepherd::core::queue::Ejection::CiFailed));
     // Only the last batch (#4, formed after the bisection) was green at its first test.
     assert_eq!(q.stats.batches_first_pass_green, 1);
-    // Red batch (not re-tested whole: bisected), green half, #3 alone red on the same
-    // check (failed twice: no re-test), then #4 green.
+    // With the intermediate results: the red batch, then #4. Without: the red batch
+    // (not re-tested whole: bisected), the green half, #3 alone red on the same check
+    // (failed twice: no re-test), then #4 green.
+    let runs = match step_results {
+        true => 2,
+        false => 4,
+    };
     assert_eq!(
         (q.stats.ci_runs, q.stats.flaky_retries, q.stats.flaky_saved),
-        (4, 0, 0),
+        (runs, 0, 0),
         "{:?}",
         q.stats
     );
@@ -232,9 +261,10 @@ async fn a_red_batch_is_bisected_to_the_culprit_and_the_rest_lands() {
     s.fake.assert_calls_match_openapi();
 }
 
-/// A red batch of two is not re-tested whole: bisection re-tests it, each PR alone is
-/// green and lands, so the failure was a flake: nobody is ejected, no `ci-fix` work is
-/// dispatched, the check is counted as suspected flaky, and no extra run was spent.
+/// A red batch of two is not re-tested whole: #1's commit on the batch branch passed,
+/// so #1 lands at once, and #2, tested alone, is green and lands: the failure was a
+/// flake. Nobody is ejected, no `ci-fix` work is dispatched, the check is counted as
+/// suspected flaky, and no extra run was spent.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
     let s = start_with(&batch_policy(2), 300, &[]).await;
@@ -267,7 +297,7 @@ async fn a_flaky_failure_is_re_tested_and_nobody_is_ejected() {
             q.stats.flaky_saved,
             q.stats.batches_tested
         ),
-        (0, 1, 3),
+        (0, 1, 2),
         "{:?}",
         q.stats
     );
