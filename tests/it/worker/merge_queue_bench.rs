@@ -82,26 +82,39 @@ struct Figures {
     first_pass: f64,
 }
 
-/// The model of docs/benchmarks.md ("Next step"), with the flaky rule of
-/// docs/merge-queue.md added: a batch of k > 1 takes D (1 + (1 − (1 − p)^k)
-/// (⌈log₂ k⌉ + 1/k) + f (⌈log₂ k⌉ + 1)) + k o (a red batch is bisected, never re-tested
-/// whole: one run per halving, and one more when the culprit is the last PR, whose
-/// failure only the whole batch's run showed; a flake's bisection tests every part;
-/// o = 0.08 s per PR, measured), the serial queue (k = 1) D (1 + p + f) (a red run on
-/// the tip is re-tested once, a culprit's and a flake's alike); it merges k (1 − p)
-/// PRs; n PRs ready at once wait about i / rate each; a batch passes first with
-/// (1 − p)^k (1 − f).
+/// The model of docs/benchmarks.md ("Next step"), with the rules of
+/// docs/merge-queue.md: a red batch of k > 1 reads its intermediate commits' CI (each
+/// PR merged into the batch branch is a push CI tests), so with the first culprit at
+/// position i the i − 1 PRs before it land at once, it is ejected without a run of its
+/// own (two red runs held it: its prefix's and the batch's) unless it is the last PR
+/// (one more run, alone), and the k − i after it wait for the next batch; a flake on
+/// the batch's tip costs the last PR's run alone. A batch costs D (1 + (1 − p)^(k−1) p
+/// + f) + r o and resolves r = (1 − p)^k k + Σ i (1 − p)^(i−1) p PRs, of which one is
+/// ejected when red (o = 0.08 s per PR, measured). The serial queue (k = 1):
+/// D (1 + p + f) + o per PR (a red run on the tip is re-tested once, a culprit's and a
+/// flake's alike), merging 1 − p. n PRs ready at once wait about i / rate each; a
+/// batch passes first with (1 − p)^k (1 − f).
 fn model(d_s: f64, p: f64, f: f64, k: usize, n: usize) -> Figures {
     let kf = k as f64;
     let red = 1.0 - (1.0 - p).powf(kf);
-    let halvings = kf.log2().ceil();
-    let runs = match k {
-        1 => 1.0 + p + f,
-        _ => 1.0 + red * (halvings + 1.0 / kf) + f * (halvings + 1.0),
-    };
-    let batch_s = d_s * runs + kf * 0.08;
-    let merged = kf * (1.0 - p);
-    let rate = merged / batch_s;
+    if k == 1 {
+        let runs = 1.0 + p + f;
+        let rate = (1.0 - p) / (d_s * runs + 0.08);
+        return Figures {
+            per_hour: rate * 3600.0,
+            runs_per_merged: runs / (1.0 - p),
+            p50_s: 0.5 * n as f64 / rate,
+            p90_s: 0.9 * n as f64 / rate,
+            first_pass: (1.0 - p) * (1.0 - f),
+        };
+    }
+    // The first culprit is PR i with (1 − p)^(i − 1) p: the i − 1 before it land, it
+    // is ejected, the k − i after it wait for the next batch.
+    let at = |i: usize| (1.0 - p).powf(i as f64 - 1.0) * p;
+    let resolved = (1.0 - red) * kf + (1..=k).map(|i| at(i) * i as f64).sum::<f64>();
+    let runs = 1.0 + at(k) + f;
+    let merged = resolved - red;
+    let rate = merged / (d_s * runs + resolved * 0.08);
     Figures {
         per_hour: rate * 3600.0,
         runs_per_merged: runs / merged,
