@@ -434,6 +434,55 @@ async fn a_restart_between_the_fast_forward_and_the_merged_marks_loses_nothing()
     .await;
 }
 
+/// Restart while a green prefix of a red batch lands: #3 breaks on top of #1, so the
+/// batch of three is red and its commit holding #1 and #2 green; that commit's branch
+/// is made and the landing PR's creation hangs when the process dies. After the
+/// restart #1 and #2 land once, on that very commit (no new run of it), #3 goes to
+/// `ci-fix`, and no batch branch is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_while_a_green_prefix_lands_loses_nothing() {
+    let mut s = start_with(&batch_policy(3), 300, &[(3, 1)]).await;
+    let prs = open_green(&s, 3).await;
+    hold_ci(&s);
+    approve_in_order(&s, &prs).await;
+    run_until(&s, "the batch built, CI held", |f| {
+        into_batch_branches(f).len() == 3
+    })
+    .await;
+    let pulls = format!("/repos/{REPO}/pulls");
+    let before = s.fake.calls("POST", &pulls).len();
+    s.fake.inject(stall("POST", &pulls));
+    release_ci(&s, 300);
+    run_until(&s, "the prefix branch made, its landing PR hanging", |f| {
+        batch_branches(f).iter().any(|b| b.ends_with("/2"))
+            && f.calls("POST", &pulls).len() > before
+    })
+    .await;
+    let step = s.fake.branch_tip(REPO, "shepherd/batch/main/2");
+    assert_eq!(content(&s.fake, &step), BTreeSet::from([1, 2]));
+    assert_eq!(ci_state(&s.fake, &step), "success", "the prefix passed");
+    s.restart().await;
+    s.fake.clear_faults();
+    run_until(&s, "#1 and #2 marked merged", |f| marked(f).len() >= 2).await;
+    let fix = loop {
+        if let Some(item) = work_for(&s, "ci-fix", 3).await.into_iter().next() {
+            break item;
+        }
+        pump(&s).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(fix["context"]["note"].as_str().unwrap_or_default().contains("#1, #2"));
+    wait_no_batch_branch(&s).await;
+    let lands = landings(&s.fake);
+    assert_eq!(lands.len(), 1, "one landing: {lands:?}");
+    assert_eq!(lands[0].tip_after, step, "the tested commit landed");
+    let mut order: Vec<u64> = marked(&s.fake).iter().map(|m| m.number).collect();
+    order.sort_unstable();
+    assert_eq!(order, vec![1, 2], "each marked merged once");
+    assert_main_stayed_green(&s.fake);
+    s.fake.assert_calls_match_openapi();
+}
+
 /// The serial queue (`merge_queue_batch_size` = 1, the default) and a flaky check:
 /// #2, updated onto the tip #1 made, fails once there although its check passed on
 /// the tip; it is re-tested once as a batch of one (a new branch at the tip, a new
