@@ -471,7 +471,12 @@ async fn a_restart_while_a_green_prefix_lands_loses_nothing() {
         pump(&s).await;
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    assert!(fix["context"]["note"].as_str().unwrap_or_default().contains("#1, #2"));
+    assert!(
+        fix["context"]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("#1, #2")
+    );
     wait_no_batch_branch(&s).await;
     let lands = landings(&s.fake);
     assert_eq!(lands.len(), 1, "one landing: {lands:?}");
