@@ -88,8 +88,8 @@ struct Figures {
 /// position i the i − 1 PRs before it land at once, it is ejected without a run of its
 /// own (two red runs held it: its prefix's and the batch's) unless it is the last PR
 /// (one more run, alone), and the k − i after it wait for the next batch; a flake on
-/// the batch's tip costs the last PR's run alone. A batch costs D (1 + (1 − p)^(k−1) p
-/// + f) + r o and resolves r = (1 − p)^k k + Σ i (1 − p)^(i−1) p PRs, of which one is
+/// the batch's tip costs the last PR's run alone. A batch costs
+/// D (1 + (1 − p)^(k−1) p + f) + r o and resolves r = (1 − p)^k k + Σ i (1 − p)^(i−1) p PRs, of which one is
 /// ejected when red (o = 0.08 s per PR, measured). The serial queue (k = 1):
 /// D (1 + p + f) + o per PR (a red run on the tip is re-tested once, a culprit's and a
 /// flake's alike), merging 1 − p. n PRs ready at once wait about i / rate each; a
