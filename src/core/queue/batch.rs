@@ -590,9 +590,8 @@ impl BranchQueue {
                 });
             }
         }
-        if !n.flaky.is_empty() {
-            self.count_flake(&n.flaky);
-        }
+        // Not a re-test that saved a PR: only the checks are counted.
+        self.count_flaky_checks(&n.flaky);
         self.end_batch();
         let made_at = green.checked_sub(1).and_then(|i| b.steps.get(i)).cloned();
         if let Some(tip) = made_at {
@@ -701,6 +700,11 @@ impl BranchQueue {
     /// Counts a red result that turned out flaky.
     fn count_flake(&mut self, failing: &[String]) {
         self.stats.flaky_saved += 1;
+        self.count_flaky_checks(failing);
+    }
+
+    /// Counts checks that failed and then passed (suspected flaky).
+    fn count_flaky_checks(&mut self, failing: &[String]) {
         for f in failing {
             *self.stats.flaky_checks.entry(f.clone()).or_default() += 1;
         }

@@ -809,3 +809,30 @@ fn a_culprit_last_in_its_batch_is_tested_alone_after_the_prefix_lands() {
         BatchDecision::Eject { number: 3 }
     );
 }
+
+/// A red intermediate commit below a green one passed with more on top: its check is
+/// counted as suspected flaky (no PR was saved by a re-test), and the green prefix
+/// lands.
+#[test]
+fn a_red_step_below_a_green_one_counts_its_check_as_flaky() {
+    let mut q = queue_of(&[1, 2, 3]);
+    let c = cfg(3);
+    form(&mut q, &c, &sha(1));
+    let b = q.batch.clone().unwrap();
+    let ci = BatchCi::Red {
+        failing: vec!["ci".into()],
+        tip_green: ["ci".to_string()].into(),
+        steps: vec![step_red(), StepCi::Green],
+    };
+    let BatchDecision::Bisect(n) = decide(&b, &c, &ci, &sha(1)) else {
+        panic!("a bisection")
+    };
+    assert_eq!(
+        (n.green, n.red, n.flaky.clone()),
+        (2, 3, vec!["ci".to_string()])
+    );
+    q.batch_bisect(vec!["ci".into()], n, 0);
+    assert_eq!(q.stats.flaky_checks["ci"], 1);
+    assert_eq!(q.stats.flaky_saved, 0);
+    assert_eq!(q.batch.as_ref().unwrap().numbers(), [1, 2]);
+}
