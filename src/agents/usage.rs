@@ -327,6 +327,9 @@ pub struct Live {
     state: Mutex<LiveState>,
     /// Woken when a verdict is reached.
     notify: tokio::sync::Notify,
+    /// Where the meter's CPU time is counted, in seconds
+    /// (`shepherd_agent_usage_meter_cpu_seconds_total`), when it is.
+    meter_cpu: Option<prometheus::Counter>,
 }
 
 /// What [`Live`] guards.
@@ -351,7 +354,16 @@ impl Live {
                 last_output: Instant::now(),
             }),
             notify: tokio::sync::Notify::new(),
+            meter_cpu: None,
         }
+    }
+
+    /// Counts the CPU time the meter spends in `counter` (seconds): each feed of an
+    /// output chunk is timed with the calling thread's CPU clock.
+    #[must_use]
+    pub fn counting_cpu_in(mut self, counter: prometheus::Counter) -> Self {
+        self.meter_cpu = Some(counter);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
@@ -367,7 +379,15 @@ impl Live {
                 return;
             };
             let before = meter.verdict();
+            // The feed is synchronous and runs on the reader's thread (a runtime worker),
+            // so that thread's CPU clock around it is the meter's own CPU time.
+            let started = self.meter_cpu.as_ref().and_then(|_| thread_cpu());
             meter.feed(bytes);
+            if let (Some(counter), Some(started), Some(ended)) =
+                (&self.meter_cpu, started, thread_cpu())
+            {
+                counter.inc_by(ended.saturating_sub(started).as_secs_f64());
+            }
             meter.verdict().filter(|_| before.is_none())
         };
         if verdict.is_some() {
@@ -395,6 +415,14 @@ impl Live {
     pub fn usage(&self) -> Option<Usage> {
         self.lock().meter.as_ref().map(|m| m.usage().clone())
     }
+}
+
+/// The calling thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`), when the clock
+/// can be read.
+fn thread_cpu() -> Option<std::time::Duration> {
+    use nix::time::{ClockId, clock_gettime};
+    let t = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    Some(std::time::Duration::from(t))
 }
 
 /// The usage to report for a run: the live usage (when metered), raised to what the
