@@ -422,6 +422,30 @@ async fn live_usage(secs: usize) {
         item.len(),
         per_item_us * 1000.0 / 400.0
     );
+    // The same per event type: 100 lines of one type (a step_start, tool_use,
+    // step_finish or text line of the mix), fed the same way.
+    let mut types = Vec::new();
+    for (k, name) in ["step_start", "tool_use", "step_finish", "text"]
+        .iter()
+        .enumerate()
+    {
+        let lines: String = item
+            .lines()
+            .skip(k)
+            .step_by(4)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let started = Instant::now();
+        for _ in 0..rounds {
+            let mut meter = shepherd::agents::usage::Meter::new(Default::default());
+            for chunk in lines.as_bytes().chunks(16 * 1024) {
+                meter.feed(chunk);
+            }
+        }
+        let ns = started.elapsed().as_secs_f64() * 1e9 / (rounds * 100) as f64;
+        types.push(format!("{name}_ns={ns:.0}"));
+    }
+    println!("BENCH usage_parser_by_type {}", types.join(" "));
     runner_cpu(&second, secs, rounds_setting()).await;
 }
 
