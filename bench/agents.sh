@@ -24,7 +24,9 @@
 #      runner's CPU at 1,000 events/s of agent output with SHEPHERD_AGENT_USAGE=off
 #      (the baseline) and =opencode-json, alternating in the same run (its CPU both
 #      from /proc/<pid>/stat's 10 ms ticks and, to the nanosecond, its threads'
-#      /proc/<pid>/task/*/schedstat); and the ledger's cost per item (the Lua
+#      /proc/<pid>/task/*/schedstat), and in place, in the same opencode-json rounds,
+#      the meter's own CPU (shepherd_agent_usage_meter_cpu_seconds_total on the
+#      runner's /metrics) over the runner's; and the ledger's cost per item (the Lua
 #      `store::ledger::record` on a real redis-server, new and replayed runs) against
 #      the runner's own per-item wall time measured in the same run;
 #      BENCH_AGENTS_ONLY=usage runs this part alone.

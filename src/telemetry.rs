@@ -240,6 +240,10 @@ pub struct AgentMetrics {
     /// Runs reported `transient` (a model provider's 429/5xx, overload or timeout, by
     /// `transient_patterns` or the result file; issue 27), by kind.
     pub transient: IntCounterVec,
+    /// CPU seconds the live usage meter spent parsing agent output
+    /// (`SHEPHERD_AGENT_USAGE=opencode-json`), each feed of an output chunk timed with
+    /// the reading thread's CPU clock (issue 28).
+    pub usage_meter_cpu: prometheus::Counter,
 }
 
 impl AgentMetrics {
@@ -312,6 +316,12 @@ impl AgentMetrics {
                 &["kind"],
             )
             .expect("valid metric"),
+            usage_meter_cpu: prometheus::Counter::new(
+                "agent_usage_meter_cpu_seconds_total",
+                "CPU seconds the live usage meter spent parsing agent output \
+                 (thread CPU clock around each chunk fed)",
+            )
+            .expect("valid metric"),
         }
     }
 
@@ -326,6 +336,7 @@ impl AgentMetrics {
             Box::new(self.stopped.clone()),
             Box::new(self.refused.clone()),
             Box::new(self.transient.clone()),
+            Box::new(self.usage_meter_cpu.clone()),
         ]
     }
 }

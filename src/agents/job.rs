@@ -226,7 +226,10 @@ async fn execute(
         shared.sandbox.give_tree(dir.path())?;
     }
     workdir::sandboxed(&shared.sandbox, &mut inv, dir.path());
-    let live = Arc::new(Live::new(shared.agents.usage, &item.limits));
+    let live = Arc::new(
+        Live::new(shared.agents.usage, &item.limits)
+            .counting_cpu_in(shared.metrics.agents.usage_meter_cpu.clone()),
+    );
     let agent = match shared
         .spawner
         .launch(&inv, capture.clone(), live.clone())

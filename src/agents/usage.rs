@@ -27,7 +27,9 @@
 //! lowers or replaces a figure, and negative or non-finite numbers count as 0), so a
 //! forged line can only bring a stop nearer; a real event is found even behind garbage on
 //! its line (every `{"type":"…` on a line is tried, so bytes written without a newline
-//! before it cannot hide it; a `step_start` counts by its type alone, a `tool_use` is read only up to its call, and the scan
+//! before it cannot hide it; a `step_start` counts by its type alone, a `step_finish` in the plain shape opencode
+//! writes is read by a strict scan (`usage_step.rs`: whenever it answers, it answers as
+//! serde would; anything else is parsed by serde), a `tool_use` is read only up to its call, and the scan
 //! goes on inside it, where a JSON string hides no event but the call's arguments —
 //! the model's own JSON — may hold a forged one, which again only adds); a line longer
 //! than [`MAX_LINE`] is not parsed, but a tool call it announces still counts. What this cannot see is usage opencode never prints (a
@@ -42,9 +44,12 @@ use serde::Deserialize;
 
 pub use crate::config::UsageSource;
 
+#[path = "usage_step.rs"]
+mod step_finish;
 #[path = "tool_call.rs"]
 mod tool_call;
 use crate::core::usage::{RunLimits, StopReason, Usage, usd_to_micros};
+use step_finish::Figures;
 
 /// Longest output line parsed for events; a longer one (a tool call with a huge output)
 /// is skipped, but a `tool_use` at its start still counts as a tool call.
@@ -87,6 +92,21 @@ struct StepTokens {
     reasoning: f64,
     /// Cache reads and writes.
     cache: CacheTokens,
+}
+
+impl StepPart {
+    /// The step's figures.
+    fn figures(&self) -> Figures {
+        let t = &self.tokens;
+        Figures {
+            cost: self.cost,
+            input: t.input,
+            output: t.output,
+            reasoning: t.reasoning,
+            read: t.cache.read,
+            write: t.cache.write,
+        }
+    }
 }
 
 /// Cache tokens of one step.
@@ -212,7 +232,17 @@ impl Meter {
         while let Some(start) = find(line, EVENT, at) {
             let rest = &line[start..];
             let used = if rest.starts_with(STEP_FINISH) {
-                self.parse_one::<StepFinish>(rest, |m, e| m.step_finished(&e.part))
+                // The plain shape opencode writes is scanned ([`step_finish`]); anything
+                // else is parsed by serde, which decides.
+                match step_finish::read(rest) {
+                    Some((figures, used)) => {
+                        self.step_finished(&figures);
+                        Some(used)
+                    }
+                    None => self.parse_one::<StepFinish>(rest, |m, e| {
+                        m.step_finished(&e.part.figures());
+                    }),
+                }
             } else if rest.starts_with(TOOL_USE) {
                 // Read up to the call only ([`tool_call`]); the scan goes on after the
                 // event's start, through its output, which holds no event.
@@ -258,21 +288,20 @@ impl Meter {
     }
 
     /// A model step ended: its tokens and cost are added.
-    fn step_finished(&mut self, part: &StepPart) {
-        let t = &part.tokens;
+    fn step_finished(&mut self, f: &Figures) {
         let u = &mut self.usage;
-        u.input_tokens = u.input_tokens.saturating_add(count(t.input));
-        u.output_tokens = u.output_tokens.saturating_add(count(t.output));
-        u.reasoning_tokens = u.reasoning_tokens.saturating_add(count(t.reasoning));
-        u.cache_read_tokens = u.cache_read_tokens.saturating_add(count(t.cache.read));
-        u.cache_write_tokens = u.cache_write_tokens.saturating_add(count(t.cache.write));
-        u.cost_micros = u.cost_micros.saturating_add(usd_to_micros(part.cost));
+        u.input_tokens = u.input_tokens.saturating_add(count(f.input));
+        u.output_tokens = u.output_tokens.saturating_add(count(f.output));
+        u.reasoning_tokens = u.reasoning_tokens.saturating_add(count(f.reasoning));
+        u.cache_read_tokens = u.cache_read_tokens.saturating_add(count(f.read));
+        u.cache_write_tokens = u.cache_write_tokens.saturating_add(count(f.write));
+        u.cost_micros = u.cost_micros.saturating_add(usd_to_micros(f.cost));
         u.steps = u.steps.saturating_add(1);
         self.check();
     }
 
     /// A tool call ended (`None`: its arguments are unknown). The last call is kept
-    /// (allocated) only when it differs from the one before.
+    /// (copied into the last one's buffers) only when it differs from the one before.
     fn tool_call(&mut self, call: Option<(&str, &str)>) {
         self.usage.tool_calls = self.usage.tool_calls.saturating_add(1);
         let same = matches!((call, &self.last_call),
@@ -281,7 +310,16 @@ impl Meter {
             self.repeats = self.repeats.saturating_add(1);
         } else {
             self.repeats = u32::from(call.is_some());
-            self.last_call = call.map(|(tool, args)| (tool.to_owned(), args.to_owned()));
+            match (call, &mut self.last_call) {
+                // The buffers of the last call are reused.
+                (Some((tool, args)), Some((last_tool, last_args))) => {
+                    last_tool.clear();
+                    last_tool.push_str(tool);
+                    last_args.clear();
+                    last_args.push_str(args);
+                }
+                (call, last) => *last = call.map(|(t, a)| (t.to_owned(), a.to_owned())),
+            }
         }
         self.check();
     }
@@ -327,6 +365,9 @@ pub struct Live {
     state: Mutex<LiveState>,
     /// Woken when a verdict is reached.
     notify: tokio::sync::Notify,
+    /// Where the meter's CPU time is counted, in seconds
+    /// (`shepherd_agent_usage_meter_cpu_seconds_total`), when it is.
+    meter_cpu: Option<prometheus::Counter>,
 }
 
 /// What [`Live`] guards.
@@ -351,7 +392,16 @@ impl Live {
                 last_output: Instant::now(),
             }),
             notify: tokio::sync::Notify::new(),
+            meter_cpu: None,
         }
+    }
+
+    /// Counts the CPU time the meter spends in `counter` (seconds): each feed of an
+    /// output chunk is timed with the calling thread's CPU clock.
+    #[must_use]
+    pub fn counting_cpu_in(mut self, counter: prometheus::Counter) -> Self {
+        self.meter_cpu = Some(counter);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
@@ -367,7 +417,15 @@ impl Live {
                 return;
             };
             let before = meter.verdict();
+            // The feed is synchronous and runs on the reader's thread (a runtime worker),
+            // so that thread's CPU clock around it is the meter's own CPU time.
+            let started = self.meter_cpu.as_ref().and_then(|_| thread_cpu());
             meter.feed(bytes);
+            if let (Some(counter), Some(started), Some(ended)) =
+                (&self.meter_cpu, started, thread_cpu())
+            {
+                counter.inc_by(ended.saturating_sub(started).as_secs_f64());
+            }
             meter.verdict().filter(|_| before.is_none())
         };
         if verdict.is_some() {
@@ -395,6 +453,14 @@ impl Live {
     pub fn usage(&self) -> Option<Usage> {
         self.lock().meter.as_ref().map(|m| m.usage().clone())
     }
+}
+
+/// The calling thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`), when the clock
+/// can be read.
+fn thread_cpu() -> Option<std::time::Duration> {
+    use nix::time::{ClockId, clock_gettime};
+    let t = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    Some(std::time::Duration::from(t))
 }
 
 /// The usage to report for a run: the live usage (when metered), raised to what the

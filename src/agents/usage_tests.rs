@@ -283,3 +283,20 @@ fn a_stop_is_described_with_its_limit_and_what_was_used() {
     );
     assert!(text.ends_with("3 steps, 2 tool calls"), "{text}");
 }
+
+#[test]
+fn the_meters_cpu_is_counted_only_when_it_runs() {
+    let counter = prometheus::Counter::new("meter_cpu", "test").unwrap();
+    let lines = step(10, 1, 0, 0, 0, 0.001).repeat(2000);
+    let off = Live::new(UsageSource::Off, &RunLimits::default()).counting_cpu_in(counter.clone());
+    off.output(lines.as_bytes(), true);
+    assert_eq!(counter.get(), 0.0, "no meter, nothing counted");
+    let on = Live::new(UsageSource::OpencodeJson, &RunLimits::default())
+        .counting_cpu_in(counter.clone());
+    // stderr is not metered.
+    on.output(lines.as_bytes(), false);
+    assert_eq!(counter.get(), 0.0);
+    on.output(lines.as_bytes(), true);
+    assert_eq!(on.usage().unwrap().steps, 2000);
+    assert!(counter.get() > 0.0, "the feed's thread CPU time is counted");
+}

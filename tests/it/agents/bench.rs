@@ -27,7 +27,10 @@
 //!    same run (`BENCH_AGENTS_USAGE_ROUNDS` rounds, 6 by default); the runner
 //!    process's user + system CPU from `/proc/<pid>/stat` (10 ms ticks) and, to the
 //!    nanosecond, summed over its threads' `/proc/<pid>/task/<tid>/schedstat`, sampled
-//!    every 100 ms. (c) The ledger's cost per item: `store::ledger::record` (one Lua
+//!    every 100 ms; and, in place, in the same `opencode-json` rounds, the meter's own
+//!    CPU as the runner counts it (`shepherd_agent_usage_meter_cpu_seconds_total` on its
+//!    `/metrics`: the thread CPU clock around each output chunk fed to the meter) over
+//!    the runner's schedstat CPU of the round. (c) The ledger's cost per item: `store::ledger::record` (one Lua
 //!    call on a real redis-server) for `10 × BENCH_AGENTS_ITEMS` runs, new then replayed
 //!    (the work id already counted), against the runner's own wall time per item
 //!    measured in the same run (one slot, the agent `true`, `BENCH_AGENTS_ITEMS` items).
@@ -419,6 +422,30 @@ async fn live_usage(secs: usize) {
         item.len(),
         per_item_us * 1000.0 / 400.0
     );
+    // The same per event type: 100 lines of one type (a step_start, tool_use,
+    // step_finish or text line of the mix), fed the same way.
+    let mut types = Vec::new();
+    for (k, name) in ["step_start", "tool_use", "step_finish", "text"]
+        .iter()
+        .enumerate()
+    {
+        let lines: String = item
+            .lines()
+            .skip(k)
+            .step_by(4)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let started = Instant::now();
+        for _ in 0..rounds {
+            let mut meter = shepherd::agents::usage::Meter::new(Default::default());
+            for chunk in lines.as_bytes().chunks(16 * 1024) {
+                meter.feed(chunk);
+            }
+        }
+        let ns = started.elapsed().as_secs_f64() * 1e9 / (rounds * 100) as f64;
+        types.push(format!("{name}_ns={ns:.0}"));
+    }
+    println!("BENCH usage_parser_by_type {}", types.join(" "));
     runner_cpu(&second, secs, rounds_setting()).await;
 }
 
@@ -433,6 +460,9 @@ fn rounds_setting() -> usize {
 async fn runner_cpu(second: &str, secs: usize, rounds: usize) {
     // [off, on] × [ticks, schedstat], percent of a core per round.
     let mut cpu = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    // Per `on` round: the meter's own CPU (its counter on the runner's `/metrics`), in
+    // percent of a core and in percent of the runner's CPU (schedstat) in that round.
+    let (mut meter_core, mut meter_share) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let on = round % 2 == 1;
         let rig = Rig::start().await;
@@ -473,6 +503,13 @@ echo '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
                 "every step counted"
             );
         }
+        let meter = meter_cpu_secs(&runner).await;
+        if on {
+            meter_core.push(100.0 * meter / wall);
+            meter_share.push(100.0 * meter / fine);
+        } else {
+            assert_eq!(meter, 0.0, "no meter runs with the setting off");
+        }
         cpu[usize::from(on)][0].push(100.0 * used / wall);
         cpu[usize::from(on)][1].push(100.0 * fine / wall);
     }
@@ -502,6 +539,40 @@ echo '{"outcome":"succeeded"}' > "$SHEPHERD_RESULT_FILE""#,
         fmt(&cpu[0][1]),
         fmt(&cpu[1][1]),
     );
+    // In place: the same `on` rounds, the meter's CPU over the runner's (no A/B).
+    let (lo, hi) = meter_share
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+    println!(
+        "BENCH usage_meter_in_place events_per_sec=1000 secs={secs} on_rounds={} \
+         meter_cpu_pct_of_core={:.4} meter_pct_of_runner={:.2} min={lo:.2} max={hi:.2} \
+         meter_pct_of_runner_rounds={} meter_pct_of_core_rounds={}",
+        meter_share.len(),
+        mean(&meter_core),
+        mean(&meter_share),
+        fmt(&meter_share),
+        meter_core
+            .iter()
+            .map(|x| format!("{x:.4}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+}
+
+/// The CPU seconds the runner's usage meter spent so far, from its `/metrics`
+/// (`shepherd_agent_usage_meter_cpu_seconds_total`, the thread CPU clock around each
+/// output chunk fed to the meter).
+async fn meter_cpu_secs(runner: &crate::support::shepherd::Shepherd) -> f64 {
+    let text = reqwest::get(runner.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("shepherd_agent_usage_meter_cpu_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the meter's CPU counter on /metrics")
 }
 
 /// Part 5 (c): the ledger's cost per item (`store::ledger::record`, the Lua script that

@@ -31,8 +31,13 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// `shepherd agents` running opencode with `--format json` in the sandbox, metering
 /// its events.
 fn runner(rig: &Rig, project: &OpencodeProject) -> Builder {
+    runner_of(rig, project, &project.json_command_line())
+}
+
+/// [`runner`] with its agent's command line `command` (opencode's, maybe wrapped).
+fn runner_of(rig: &Rig, project: &OpencodeProject, command: &str) -> Builder {
     super::open_to_agents(project.root());
-    rig.sandboxed_runner(&project.json_command_line())
+    rig.sandboxed_runner(command)
         .policy(&format!("[defaults]\nmodels = {{ codex = \"{MODEL}\" }}\n"))
         .env(
             "SHEPHERD_AGENT_SANDBOX_WRITABLE",
@@ -295,11 +300,24 @@ async fn a_silent_opencode_is_stopped_by_the_idle_timeout_and_its_sandbox_ends()
     // The tool call says it started, then hangs without a word.
     let stub = ModelStub::start(&format!("touch {}; sleep 300", marks.display())).await;
     let project = OpencodeProject::prepare(&stub, &[MODEL]);
-    let _runner = runner(&rig, &project).start().await;
-    // Longer than opencode's start (silent too) takes on a loaded machine, so the
-    // stop comes during the hanging call.
+    // opencode says nothing while it starts, which can take longer than any fixed
+    // timeout on a loaded machine (the guard counts from the agent's start, as it
+    // should: a hang at startup is a hang too). So a line on stderr every second
+    // stands for a start that is making progress, until the tool call has started:
+    // from then on the agent is opencode alone, silent in its hanging call, and the
+    // stop must come from the idle guard (without it, nothing ends the run before the
+    // work item's hour).
+    let wrapper = rig.script(
+        "until-the-call.sh",
+        &format!(
+            "( while [ ! -e '{}' ] && kill -0 $$ 2>/dev/null; do echo 'opencode starting' >&2; sleep 1; done ) &\nexec \"$@\"",
+            marks.display()
+        ),
+    );
+    let command = format!("{wrapper} {}", project.json_command_line());
+    let _runner = runner_of(&rig, &project, &command).start().await;
     let id = dispatch(&rig, json!({"idle_secs": 15})).await;
-    poll_until_named(Duration::from_secs(60), "the tool call starts", || async {
+    poll_until_named(Duration::from_secs(180), "the tool call starts", || async {
         marks.exists()
     })
     .await;
