@@ -402,8 +402,22 @@ pub fn decide(batch: &Batch, cfg: &BatchConfig, ci: &BatchCi, tip: &Sha) -> Batc
 }
 
 impl BranchQueue {
-    /// Starts a batch of `prs` at the target's tip `base` (led by the queue's head).
+    /// Starts a batch of `prs` at the target's tip `base` (led by the queue's head). A
+    /// bisection none of whose suspects is in it is over (every suspect left the queue:
+    /// [`next_batch`] forms from the suspects while one waits), so what it knew, its
+    /// reproduced failures above all, never reaches PRs it did not test.
     pub fn start_batch(&mut self, prs: Vec<BatchPr>, base: Sha, now_ms: i64) {
+        if let Some(bi) = &self.bisect
+            && !prs.iter().any(|p| bi.suspects.contains(&p.number))
+        {
+            self.bisect = None;
+        }
+        self.open_batch(prs, base, now_ms);
+    }
+
+    /// [`Self::start_batch`] within the bisection as it is (a green prefix of a red
+    /// batch landing while its suspects wait).
+    fn open_batch(&mut self, prs: Vec<BatchPr>, base: Sha, now_ms: i64) {
         let id = self.next_batch.max(1);
         self.next_batch = id + 1;
         let bisecting = self.bisect.is_some();
@@ -596,7 +610,7 @@ impl BranchQueue {
         let made_at = green.checked_sub(1).and_then(|i| b.steps.get(i)).cloned();
         if let Some(tip) = made_at {
             // The green prefix lands on the same base: tested there by CI already.
-            self.start_batch(b.prs[..green].to_vec(), b.base.clone(), now_ms);
+            self.open_batch(b.prs[..green].to_vec(), b.base.clone(), now_ms);
             if let Some(x) = &mut self.batch {
                 x.built = green;
                 x.steps = b.steps[..green].to_vec();
