@@ -95,14 +95,17 @@ impl<'a> Scan<'a> {
     /// A string of printable ASCII without escapes; its bytes (between the quotes).
     pub(super) fn string(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
-        let start = self.i;
-        let len = memchr::memchr2(b'"', b'\\', &self.b[start..])?;
-        let text = &self.b[start..start + len];
-        if self.b[start + len] != b'"' || !text.iter().all(|c| (0x20..0x7f).contains(c)) {
+        let rest = &self.b[self.i..];
+        // One pass to the first byte that is not plain (the strings here are short:
+        // keys, ids, names).
+        let len = rest
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || !(0x20..0x7f).contains(&c))?;
+        if rest[len] != b'"' {
             return None;
         }
-        self.i = start + len + 1;
-        Some(text)
+        self.i += len + 1;
+        Some(&rest[..len])
     }
 
     /// Skips one value: an object, an array, a string, a number without an exponent,
