@@ -29,7 +29,8 @@
 //! its line (every `{"type":"…` on a line is tried, so bytes written without a newline
 //! before it cannot hide it; a `step_start` counts by its type alone, a `step_finish` in the plain shape opencode
 //! writes is read by a strict scan (`usage_step.rs`: whenever it answers, it answers as
-//! serde would; anything else is parsed by serde), a `tool_use` is read only up to its call, and the scan
+//! serde would; anything else is parsed by serde), a `tool_use` is read only up to its call (by a
+//! strict scan in the plain shape, `usage_tool.rs`, else by serde, `tool_call.rs`), and the scan
 //! goes on inside it, where a JSON string hides no event but the call's arguments —
 //! the model's own JSON — may hold a forged one, which again only adds); a line longer
 //! than [`MAX_LINE`] is not parsed, but a tool call it announces still counts. What this cannot see is usage opencode never prints (a
@@ -44,10 +45,14 @@ use serde::Deserialize;
 
 pub use crate::config::UsageSource;
 
+#[path = "usage_scan.rs"]
+mod scan;
 #[path = "usage_step.rs"]
 mod step_finish;
 #[path = "tool_call.rs"]
 mod tool_call;
+#[path = "usage_tool.rs"]
+mod tool_scan;
 use crate::core::usage::{RunLimits, StopReason, Usage, usd_to_micros};
 use step_finish::Figures;
 
@@ -244,14 +249,21 @@ impl Meter {
                     }),
                 }
             } else if rest.starts_with(TOOL_USE) {
-                // Read up to the call only ([`tool_call`]); the scan goes on after the
-                // event's start, through its output, which holds no event.
-                tool_call::read(rest).map(|call| {
-                    let tool = call.tool.as_deref().unwrap_or_default();
-                    let args = call.input.map_or("null", |raw| raw.get());
-                    self.tool_call(Some((tool, args)));
-                    1
-                })
+                // Read up to the call only, by a strict scan of the plain shape
+                // ([`tool_scan`]: whenever it answers, it answers as serde would) or else
+                // by serde ([`tool_call`]); the scan goes on after the event's start,
+                // through its output, which holds no event.
+                if let Some(call) = tool_scan::read(rest) {
+                    self.tool_call(Some(call));
+                    Some(1)
+                } else {
+                    tool_call::read(rest).map(|call| {
+                        let tool = call.tool.as_deref().unwrap_or_default();
+                        let args = call.input.map_or("null", |raw| raw.get());
+                        self.tool_call(Some((tool, args)));
+                        1
+                    })
+                }
             } else if rest.starts_with(STEP_START) {
                 // Its type is all a step's start says: no need to read the rest (the
                 // scan goes on after the type, and a step's parts hold no event).

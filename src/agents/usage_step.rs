@@ -32,9 +32,7 @@ pub(super) struct Figures {
     pub write: f64,
 }
 
-/// Deepest nesting the scan follows (serde_json's own limit is 128: deeper text goes
-/// to serde, which decides).
-const MAX_DEPTH: usize = 64;
+use super::scan::{Scan, once};
 
 /// Longest run of digits read as an integer here: up to 15 digits is exact in an
 /// `f64`, as serde's `u64 as f64` is.
@@ -63,57 +61,7 @@ pub(super) fn read(text: &[u8]) -> Option<(Figures, usize)> {
     part.then_some((f, s.i))
 }
 
-/// A cursor over the event's bytes.
-struct Scan<'a> {
-    /// The text.
-    b: &'a [u8],
-    /// The next byte to read.
-    i: usize,
-}
-
-impl<'a> Scan<'a> {
-    /// The next byte, not taken.
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    /// Takes byte `c`, which must come next.
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    /// An object: `{`, then for each key `on_key` (after its `:`), which reads the
-    /// value itself and says `Some(true)`, or says `Some(false)` to have it skipped;
-    /// `None` anywhere ends the scan.
-    fn object(
-        &mut self,
-        depth: usize,
-        mut on_key: impl FnMut(&mut Self, &'a [u8]) -> Option<bool>,
-    ) -> Option<()> {
-        if depth >= MAX_DEPTH {
-            return None;
-        }
-        self.eat(b'{')?;
-        if self.eat(b'}').is_some() {
-            return Some(());
-        }
-        loop {
-            let key = self.string()?;
-            self.eat(b':')?;
-            if !on_key(self, key)? {
-                self.skip(depth + 1)?;
-            }
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
-    }
-
+impl Scan<'_> {
     /// The step-finish part: `cost` and `tokens`, each at most once.
     fn part(&mut self, f: &mut Figures) -> Option<()> {
         let (mut cost, mut tokens) = (false, false);
@@ -188,99 +136,6 @@ impl<'a> Scan<'a> {
         }
         serde_json::from_slice::<f64>(n).ok()
     }
-
-    /// A JSON number (its grammar exactly: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`);
-    /// its bytes.
-    fn number(&mut self) -> Option<&'a [u8]> {
-        let start = self.i;
-        let _ = self.eat(b'-');
-        match self.peek()? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.eat(b'.').is_some() {
-            self.peek().filter(u8::is_ascii_digit)?;
-            self.digits();
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            self.i += 1;
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            self.peek().filter(u8::is_ascii_digit)?;
-            self.digits();
-        }
-        Some(&self.b[start..self.i])
-    }
-
-    /// Takes a run of digits.
-    fn digits(&mut self) {
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.i += 1;
-        }
-    }
-
-    /// A string of printable ASCII without escapes; its bytes (between the quotes).
-    fn string(&mut self) -> Option<&'a [u8]> {
-        self.eat(b'"')?;
-        let start = self.i;
-        let len = memchr::memchr2(b'"', b'\\', &self.b[start..])?;
-        let text = &self.b[start..start + len];
-        if self.b[start + len] != b'"' || !text.iter().all(|c| (0x20..0x7f).contains(c)) {
-            return None;
-        }
-        self.i = start + len + 1;
-        Some(text)
-    }
-
-    /// Skips one value: an object, an array, a string, a number without an exponent,
-    /// `true`, `false` or `null`.
-    fn skip(&mut self, depth: usize) -> Option<()> {
-        match self.peek()? {
-            b'{' => self.object(depth, |_, _| Some(false)),
-            b'[' => {
-                if depth >= MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                if self.eat(b']').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.skip(depth + 1)?;
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b']' => {
-                            self.i += 1;
-                            return Some(());
-                        }
-                        _ => return None,
-                    }
-                }
-            }
-            b'"' => self.string().map(drop),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            _ => {
-                let n = self.number()?;
-                // How serde treats an exponent it skips is its business.
-                (!n.iter().any(|c| matches!(c, b'e' | b'E'))).then_some(())
-            }
-        }
-    }
-
-    /// Takes the literal `word`.
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.i + word.len();
-        (self.b.get(self.i..end)? == word).then(|| self.i = end)
-    }
-}
-
-/// Marks a key seen; `None` when it already was (serde refuses a duplicate field).
-fn once(seen: &mut bool) -> Option<()> {
-    (!std::mem::replace(seen, true)).then_some(())
 }
 
 #[cfg(test)]
