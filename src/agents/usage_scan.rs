@@ -156,3 +156,44 @@ impl<'a> Scan<'a> {
 pub(super) fn once(seen: &mut bool) -> Option<()> {
     (!std::mem::replace(seen, true)).then_some(())
 }
+
+/// Mutated copies of event lines for the scans' tests: a fixed pseudo-random walk (no
+/// dependency, the same every run) that changes, removes, inserts (from `alphabet`) or
+/// copies bytes, `per_base` lines from each of `bases`; `check` gets each line.
+#[cfg(test)]
+pub(super) fn mutations(
+    bases: &[&str],
+    per_base: usize,
+    alphabet: &[u8],
+    mut check: impl FnMut(&[u8]),
+) {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        usize::try_from(state % n as u64).expect("small")
+    };
+    for base in bases {
+        for _ in 0..per_base {
+            let mut line = base.as_bytes().to_vec();
+            for _ in 0..=next(3) {
+                let at = next(line.len());
+                match next(4) {
+                    0 => line[at] = alphabet[next(alphabet.len())],
+                    1 => {
+                        line.remove(at);
+                    }
+                    2 => line.insert(at, alphabet[next(alphabet.len())]),
+                    _ => {
+                        let end = (at + 1 + next(12)).min(line.len());
+                        let copy = line[at..end].to_vec();
+                        let to = next(line.len());
+                        line.splice(to..to, copy);
+                    }
+                }
+            }
+            check(&line);
+        }
+    }
+}

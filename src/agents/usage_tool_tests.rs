@@ -200,46 +200,19 @@ fn deep_nesting_is_left_to_serde() {
 
 #[test]
 fn mutated_lines_agree_with_serde() {
-    // A fixed pseudo-random walk (no dependency, the same every run).
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = move |n: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        usize::try_from(state % n as u64).expect("small")
-    };
     let alphabet = b"{}[]\":,\\/ \t0123456789.eE+-atrufsnlxbu\x00\x1f\x7f\xc3\xa9\xff";
     let rich = real(
         r#"{"command":"echo \"{\\n}\" \u00e9","n":[1,-2.5,{"k":null}],"b":true}"#,
         "out",
     );
     let (mut scanned, mut by_serde_only) = (0, 0);
-    for base in [BENCH, SORTED, rich.as_str()] {
-        for _ in 0..15_000 {
-            let mut line = base.as_bytes().to_vec();
-            for _ in 0..=next(3) {
-                let at = next(line.len());
-                match next(4) {
-                    0 => line[at] = alphabet[next(alphabet.len())],
-                    1 => {
-                        line.remove(at);
-                    }
-                    2 => line.insert(at, alphabet[next(alphabet.len())]),
-                    _ => {
-                        let end = (at + 1 + next(12)).min(line.len());
-                        let copy = line[at..end].to_vec();
-                        let to = next(line.len());
-                        line.splice(to..to, copy);
-                    }
-                }
-            }
-            if agree(&line).is_some() {
-                scanned += 1;
-            } else if by_serde(&line).is_some() {
-                by_serde_only += 1;
-            }
+    super::super::scan::mutations(&[BENCH, SORTED, rich.as_str()], 15_000, alphabet, |line| {
+        if agree(line).is_some() {
+            scanned += 1;
+        } else if by_serde(line).is_some() {
+            by_serde_only += 1;
         }
-    }
+    });
     // Both paths are exercised (the figures only show the walk reaches both).
     assert!(scanned > 1000, "{scanned}");
     assert!(by_serde_only > 100, "{by_serde_only}");
