@@ -29,7 +29,7 @@ fn agree(text: &[u8]) -> Option<(Figures, usize)> {
 }
 
 /// A `step_finish` line as opencode-ai 1.18.33 prints it (no newline).
-const REAL: &str = r#"{"type":"step_finish","timestamp":1764950400000,"sessionID":"ses_1","part":{"id":"prt_1","sessionID":"ses_1","messageID":"msg_1","type":"step-finish","reason":"tool-calls","snapshot":"4b825dc642cb6eb9a060e54bf8d69288fbee4904","cost":0.0045,"tokens":{"total":1330,"input":1000,"output":100,"reasoning":30,"cache":{"read":200,"write":0}}}}"#;
+const REAL: &str = r#"{"type":"step_finish","timestamp":978307200000,"sessionID":"ses_1","part":{"id":"prt_1","sessionID":"ses_1","messageID":"msg_1","type":"step-finish","reason":"tool-calls","snapshot":"4b825dc642cb6eb9a060e54bf8d69288fbee4904","cost":0.0045,"tokens":{"total":1330,"input":1000,"output":100,"reasoning":30,"cache":{"read":200,"write":0}}}}"#;
 
 /// The same with another key order (tokens first) and an integer cost.
 const REORDERED: &str = r#"{"type":"step_finish","part":{"type":"step-finish","tokens":{"cache":{"write":7,"read":1},"reasoning":0,"output":2,"input":3},"cost":1}}"#;

@@ -34,7 +34,7 @@ fn agree(text: &[u8]) -> Option<(String, String)> {
 /// A `tool_use` line as opencode-ai 1.18.33 prints it (no newline), its output long.
 fn real(input: &str, output: &str) -> String {
     format!(
-        r#"{{"type":"tool_use","timestamp":1764950400000,"sessionID":"ses_1","part":{{"id":"prt_2","sessionID":"ses_1","messageID":"msg_1","type":"tool","callID":"call_1","tool":"bash","state":{{"status":"completed","input":{input},"output":"{output}","title":"ls","metadata":{{"output":"{output}","exit":0,"description":"Lists files"}},"time":{{"start":1764950400000,"end":1764950400100}}}}}}}}"#
+        r#"{{"type":"tool_use","timestamp":978307200000,"sessionID":"ses_1","part":{{"id":"prt_2","sessionID":"ses_1","messageID":"msg_1","type":"tool","callID":"call_1","tool":"bash","state":{{"status":"completed","input":{input},"output":"{output}","title":"ls","metadata":{{"output":"{output}","exit":0,"description":"Lists files"}},"time":{{"start":978307200000,"end":978307200100}}}}}}}}"#
     )
 }
 
